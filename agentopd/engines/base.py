@@ -1,0 +1,78 @@
+"""The Engine protocol: async, token-in/token-out generation (what the agent loop needs).
+
+A request carries token ids, sampling parameters and the episode id (so an engine may keep
+that episode's KV cache between turns); the result carries the sampled token ids, the
+sampler's log-probability of each, and why generation stopped. Engines never see text.
+
+Logprob convention (the trainer's importance ratios depend on it): the reported logprob of
+a sampled token is `log_softmax(logits / T)[token]` over the full vocabulary, T the request's
+temperature (T = 1 when temperature == 0, i.e. greedy). With top_p=1 and top_k=0 this is
+exactly the distribution sampled from; top-p/top-k truncation is not renormalised into it.
+
+A stop token that ends generation is part of `token_ids` (it was sampled, mask 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # a stop token was sampled (it is included in token_ids)
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # cancelled
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    token_ids: list[int]
+    params: SamplingParams
+    episode_id: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert len(self.token_ids) == len(self.logprobs), (len(self.token_ids), len(self.logprobs))
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every rollout engine provides."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    def release(self, episode_id: str) -> None:
+        """Forget any state (KV cache) kept for an episode that has ended."""
+
+    async def update_weights(self, state_dict: dict[str, Any]) -> None:
+        """Load new student weights (names as in the HF model's state_dict)."""
+
+    async def close(self) -> None: ...
