@@ -18,10 +18,12 @@ any other exception — into an error string, so a bad call never escapes the ag
 
 from __future__ import annotations
 
+import copy
 import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from transformers.utils import get_json_schema
@@ -43,9 +45,33 @@ def tool_name(tool: Tool) -> str:
     return tool.__name__
 
 
+def _function(tool: Tool) -> Callable[..., Any]:
+    """The plain function behind a tool (a bound method's schema is its function's, minus self)."""
+    return getattr(tool, "__func__", tool)
+
+
+@cache
+def _schema(fn: Callable[..., Any], bound: bool) -> dict[str, Any]:
+    schema = get_json_schema(fn)
+    if bound:  # get_json_schema on the function sees `self`; drop it
+        params = schema["function"].get("parameters", {})
+        params.get("properties", {}).pop("self", None)
+        if "required" in params:
+            params["required"] = [r for r in params["required"] if r != "self"]
+    return schema
+
+
 def tool_schema(tool: Tool) -> dict[str, Any]:
-    """The OpenAI-style schema `{"type": "function", "function": {...}}` of a tool."""
-    return get_json_schema(tool)
+    """The OpenAI-style schema `{"type": "function", "function": {...}}` of a tool (cached)."""
+    return copy.deepcopy(_schema(_function(tool), hasattr(tool, "__func__")))
+
+
+@cache
+def _signature(fn: Callable[..., Any], bound: bool) -> tuple[dict[str, inspect.Parameter], dict[str, Any]]:
+    params = dict(inspect.signature(fn).parameters)
+    if bound:
+        params.pop(next(iter(params)))
+    return params, typing.get_type_hints(fn)
 
 
 def tool_description(tool: Tool) -> str:
@@ -65,9 +91,7 @@ def _check_arguments(tool: Tool, arguments: Any) -> dict[str, Any]:
     """Validate `arguments` against the tool's signature; raise ToolError naming the problem."""
     if not isinstance(arguments, dict):
         raise ToolError(f"arguments must be a JSON object, got {type(arguments).__name__}")
-    sig = inspect.signature(tool)
-    hints = typing.get_type_hints(tool)
-    params = sig.parameters
+    params, hints = _signature(_function(tool), hasattr(tool, "__func__"))
     unknown = sorted(set(arguments) - set(params))
     if unknown:
         raise ToolError(f"unknown argument(s) {unknown}; {tool_name(tool)} takes {sorted(params) or 'no arguments'}")
