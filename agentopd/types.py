@@ -114,6 +114,9 @@ class Turn:
     reward: float = 0.0
     tool_errors: int = 0
     parse_error: bool = False
+    raw_text: str = ""  # the sampled text exactly as decoded (tool calls unparsed)
+    tool_calls: dict[str, int] = field(default_factory=dict)  # env step info: calls per tool name
+    tool_call_errors: dict[str, int] = field(default_factory=dict)  # env step info: errors per tool name
 
 
 @dataclass
