@@ -1,0 +1,237 @@
+"""The trajectory store: `trajectories.db` in a run directory (DESIGN 3.5), via sqlite-utils.
+
+One row per episode in table `episodes`, written (and committed) the moment the episode
+finishes, in WAL mode, so a crash loses nothing already finished and a viewer can read
+while the run writes. Token streams are JSON arrays; `teacher_logprobs` is null until
+the teacher scored the episode.
+
+    store = Store(run_dir / "trajectories.db")
+    store.add(episode, episode_id="000003-0007")      # id: step and slot, stable across resumes
+    store.set_teacher_logprobs("000003-0007", [...])
+    ep = store.get("000003-0007")                      # -> Episode
+    for ep in store.iter_episodes(step=3): ...
+    Store(path, readonly=True)                          # for viewers and checkers
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from agentopd.types import Episode, Message, StopReason, TokenStream, Turn
+
+EPISODE_COLUMNS: dict[str, type] = {
+    "id": str,
+    "step": int,
+    "env": str,
+    "task_id": str,
+    "split": str,  # "train" episodes are trained on; "eval" episodes only measured
+    "reward": float,
+    "success": int,
+    "num_turns": int,
+    "stop_reason": str,
+    "prompt_len": int,
+    "num_tokens": int,
+    "llm_tokens": int,
+    "tool_errors": int,
+    "parse_errors": int,
+    "sample_index": int,
+    "policy_version": int,
+    "teacher": str,
+    "kl_mean": float,
+    "created_at": float,
+    "token_ids": str,
+    "response_mask": str,
+    "logprobs": str,
+    "turn_index": str,
+    "teacher_logprobs": str,
+    "messages": str,
+    "tools": str,
+    "turns": str,
+    "info": str,
+}
+
+
+def _dumps(x: Any) -> str:
+    return json.dumps(x, separators=(",", ":"), ensure_ascii=False)
+
+
+def episode_row(episode: Episode, episode_id: str, split: str = "train", teacher: str | None = None) -> dict[str, Any]:
+    """The `episodes` row of an episode (JSON arrays for the token stream)."""
+    s = episode.tokens
+    row: dict[str, Any] = {
+        "id": episode_id,
+        "step": episode.step,
+        "env": episode.env,
+        "task_id": episode.task_id,
+        "split": split,
+        "reward": float(episode.reward),
+        "success": int(bool(episode.success)),
+        "num_turns": episode.num_turns,
+        "stop_reason": str(episode.stop_reason),
+        "prompt_len": s.prompt_len if s else None,
+        "num_tokens": len(s.token_ids) if s else None,
+        "llm_tokens": s.num_llm_tokens if s else None,
+        "tool_errors": episode.tool_errors,
+        "parse_errors": sum(int(t.parse_error) for t in episode.turns),
+        "sample_index": episode.sample_index,
+        "policy_version": episode.policy_version,
+        "teacher": teacher,
+        "kl_mean": None,
+        "created_at": time.time(),
+        "token_ids": _dumps(s.token_ids) if s else None,
+        "response_mask": _dumps(s.response_mask) if s else None,
+        "logprobs": _dumps(s.logprobs) if s else None,
+        "turn_index": _dumps(s.turn_index) if s else None,
+        "teacher_logprobs": None,
+        "messages": _dumps([m.to_dict() for m in episode.messages]),
+        "tools": _dumps(episode.tools),
+        "turns": _dumps(
+            [
+                {
+                    "raw_text": t.raw_text,
+                    "tool_errors": t.tool_errors,
+                    "parse_error": t.parse_error,
+                    "tool_calls": t.tool_calls,
+                    "tool_call_errors": t.tool_call_errors,
+                    "reward": t.reward,
+                    "num_observation_messages": len(t.observation),
+                }
+                for t in episode.turns
+            ]
+        ),
+        "info": _dumps(episode.info),
+    }
+    if episode.teacher_logprobs is not None:
+        row.update(_teacher_fields(s, episode.teacher_logprobs))
+    return row
+
+
+def _teacher_fields(stream: TokenStream | None, teacher_logprobs: list[float]) -> dict[str, Any]:
+    """teacher_logprobs as JSON plus the episode's mean per-token reverse-KL estimate (k1)."""
+    kl = None
+    if stream is not None and stream.num_llm_tokens:
+        diffs = [s - t for s, t, m in zip(stream.logprobs, teacher_logprobs, stream.response_mask) if m]
+        kl = sum(diffs) / len(diffs)
+    return {"teacher_logprobs": _dumps(teacher_logprobs), "kl_mean": kl}
+
+
+def row_to_episode(row: dict[str, Any]) -> Episode:
+    """Rebuild an Episode (with its TokenStream) from an `episodes` row."""
+    messages = [Message.from_dict(m) for m in json.loads(row["messages"])]
+    turn_rows = json.loads(row["turns"] or "[]")
+    assistants = [m for m in messages if m.role == "assistant"]
+    turns = []
+    for i, t in enumerate(turn_rows):
+        turns.append(
+            Turn(
+                assistant=assistants[i] if i < len(assistants) else Message("assistant", t.get("raw_text", "")),
+                observation=[],
+                reward=t.get("reward", 0.0),
+                tool_errors=t.get("tool_errors", 0),
+                parse_error=t.get("parse_error", False),
+                raw_text=t.get("raw_text", ""),
+                tool_calls=t.get("tool_calls", {}),
+                tool_call_errors=t.get("tool_call_errors", {}),
+            )
+        )
+    tokens = None
+    if row.get("token_ids") is not None:
+        tokens = TokenStream(
+            token_ids=json.loads(row["token_ids"]),
+            prompt_len=row["prompt_len"],
+            response_mask=json.loads(row["response_mask"]),
+            logprobs=json.loads(row["logprobs"]),
+            turn_index=json.loads(row["turn_index"]),
+        )
+    return Episode(
+        env=row["env"],
+        task_id=row["task_id"],
+        messages=messages,
+        tools=json.loads(row["tools"] or "[]"),
+        turns=turns,
+        reward=row["reward"],
+        success=bool(row["success"]),
+        stop_reason=StopReason(row["stop_reason"]),
+        tokens=tokens,
+        teacher_logprobs=json.loads(row["teacher_logprobs"]) if row.get("teacher_logprobs") else None,
+        step=row["step"],
+        sample_index=row.get("sample_index") or 0,
+        policy_version=row.get("policy_version") or 0,
+        info=json.loads(row.get("info") or "{}"),
+    )
+
+
+class Store:
+    """The `episodes` table of one run. Writers commit per episode; readers open read-only."""
+
+    def __init__(self, path: str | Path, readonly: bool = False):
+        self.path = Path(path)
+        self.readonly = readonly
+        if readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(f"no trajectory store at {self.path}")
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, check_same_thread=False)
+        self.db = sqlite_utils.Database(conn)
+        if not readonly:
+            self.db.enable_wal()
+            table = self.db["episodes"]
+            if not table.exists():
+                table.create(EPISODE_COLUMNS, pk="id")
+                table.create_index(["step"])
+                table.create_index(["split", "step"])
+
+    @property
+    def table(self) -> sqlite_utils.db.Table:
+        return self.db["episodes"]  # type: ignore[return-value]
+
+    def add(self, episode: Episode, episode_id: str, split: str = "train", teacher: str | None = None) -> None:
+        """Write one finished episode now (replacing a row of the same id: re-runs never duplicate)."""
+        assert not self.readonly
+        with self.db.conn:
+            self.table.insert(episode_row(episode, episode_id, split, teacher), replace=True)
+
+    def set_teacher_logprobs(self, episode_id: str, teacher_logprobs: list[float], stream: TokenStream) -> None:
+        assert not self.readonly
+        with self.db.conn:
+            self.table.update(episode_id, _teacher_fields(stream, teacher_logprobs))
+
+    def get(self, episode_id: str) -> Episode:
+        return row_to_episode(self.table.get(episode_id))
+
+    def iter_rows(self, where: str | None = None, params: Any = None, order_by: str = "step, id") -> Iterator[dict]:
+        yield from self.table.rows_where(where, params, order_by=order_by)
+
+    def iter_episodes(self, step: int | None = None, split: str | None = None) -> Iterator[tuple[str, Episode]]:
+        clauses, params = [], []
+        if step is not None:
+            clauses.append("step = ?")
+            params.append(step)
+        if split is not None:
+            clauses.append("split = ?")
+            params.append(split)
+        for row in self.iter_rows(" and ".join(clauses) or None, params):
+            yield row["id"], row_to_episode(row)
+
+    def count(self, where: str | None = None, params: Any = None) -> int:
+        return self.table.count_where(where, params) if where else self.table.count
+
+    def delete_after(self, step: int) -> int:
+        """Drop episodes of steps > `step` (a resumed run regenerates them). Returns how many."""
+        assert not self.readonly
+        n = self.count("step > ?", [step])
+        with self.db.conn:
+            self.table.delete_where("step > ?", [step])
+        return n
+
+    def close(self) -> None:
+        self.db.conn.close()
