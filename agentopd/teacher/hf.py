@@ -1,0 +1,206 @@
+"""HFTeacher: a local Hugging Face causal LM that scores token streams, two-phase.
+
+    teacher = HFTeacher("/models/Qwen3-8B", device="cuda", dtype=torch.bfloat16)
+    scores = teacher.score(streams, mode="logprobs")   # loads to the device, scores, offloads
+    # ... the student step runs with the GPU to itself ...
+
+`score` moves the teacher to its device, runs it over the whole batch in micro-batches of at
+most `max_tokens_per_batch` (padded) tokens, keeps on CPU only what the loss needs and, with
+`offload_after_score` (the default), moves the teacher back to CPU and empties the CUDA cache,
+so teacher and student never occupy the GPU at once.
+
+Micro-batches are right-padded: a padded position comes after every real one, is masked out of
+attention and is never read, so padding counts as nothing. Streams are sorted by length
+so little padding is formed.
+
+Logits are never built for the batch: the decoder's final hidden states are gathered at the
+positions that predict response tokens (position p predicts token p+1, so response token i is
+predicted by position prompt_len + i - 1) and the lm_head is applied `head_chunk` rows at a
+time, in fp32 (`head_fp32`), as `log_softmax(logits / temperature)`. In HIDDEN mode those
+hidden rows themselves are kept (R x H per stream, about H/V of the memory of logits: 4096 /
+151,936 = 2.7% for a Qwen3-8B teacher) and the loss recomputes teacher logits chunk by chunk
+with `head_weight()`.
+
+Legend: B = streams in a micro-batch, T = padded length, H = hidden size, V = vocab rows of
+the lm_head, N = response positions gathered, K = top-k.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
+from agentopd.types import TokenStream
+
+# Config fields that make logits differ from lm_head(hidden); HFTeacher refuses them.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def plan_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Group stream indices so that each group's padded size (count x longest) <= max_tokens.
+
+    Longest first; a stream longer than the budget gets a micro-batch of its own.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens_per_batch must be >= 1, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class HFTeacher:
+    """A local transformers causal LM as the teacher (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel | str | Path,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        max_tokens_per_batch: int = 16384,
+        temperature: float = 1.0,
+        top_k: int = 20,
+        head_chunk: int = 1024,
+        head_fp32: bool = True,
+        offload_after_score: bool = True,
+    ):
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if head_chunk < 1:
+            raise ValueError(f"head_chunk must be >= 1, got {head_chunk}")
+        if isinstance(model, (str, Path)):
+            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or "auto")
+        elif dtype is not None:
+            model = model.to(dtype)
+        for key in _LOGIT_TRANSFORMS:
+            value = getattr(model.config, key, None)
+            if value not in (None, 1, 1.0):
+                raise ValueError(
+                    f"teacher config has {key}={value}: HFTeacher computes logits as lm_head(hidden) "
+                    "and does not apply that transform"
+                )
+        head = model.get_output_embeddings()
+        if head is None or getattr(head, "bias", None) is not None:
+            raise ValueError("the teacher needs an lm_head without bias (logits = hidden @ W.T)")
+        model.eval()
+        model.requires_grad_(False)
+        self.model = model
+        self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.temperature = temperature
+        self.top_k = top_k
+        self.head_chunk = head_chunk
+        self.head_fp32 = head_fp32
+        self.offload_after_score = offload_after_score
+        plan_micro_batches([], max_tokens_per_batch)  # validates the budget
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the teacher's lm_head (may exceed the tokenizer's size: padding rows)."""
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def head_weight(self, num_rows: int | None = None) -> torch.Tensor:
+        """The lm_head weight (V x H) on CPU, without grad; `num_rows` keeps the first rows only
+        (the vocabulary shared with the student, see `check_compatible`)."""
+        weight_VH = self.model.get_output_embeddings().weight.detach()
+        if num_rows is not None:
+            if not 0 < num_rows <= weight_VH.shape[0]:
+                raise ValueError(f"num_rows must be in [1, {weight_VH.shape[0]}], got {num_rows}")
+            weight_VH = weight_VH[:num_rows]
+        return weight_VH.to("cpu")
+
+    def load(self) -> None:
+        """Phase 1: put the teacher on its device."""
+        self.model.to(self.device)
+
+    def offload(self) -> None:
+        """Phase 2: move the teacher off the accelerator and free its cached memory."""
+        self.model.to("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @torch.inference_mode()
+    def score(self, streams: list[TokenStream], *, mode: TeacherMode | str = TeacherMode.LOGPROBS) -> list[TeacherScores]:
+        mode = as_mode(mode)
+        check_scorable(streams)
+        rows = self.vocab_rows
+        for n, s in enumerate(streams):
+            bad = [t for t in s.token_ids if not 0 <= t < rows]
+            if bad:
+                raise ValueError(f"stream {n}: token id {bad[0]} is outside the teacher's vocabulary (0..{rows - 1})")
+        self.load()
+        try:
+            out: list[TeacherScores | None] = [None] * len(streams)
+            weight_VH = self.model.get_output_embeddings().weight
+            if self.head_fp32:
+                weight_VH = weight_VH.float()
+            for group in plan_micro_batches([len(s.token_ids) for s in streams], self.max_tokens_per_batch):
+                for i, scores in zip(group, self._score_group([streams[i] for i in group], mode, weight_VH)):
+                    out[i] = scores
+            assert all(s is not None for s in out)
+            return out  # type: ignore[return-value]
+        finally:
+            if self.offload_after_score:
+                self.offload()
+
+    def _score_group(self, streams: list[TokenStream], mode: TeacherMode, weight_VH: torch.Tensor) -> list[TeacherScores]:
+        longest = max(len(s.token_ids) for s in streams)
+        ids_BT = torch.zeros(len(streams), longest, dtype=torch.long)
+        attention_BT = torch.zeros(len(streams), longest, dtype=torch.long)
+        for b, s in enumerate(streams):
+            ids_BT[b, : len(s.token_ids)] = torch.tensor(s.token_ids)
+            attention_BT[b, : len(s.token_ids)] = 1
+        decoder = self.model.base_model
+        hidden_BTH = decoder(
+            input_ids=ids_BT.to(self.device), attention_mask=attention_BT.to(self.device), use_cache=False
+        ).last_hidden_state
+        # Position prompt_len + i - 1 predicts response token i.
+        hidden_NH = torch.cat([hidden_BTH[b, s.prompt_len - 1 : len(s.token_ids) - 1] for b, s in enumerate(streams)])
+        targets_N = torch.cat([torch.tensor(s.response_ids, dtype=torch.long) for s in streams]).to(self.device)
+        mask_N = torch.cat([torch.tensor(s.response_mask, dtype=torch.float32) for s in streams])
+        assert hidden_NH.shape[0] == targets_N.shape[0] == mask_N.shape[0]
+
+        logprob_chunks, ids_chunks, topk_chunks = [], [], []
+        k = min(self.top_k, weight_VH.shape[0])
+        for start in range(0, hidden_NH.shape[0], self.head_chunk):
+            h_nH = hidden_NH[start : start + self.head_chunk]
+            logits_nV = F.linear(h_nH.to(weight_VH.dtype), weight_VH).float() / self.temperature
+            logprobs_nV = torch.log_softmax(logits_nV, dim=-1)
+            logprob_chunks.append(logprobs_nV.gather(1, targets_N[start : start + self.head_chunk, None])[:, 0].cpu())
+            if mode is TeacherMode.TOPK:
+                top_nK = logprobs_nV.topk(k, dim=-1)
+                ids_chunks.append(top_nK.indices.cpu())
+                topk_chunks.append(top_nK.values.cpu())
+        logprobs_N = torch.cat(logprob_chunks) if logprob_chunks else torch.zeros(0)
+        logprobs_N = torch.where(mask_N > 0, logprobs_N, torch.zeros_like(logprobs_N))
+        if mode is TeacherMode.TOPK:
+            ids_NK = torch.cat(ids_chunks) if ids_chunks else torch.zeros(0, k, dtype=torch.long)
+            top_NK = torch.cat(topk_chunks) if topk_chunks else torch.zeros(0, k)
+
+        out, start = [], 0
+        for s in streams:
+            end = start + len(s.response_mask)
+            scores = TeacherScores(logprobs=logprobs_N[start:end].tolist())
+            if mode is TeacherMode.TOPK:
+                scores.topk_ids = ids_NK[start:end].tolist()
+                scores.topk_logprobs = top_NK[start:end].tolist()
+            if mode is TeacherMode.HIDDEN:
+                scores.hidden = hidden_NH[start:end].to("cpu", copy=True)
+            out.append(scores)
+            start = end
+        return out

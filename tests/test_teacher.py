@@ -1,0 +1,210 @@
+"""HFTeacher against a direct forward of the same tiny random-init Qwen3 model, and the
+tokenizer compatibility check on two small hand-built tokenizers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from agentopd.teacher import HFTeacher, Teacher, TeacherMode, check_compatible, plan_micro_batches
+from agentopd.types import TokenStream
+
+VOCAB = 128
+
+
+def tiny_model(seed: int = 0, **overrides) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=False,
+    )
+    cfg.update(overrides)
+    model = Qwen3ForCausalLM(Qwen3Config(**cfg))
+    with torch.no_grad():  # larger logits than the default init, so differences would show
+        model.lm_head.weight.mul_(20.0)
+    return model.eval()
+
+
+def make_streams(n: int, seed: int = 0) -> list[TokenStream]:
+    rng = random.Random(seed)
+    streams = []
+    for _ in range(n):
+        prompt_len = rng.randint(1, 6)
+        mask: list[int] = []
+        turn_index: list[int] = []
+        for turn in range(rng.randint(1, 3)):
+            a, t = rng.randint(1, 6), rng.randint(0, 5)
+            mask += [1] * a + [0] * t
+            turn_index += [turn] * (a + t)
+        ids = [rng.randrange(VOCAB) for _ in range(prompt_len + len(mask))]
+        logprobs = [-rng.random() if m else 0.0 for m in mask]
+        streams.append(TokenStream(ids, prompt_len, mask, logprobs, turn_index))
+    return streams
+
+
+@torch.no_grad()
+def direct_logprobs_RV(model, stream: TokenStream, temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax of a plain forward, rows = the positions predicting each response token."""
+    logits_TV = model(torch.tensor([stream.token_ids])).logits[0].float()
+    rows = [stream.prompt_len + i - 1 for i in range(len(stream.response_mask))]
+    return torch.log_softmax(logits_TV[rows] / temperature, dim=-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_a_direct_forward(temperature):
+    model = tiny_model()
+    streams = make_streams(7)
+    teacher = HFTeacher(model, device="cpu", max_tokens_per_batch=40, temperature=temperature, head_chunk=5)
+    scores = teacher.score(streams, mode=TeacherMode.LOGPROBS)
+    assert isinstance(teacher, Teacher)
+    for stream, sc in zip(streams, scores):
+        ref_RV = direct_logprobs_RV(model, stream, temperature)
+        want = ref_RV.gather(1, torch.tensor(stream.response_ids)[:, None])[:, 0]
+        assert len(sc.logprobs) == len(stream.response_mask)
+        for i, m in enumerate(stream.response_mask):
+            if m:
+                assert sc.logprobs[i] == pytest.approx(want[i].item(), abs=1e-4)
+            else:
+                assert sc.logprobs[i] == 0.0
+        assert sc.topk_ids is None and sc.hidden is None
+    # response token i is predicted by position prompt_len + i - 1, not prompt_len + i
+    s = streams[0]
+    shifted = torch.log_softmax(model(torch.tensor([s.token_ids])).logits[0, s.prompt_len], -1)[s.response_ids[0]]
+    assert s.response_mask[0] == 1 and abs(scores[0].logprobs[0] - shifted.item()) > 1e-3
+
+
+def test_padding_and_micro_batching_change_nothing():
+    model = tiny_model()
+    streams = make_streams(9, seed=1)
+    together = HFTeacher(model, device="cpu", max_tokens_per_batch=10_000).score(streams, mode="topk")
+    alone = HFTeacher(model, device="cpu", max_tokens_per_batch=1).score(streams, mode="topk")
+    for a, b in zip(together, alone):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.topk_logprobs is not None and b.topk_logprobs is not None
+        for x, y in zip(a.topk_logprobs, b.topk_logprobs):
+            assert x == pytest.approx(y, abs=1e-5)
+
+
+def test_topk_matches_torch_topk():
+    model = tiny_model()
+    streams = make_streams(4, seed=2)
+    scores = HFTeacher(model, device="cpu", top_k=5).score(streams, mode=TeacherMode.TOPK)
+    for stream, sc in zip(streams, scores):
+        ref = direct_logprobs_RV(model, stream).topk(5, dim=-1)
+        assert sc.topk_ids is not None and sc.topk_logprobs is not None
+        assert len(sc.topk_ids) == len(stream.response_mask) and all(len(r) == 5 for r in sc.topk_ids)
+        assert sc.topk_ids == ref.indices.tolist()
+        assert torch.allclose(torch.tensor(sc.topk_logprobs), ref.values, atol=1e-4)
+        for i, m in enumerate(stream.response_mask):
+            if m:
+                assert sc.topk_logprobs[i][0] >= sc.logprobs[i] - 1e-6
+
+
+def test_hidden_rows_with_head_weight_give_the_teacher_logits():
+    model = tiny_model()
+    streams = make_streams(5, seed=3)
+    teacher = HFTeacher(model, device="cpu", max_tokens_per_batch=30)
+    scores = teacher.score(streams, mode="hidden")
+    head_VH = teacher.head_weight()
+    assert head_VH.device.type == "cpu" and head_VH.shape == (VOCAB, 32) and not head_VH.requires_grad
+    assert teacher.head_weight(num_rows=100).shape == (100, 32)
+    for stream, sc in zip(streams, scores):
+        assert sc.hidden is not None and sc.hidden.shape == (len(stream.response_mask), 32)
+        assert sc.hidden.device.type == "cpu"
+        recomputed_RV = torch.log_softmax(sc.hidden.float() @ head_VH.float().T, dim=-1)
+        assert torch.allclose(recomputed_RV, direct_logprobs_RV(model, stream), atol=1e-4)
+
+
+def test_bf16_teacher_keeps_hidden_in_its_dtype():
+    model = tiny_model()
+    teacher = HFTeacher(model, device="cpu", dtype=torch.bfloat16)
+    (sc,) = teacher.score(make_streams(1, seed=4), mode="hidden")
+    assert sc.hidden is not None and sc.hidden.dtype == torch.bfloat16
+
+
+def test_refuses_bad_input():
+    model = tiny_model()
+    teacher = HFTeacher(model, device="cpu")
+    with pytest.raises(ValueError, match="prompt_len"):
+        teacher.score([TokenStream([1, 2], 0, [1, 1], [0.0, 0.0], [0, 0])])
+    with pytest.raises(ValueError, match="token id 500"):
+        teacher.score([TokenStream([1, 500], 1, [1], [0.0], [0])])
+    with pytest.raises(ValueError, match="mode"):
+        teacher.score(make_streams(1), mode="logits")
+    with pytest.raises(ValueError, match="temperature"):
+        HFTeacher(model, temperature=0.0)
+    capped = tiny_model()
+    capped.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        HFTeacher(capped)
+
+
+def test_plan_micro_batches_respects_the_budget():
+    lengths = [5, 30, 7, 7, 12, 3, 50]
+    groups = plan_micro_batches(lengths, 30)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 30
+    assert [6] in groups  # longer than the budget: alone
+
+
+@pytest.mark.gpu
+def test_two_phase_frees_the_gpu():
+    model = tiny_model(hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    teacher = HFTeacher(model, device="cuda")
+    scores = teacher.score(make_streams(8), mode="hidden")
+    assert next(model.parameters()).device.type == "cpu"
+    assert torch.cuda.memory_allocated() == before
+    assert all(s.hidden is not None and s.hidden.device.type == "cpu" for s in scores)
+    cpu = HFTeacher(tiny_model(hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64), device="cpu")
+    for a, b in zip(scores, cpu.score(make_streams(8), mode="hidden")):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=2e-3)
+
+
+# --- tokenizer / vocabulary compatibility ---------------------------------------------------
+def word_tokenizer(words: list[str]) -> Tokenizer:
+    return Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+
+
+WORDS = ["[UNK]", "<eos>", "select", "from", "where", "count", "name", "age", "users", "orders"]
+
+
+def test_identical_tokenizers_pass_and_padding_rows_are_fine():
+    student, teacher = word_tokenizer(WORDS), word_tokenizer(WORDS)
+    assert check_compatible(student, teacher) == len(WORDS)
+    # larger embedding matrix on the teacher side (padding rows, as Qwen 151,936 vs 152,064)
+    assert check_compatible(student, teacher, Qwen3Config(vocab_size=10), Qwen3Config(vocab_size=16)) == 10
+    assert check_compatible(student, teacher, 10, 64) == 10
+
+
+def test_one_different_token_is_refused_with_sizes_and_the_token():
+    other = list(WORDS)
+    other[6] = "title"
+    with pytest.raises(ValueError) as err:
+        check_compatible(word_tokenizer(WORDS), word_tokenizer(other + ["extra"]))
+    msg = str(err.value)
+    assert "student has 10 tokens" in msg and "teacher 11" in msg
+    assert "id 6" in msg and "'name'" in msg and "'title'" in msg
+
+
+def test_transformers_tokenizers_and_added_special_tokens():
+    student = PreTrainedTokenizerFast(tokenizer_object=word_tokenizer(WORDS), unk_token="[UNK]")
+    teacher = PreTrainedTokenizerFast(tokenizer_object=word_tokenizer(WORDS), unk_token="[UNK]")
+    assert check_compatible(student, teacher) == 10
+    teacher.add_special_tokens({"additional_special_tokens": ["<tool>"]})
+    with pytest.raises(ValueError, match=r"id 10: student '<none>' vs teacher '<tool>'"):
+        check_compatible(student, teacher)
+    student.add_special_tokens({"additional_special_tokens": ["<tool>"]})
+    assert check_compatible(student, teacher) == 11
+
+
+def test_a_matrix_smaller_than_the_tokenizer_is_refused():
+    with pytest.raises(ValueError, match="teacher model has 8 vocabulary rows"):
+        check_compatible(word_tokenizer(WORDS), word_tokenizer(WORDS), 10, Qwen3Config(vocab_size=8))
