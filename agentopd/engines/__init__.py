@@ -1,0 +1,59 @@
+"""Rollout engines: async token-in/token-out generation behind one protocol (engines/base.py).
+
+    engine = make_engine("hf", "path/to/model", max_batch_size=64)     # transformers, CPU or GPU
+    engine = make_engine("vllm", "path/to/model", gpu_memory_utilization=0.5)  # optional extra
+
+`make_engine(kind, model, **kwargs)` forwards kwargs to `HFEngine` or `VLLMEngine`. vLLM is
+imported only when a VLLMEngine is built; without it that raises a one-line ImportError.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult, SamplingParams
+
+
+class EngineKind(StrEnum):
+    HF = "hf"
+    VLLM = "vllm"
+
+
+def make_engine(kind: str, model: Any, **kwargs: Any) -> Engine:
+    """An engine of `kind` ("hf" or "vllm") serving `model` (a path, hub id, or for hf a PreTrainedModel)."""
+    if kind not in EngineKind.__members__.values():
+        raise ValueError(f"unknown engine kind {kind!r}: choose one of {[k.value for k in EngineKind]}")
+    if kind == EngineKind.HF:
+        from agentopd.engines.hf import HFEngine
+
+        return HFEngine(model, **kwargs)
+    from agentopd.engines.vllm import VLLMEngine
+
+    return VLLMEngine(model, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy exports: importing agentopd.engines stays cheap (no torch / transformers / vllm).
+    if name == "HFEngine":
+        from agentopd.engines.hf import HFEngine
+
+        return HFEngine
+    if name == "VLLMEngine":
+        from agentopd.engines.vllm import VLLMEngine
+
+        return VLLMEngine
+    raise AttributeError(f"module 'agentopd.engines' has no attribute {name!r}")
+
+
+__all__ = [
+    "Engine",
+    "EngineKind",
+    "FinishReason",
+    "GenerateRequest",
+    "GenerateResult",
+    "HFEngine",
+    "SamplingParams",
+    "VLLMEngine",
+    "make_engine",
+]
