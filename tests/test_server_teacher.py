@@ -1,0 +1,181 @@
+"""ServerTeacher against a FAKE of vLLM's `/v1/completions` (real vLLM cannot run here).
+
+The fake is a small FastAPI app that runs a tiny random-init Qwen3 model (a plain forward,
+not HFTeacher) and answers in the response shape of vLLM's CompletionResponse as read from
+vLLM's sources (vllm/entrypoints/openai/completion/protocol.py and serving.py): per choice,
+`prompt_logprobs` is a list with one entry per prompt token, entry 0 null, entry p a map
+token_id -> {"logprob", "rank", "decoded_token"} holding the actual token p (any rank) plus
+the top `prompt_logprobs` tokens, never at a temperature, -inf clamped to -9999.0; with
+`return_token_ids` the choice echoes `prompt_token_ids`. It is served in-process through
+httpx's ASGI transport and once over real HTTP with uvicorn on 127.0.0.1. The parsed
+logprobs must equal HFTeacher's on the same model.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from agentopd.teacher import HFTeacher, ServerTeacher, TeacherMode, parse_prompt_logprobs
+from agentopd.types import TokenStream
+
+VOCAB = 128
+
+
+def tiny_model() -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, tie_word_embeddings=False))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)  # peaked distributions, so a wrong position would show
+    return model.eval()
+
+
+def make_streams(n: int, seed: int) -> list[TokenStream]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        prompt_len, mask = rng.randint(1, 5), [rng.choice([1, 1, 0]) for _ in range(rng.randint(1, 12))]
+        ids = [rng.randrange(VOCAB) for _ in range(prompt_len + len(mask))]
+        out.append(TokenStream(ids, prompt_len, mask, [-0.5 * m for m in mask], [0] * len(mask)))
+    return out
+
+
+def fake_vllm(model, max_logprobs: int = 20, corrupt_prompt: bool = False) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    def completions(body: dict):
+        ids = body["prompt"]
+        k = body.get("prompt_logprobs")
+        if k is not None and k > max_logprobs:
+            return JSONResponse({"error": {"message": f"Requested prompt logprobs of {k}, max {max_logprobs}"}}, 400)
+        with torch.no_grad():
+            logprobs_TV = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        prompt_logprobs: list[dict | None] = [None]
+        for p in range(1, len(ids)):
+            row_V = logprobs_TV[p - 1]
+            actual = ids[p]
+            entry = {
+                str(actual): {
+                    "logprob": max(row_V[actual].item(), -9999.0),
+                    "rank": int((row_V > row_V[actual]).sum()) + 1,
+                    "decoded_token": f"t{actual}",
+                }
+            }
+            if k:
+                top = row_V.topk(k)
+                for rank, (v, i) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+                    entry.setdefault(str(i), {"logprob": v, "rank": rank, "decoded_token": f"t{i}"})
+            prompt_logprobs.append(entry)
+        nxt = int(logprobs_TV[-1].argmax())
+        echoed = list(ids) if body.get("return_token_ids") else None
+        if corrupt_prompt and echoed:
+            echoed[-1] = (echoed[-1] + 1) % 128
+        choice = {
+            "index": 0, "text": f"t{nxt}", "logprobs": None, "finish_reason": "length", "stop_reason": None,
+            "token_ids": [nxt] if echoed else None, "prompt_logprobs": prompt_logprobs, "prompt_token_ids": echoed,
+        }
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+        return {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": body.get("model") or "tiny",
+                "choices": [choice], "usage": usage}
+
+    return app
+
+
+def check_equal(server_scores, hf_scores, topk: bool):
+    for a, b in zip(server_scores, hf_scores):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        if topk:
+            assert a.topk_ids == b.topk_ids
+            for x, y in zip(a.topk_logprobs, b.topk_logprobs):
+                assert x == pytest.approx(y, abs=1e-4)
+
+
+@pytest.mark.parametrize("mode", [TeacherMode.LOGPROBS, TeacherMode.TOPK])
+def test_server_scores_equal_hf_teacher(mode):
+    model = tiny_model()
+    streams = make_streams(6, seed=5)
+    server = ServerTeacher("http://fake", model="tiny", top_k=4, max_concurrency=3,
+                           transport=httpx.ASGITransport(app=fake_vllm(model)))
+    got = server.score(streams, mode=mode)
+    want = HFTeacher(model, device="cpu", top_k=4).score(streams, mode=mode)
+    check_equal(got, want, topk=mode is TeacherMode.TOPK)
+    if mode is TeacherMode.LOGPROBS:
+        assert all(s.topk_ids is None for s in got)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_over_real_http_with_uvicorn():
+    model = tiny_model()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(fake_vllm(model), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not server.started:
+            assert time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        streams = make_streams(4, seed=6)
+        got = ServerTeacher(f"http://127.0.0.1:{port}/", top_k=3).score(streams, mode="topk")
+        check_equal(got, HFTeacher(model, device="cpu", top_k=3).score(streams, mode="topk"), topk=True)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_parse_a_hand_written_vllm_payload():
+    # prompt [5, 7], response [9, 3, 2] with mask [1, 0, 1]; top-2 requested
+    stream = TokenStream([5, 7, 9, 3, 2], 2, [1, 0, 1], [-0.5, 0.0, -0.1], [0, 0, 1])
+    payload = [
+        None,
+        {"7": {"logprob": -2.0, "rank": 3, "decoded_token": "b"}, "1": {"logprob": -0.2, "rank": 1, "decoded_token": "x"},
+         "2": {"logprob": -1.9, "rank": 2, "decoded_token": "y"}},
+        {"9": {"logprob": -0.3, "rank": 1, "decoded_token": "c"}, "4": {"logprob": -1.5, "rank": 2, "decoded_token": "z"}},
+        {"3": {"logprob": -9999.0, "rank": 120, "decoded_token": "d"}, "0": {"logprob": -0.01, "rank": 1, "decoded_token": "w"},
+         "8": {"logprob": -5.0, "rank": 2, "decoded_token": "v"}},
+        {"2": {"logprob": -0.7, "rank": 2, "decoded_token": "e"}, "6": {"logprob": -0.6, "rank": 1, "decoded_token": "u"}},
+    ]
+    sc = parse_prompt_logprobs(payload, stream, top_k=2)
+    assert sc.logprobs == [-0.3, 0.0, -0.7]  # entry prompt_len + i; masked token -> 0.0
+    assert sc.topk_ids == [[9, 4], [0, 8], [6, 2]]  # the actual token only where it ranks in the top 2
+    assert sc.topk_logprobs == [[-0.3, -1.5], [-0.01, -5.0], [-0.6, -0.7]]
+    assert parse_prompt_logprobs(payload, stream, top_k=None).topk_ids is None
+    with pytest.raises(ValueError, match="entries"):
+        parse_prompt_logprobs(payload[:-1], stream, top_k=None)
+    broken = [dict(e) if e else None for e in payload]
+    del broken[2]["9"]
+    with pytest.raises(ValueError, match="actual token 9"):
+        parse_prompt_logprobs(broken, stream, top_k=None)
+
+
+def test_refusals_and_server_errors():
+    model = tiny_model()
+    streams = make_streams(2, seed=7)
+    with pytest.raises(ValueError, match="temperature"):
+        ServerTeacher("http://fake", temperature=0.7)
+    ok = ServerTeacher("http://fake", transport=httpx.ASGITransport(app=fake_vllm(model)), top_k=30)
+    with pytest.raises(ValueError, match="hidden"):
+        ok.score(streams, mode="hidden")
+    with pytest.raises(RuntimeError, match="HTTP 400"):
+        ok.score(streams, mode="topk")  # 30 > the server's max logprobs
+    bad = ServerTeacher("http://fake", transport=httpx.ASGITransport(app=fake_vllm(model, corrupt_prompt=True)))
+    with pytest.raises(RuntimeError, match="changed the prompt"):
+        bad.score(streams)
