@@ -1,17 +1,21 @@
 """Plugin discovery: environments and tools registered under entry points (DESIGN 3.3).
 
 Groups: `agentopd.envs` (a gymnasium.Env subclass or a factory returning one) and
-`agentopd.tools` (a typed tool function). The built-ins register through the same entry
-points as third-party packages. A plugin that fails to load is recorded in `errors()` by
+`agentopd.tools` (a typed tool function, or a class whose public documented methods are
+tools, e.g. `tools.sql:SqlDatabase` -> sql_query, list_tables, describe_table). The
+built-ins register through the same entry points as third-party packages. A plugin that fails to load is recorded in `errors()` by
 name with its error and skipped; it never breaks the others or the CLI.
 
     from agentopd.registry import envs, make_env, errors
     sorted(envs())                 # ['calculator', 'math', 'sql_db', ...]
     env = make_env("sql_db", db_path="my.db")
+    [(t.name, t.package) for t in tool_entries()]   # every tool, classes expanded to methods
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
@@ -64,15 +68,61 @@ def errors() -> list[Plugin]:
     return [p for g in (ENV_GROUP, TOOL_GROUP) for p in plugins(g).values() if p.error is not None]
 
 
-def make_env(name: str, **kwargs: Any):
-    """Instantiate a registered environment. Unknown or broken names raise ValueError saying why."""
+def env_factory(name: str) -> Any:
+    """The class or factory registered as env `name`. Unknown or broken names raise ValueError saying why."""
     found = plugins(ENV_GROUP)
     if name not in found:
-        raise ValueError(f"unknown env {name!r}; installed: {sorted(envs())}")
+        raise ValueError(f"unknown env {name!r}; installed: {', '.join(sorted(envs())) or 'none'}")
     plugin = found[name]
     if plugin.error is not None:
         raise ValueError(f"env {name!r} from package {plugin.package} failed to load: {plugin.error}")
-    return plugin.obj(**kwargs)
+    return plugin.obj
+
+
+def make_env(name: str, **kwargs: Any):
+    """Instantiate a registered environment. Unknown or broken names raise ValueError saying why."""
+    return env_factory(name)(**kwargs)
+
+
+def describe(obj: Any) -> str:
+    """The first line of an object's docstring ('' when it has none)."""
+    doc = inspect.getdoc(obj) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def tool_functions(obj: Any) -> list[Callable[..., Any]]:
+    """The tools an `agentopd.tools` entry point provides: the function itself, or for a class
+    its public methods with docstrings (in definition order, base classes first)."""
+    if not inspect.isclass(obj):
+        return [obj]
+    seen: dict[str, Callable[..., Any]] = {}
+    for klass in reversed(obj.__mro__[:-1]):
+        for name, member in vars(klass).items():
+            if not name.startswith("_") and inspect.isfunction(member) and inspect.getdoc(member):
+                seen[name] = member
+    return list(seen.values())
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    """One tool as `agentopd tools` lists it."""
+
+    name: str
+    plugin: Plugin  # the entry point that provided it
+    fn: Callable[..., Any]
+
+    @property
+    def package(self) -> str:
+        return self.plugin.package
+
+    @property
+    def description(self) -> str:
+        return describe(self.fn)
+
+
+def tool_entries() -> list[ToolEntry]:
+    """Every tool from the loaded `agentopd.tools` plugins, classes expanded to their methods."""
+    return [ToolEntry(fn.__name__, p, fn) for p in tools().values() for fn in tool_functions(p.obj)]
 
 
 def refresh() -> None:

@@ -1,0 +1,274 @@
+"""The config tree: typed pydantic sections, YAML presets in `configs/`, dotted overrides.
+
+One scheme for every command. A config is resolved in three layers:
+
+    1. the preset `configs/<env>.yaml` (or the file given with `--config`, which replaces it);
+       an env without a preset starts from `{env: {name: <env>}}`,
+    2. dotted overrides `a.b=c` on top, each value parsed as a YAML scalar
+       (`env.max_turns=4` -> 4, `env.tasks=my.jsonl` -> "my.jsonl", `x=null` -> None,
+       `lr=1e-6` -> 1e-06: YAML 1.2 numbers, which PyYAML alone would leave as strings),
+    3. validation against the typed tree: unknown keys and bad values raise ValueError
+       naming the full dotted key and the bad value.
+
+    cfg = load_config("sql_db", overrides=["env.max_turns=4", "run.seed=1"])
+    cfg.env.name, cfg.env.kwargs        # "sql_db", {"max_turns": 4, ...}
+    cfg.to_yaml("runs/x/config.yaml")   # the fully resolved config
+
+The `env` section is `{name, **kwargs}`: kwargs are free-form per env and are checked
+against the env's `__init__` (or factory) signature — an unknown kwarg is an error listing
+the accepted ones, a value of the wrong type is an error naming `env.<key>`; kwargs left
+out are filled with the signature's defaults so the written config is complete.
+
+Adding a section (e.g. `trainer`): write `class TrainerConfig(Section)` with typed,
+defaulted fields and add `trainer: TrainerConfig = Field(default_factory=TrainerConfig)`
+to `Config`. Presets and overrides pick it up with no other change. A shorthand top-level
+override (`student=PATH` for `student.path=PATH`) is one entry in `SHORTHANDS`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+_YAML_SCALARS = (str, int, float, bool, type(None))
+# YAML 1.2 floats PyYAML (YAML 1.1) reads as strings: "1e-6", "2E3", "1.e5".
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvConfig(BaseModel):
+    """`env`: which environment and its constructor kwargs (free-form, checked against its signature)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The kwargs for `agentopd.make_env(self.name, **kwargs)`."""
+        return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _check_kwargs(self) -> EnvConfig:
+        from agentopd.registry import env_factory  # late: the registry loads env modules
+
+        factory = env_factory(self.name)
+        for key, value in resolve_kwargs(factory, self.kwargs, prefix="env").items():
+            setattr(self, key, value)
+        return self
+
+
+class RunConfig(Section):
+    """`run`: what every job shares."""
+
+    seed: int = Field(0, description="seed for task sampling, rollouts and initialisation")
+    steps: int = Field(100, ge=0, description="training steps")
+
+
+class Config(Section):
+    """The whole config. New sections are new fields with a default factory."""
+
+    SHORTHANDS: ClassVar[dict[str, str]] = {"env": "env.name"}  # `key=value` meaning `dotted.key=value`
+
+    env: EnvConfig
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        """The fully resolved config as YAML; also written to `path` when given."""
+        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+
+# --- env kwargs against the env signature ---------------------------------------------------
+def resolve_kwargs(factory: Any, kwargs: dict[str, Any], prefix: str = "env") -> dict[str, Any]:
+    """Check `kwargs` against `factory`'s signature and fill in its YAML-able defaults.
+
+    Unknown keys raise ValueError listing the accepted ones; values that do not validate
+    against the parameter's annotation raise ValueError naming `<prefix>.<key>` and the value.
+    """
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+        return dict(kwargs)
+    params = {n: p for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown and not takes_any:
+        raise ValueError(
+            f"unknown key {prefix}.{unknown[0]} (value {kwargs[unknown[0]]!r}); "
+            f"{_name(factory)} accepts: {', '.join(f'{prefix}.{n}' for n in params) or 'nothing'}"
+        )
+    try:
+        hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+    except Exception:  # unresolvable annotations (forward refs to absent modules): check names only
+        hints = {}
+    out = dict(kwargs)
+    for name, value in kwargs.items():
+        if name in hints:
+            try:
+                checked = TypeAdapter(hints[name]).validate_python(value)
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise ValueError(f"bad value for {prefix}.{name}: {value!r} ({err['msg']}; expected {_type_name(hints[name])})") from None
+            if isinstance(checked, _YAML_SCALARS):  # e.g. "1e-6" for a float becomes 1e-06
+                out[name] = checked
+    for name, p in params.items():
+        if name not in out and p.default is not p.empty and _yaml_able(p.default):
+            out[name] = p.default
+    return out
+
+
+def _yaml_able(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_yaml_able(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _yaml_able(v) for k, v in value.items())
+    return isinstance(value, _YAML_SCALARS)
+
+
+def _name(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or repr(obj)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+# --- dotted overrides -------------------------------------------------------------------------
+def parse_value(raw: str) -> Any:
+    """A command-line value as a YAML scalar (or flow list/map), YAML 1.2 style for exponent floats."""
+    if _FLOAT_RE.fullmatch(raw.strip()):
+        return float(raw)
+    try:
+        return yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ValueError(f"cannot parse value {raw!r}: {str(e).splitlines()[0]}") from None
+
+
+def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
+    """`"a.b=c"` -> `(("a", "b"), value)`; a shorthand key (`env=x`) expands per `Config.SHORTHANDS`."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"override {text!r} is not of the form key=value (e.g. env.max_turns=4)")
+    key = Config.SHORTHANDS.get(key, key)
+    parts = tuple(key.split("."))
+    if not all(_KEY_RE.fullmatch(p) for p in parts):
+        raise ValueError(f"override {text!r}: {key!r} is not a dotted key (e.g. trainer.lr)")
+    try:
+        return parts, parse_value(raw)
+    except ValueError as e:
+        raise ValueError(f"override {key}: {e}") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Apply dotted overrides to a nested dict (a copy is returned; intermediate maps are created)."""
+    out = _deep_copy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(
+                    f"cannot set {'.'.join(parts)}: {'.'.join(parts[: i + 1])} is a value ({child!r}), not a section"
+                )
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_copy(d: Any) -> Any:
+    return {k: _deep_copy(v) for k, v in d.items()} if isinstance(d, dict) else d
+
+
+# --- presets and loading ----------------------------------------------------------------------
+def preset_dir() -> Path:
+    """Where the shipped presets live (the `configs` package)."""
+    return Path(str(files("configs")))
+
+
+def presets() -> list[str]:
+    """Names of the shipped presets (`configs/<name>.yaml`)."""
+    return sorted(p.stem for p in preset_dir().glob("*.yaml"))
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def validate(data: dict[str, Any]) -> Config:
+    """Build a Config from a nested dict; every problem becomes one ValueError naming its dotted key."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ValueError("; ".join(_describe(err) for err in e.errors())) from None
+
+
+def load_config(env_name: str | None, config_file: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Resolve a config: preset for `env_name` (or `config_file`), then `overrides`, then validation."""
+    if config_file is not None:
+        data = read_yaml(config_file)
+        file_env = (data.get("env") or {}).get("name") if isinstance(data.get("env"), dict) else None
+        if env_name is not None and file_env is not None and file_env != env_name:
+            raise ValueError(f"config file {str(config_file)!r} is for env {file_env!r}, but the env asked for is {env_name!r}")
+    elif env_name is not None and (preset_dir() / f"{env_name}.yaml").is_file():
+        data = read_yaml(preset_dir() / f"{env_name}.yaml")
+    elif env_name is not None:
+        data = {}
+    else:
+        raise ValueError("no env given: pass an env name or a config file with env.name")
+    if env_name is not None:
+        data.setdefault("env", {})
+        if isinstance(data["env"], dict):
+            data["env"].setdefault("name", env_name)
+    return validate(apply_overrides(data, overrides))
+
+
+def _describe(err: dict[str, Any]) -> str:
+    key = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "value_error":  # our own validators already name the key and value
+        return str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(err["loc"][:-1])
+        return f"unknown key {key} (value {err['input']!r}); {'.'.join(map(str, err['loc'][:-1])) or 'the config'} accepts: {allowed}"
+    if err["type"] == "missing":
+        return f"missing key {key}"
+    return f"bad value for {key}: {err['input']!r} ({err['msg']})"
+
+
+def _fields_at(loc: tuple[Any, ...]) -> str:
+    model: Any = Config
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return "?"
+        model = field.annotation
+    prefix = "".join(f"{p}." for p in loc)
+    return ", ".join(prefix + n for n in model.model_fields)
