@@ -1,0 +1,95 @@
+"""The CLI in-process (typer's CliRunner): listings, check-env, one-line errors with exit code 2."""
+
+import pytest
+from typer.testing import CliRunner
+
+from agentopd import registry
+from agentopd.cli import app
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # wide tables: every cell on one line
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(app, list(args))
+
+    return invoke
+
+
+def test_envs_lists_every_loaded_env(cli):
+    result = cli("envs")
+    assert result.exit_code == 0, result.output
+    for name, plugin in registry.envs().items():
+        line = next(ln for ln in result.output.splitlines() if f" {name} " in ln)
+        assert plugin.package in line and plugin.value in line
+
+
+def test_tools_expands_classes_to_their_methods(cli):
+    result = cli("tools")
+    assert result.exit_code == 0, result.output
+    entries = registry.tool_entries()
+    for t in entries:
+        assert f" {t.name} " in result.output
+    assert all(registry.tool_functions(p.obj) for p in registry.tools().values())
+
+
+def test_tool_functions_of_a_class():
+    class Toolbox:
+        def __init__(self, path: str):
+            self.path = path
+
+        def lookup(self, key: str) -> str:
+            """Look a key up."""
+            return key
+
+        def helper(self):  # no docstring: not a tool
+            return None
+
+        def _private(self) -> str:
+            """Private."""
+            return ""
+
+    def plain(x: int) -> int:
+        """A function tool."""
+        return x
+
+    assert [f.__name__ for f in registry.tool_functions(Toolbox)] == ["lookup"]
+    assert registry.tool_functions(plain) == [plain]
+
+
+def test_plugins_in_process(cli, demo_plugin):
+    envs = cli("envs")
+    assert envs.exit_code == 0
+    assert "reverse_words" in envs.output and "agentopd-demo-plugin" in envs.output
+    assert "failed to load" in envs.output and "broken_env" in envs.output and "broken on purpose" in envs.output
+    tools = cli("tools")
+    assert tools.exit_code == 0 and "reverse_text" in tools.output and "broken_tool" in tools.output
+
+
+def test_check_env_passes_and_fails(cli, demo_plugin):
+    ok = cli("check-env", "reverse_words", "env.max_turns=2", "--fuzz-steps", "200")
+    assert ok.exit_code == 0, ok.output
+    assert "all checks passed" in ok.output and "200 bad actions" in ok.output
+    bad = cli("check-env", "sloppy_env", "--fuzz-steps", "50")
+    assert bad.exit_code == 1, bad.output
+    assert "check(s) failed: oracle, fuzz" in bad.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["check-env", "no_such_env"], "error: unknown env 'no_such_env'"),
+        (["check-env", "reverse_words", "env.bogus=1"], "error: unknown key env.bogus (value 1); ReverseEnv accepts"),
+        (["check-env", "reverse_words", "env.max_turns=lots"], "error: bad value for env.max_turns: 'lots'"),
+        (["check-env", "reverse_words", "max_turns"], "error: override 'max_turns' is not of the form key=value"),
+        (["check-env", "broken_env"], "error: env 'broken_env' from package agentopd-broken-plugin failed to load: RuntimeError"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(cli, demo_plugin, args, message):
+    result = cli(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
