@@ -1,0 +1,68 @@
+"""Tiny random-init Qwen3 students and synthetic train samples shared by the trainer/batch tests
+(and the spawned distributed workers)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from agentopd.batch import TrainSample
+
+VOCAB = 128
+
+
+def tiny_config(tie: bool = True, attn: str = "sdpa") -> Qwen3Config:
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=tie,
+        max_position_embeddings=256,
+    )
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def tiny_model(seed: int = 0, tie: bool = True, attn: str = "sdpa") -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(tiny_config(tie, attn))
+
+
+def make_samples(
+    n: int, seed: int = 1, min_len: int = 8, max_len: int = 40, teacher_hidden: int = 0
+) -> list[TrainSample]:
+    """Random episodes: a prompt, then alternating student (mask 1) and tool (mask 0) spans, with
+    sampler/teacher logprobs, top-4 teacher ids, rewards in 4 groups; optional teacher hidden rows."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        prompt = int(torch.randint(1, min(6, length), (1,), generator=g))
+        ids = torch.randint(0, VOCAB, (length,), generator=g).tolist()
+        r = length - prompt
+        mask = [1 if (j // 5) % 2 == 0 else 0 for j in range(r)]  # 5 student tokens, 5 tool tokens, ...
+        old = (-torch.rand(r, generator=g) * 5).tolist()
+        teacher = (-torch.rand(r, generator=g) * 5).tolist()
+        topk_ids = torch.stack([torch.randperm(VOCAB, generator=g)[:4] for _ in range(r)]).tolist() if r else []
+        topk_lp = torch.log_softmax(torch.randn(r, 5, generator=g), -1)[:, :4].tolist()
+        hidden = torch.randn(r, teacher_hidden, generator=g) if teacher_hidden else None
+        out.append(
+            TrainSample(
+                token_ids=ids,
+                prompt_len=prompt,
+                response_mask=mask,
+                old_logprobs=[o * m for o, m in zip(old, mask)],
+                teacher_logprobs=[t * m for t, m in zip(teacher, mask)],
+                teacher_topk_ids=topk_ids,
+                teacher_topk_logprobs=topk_lp,
+                teacher_hidden=hidden,
+                reward=float(torch.rand(1, generator=g)),
+                group_id=i % 4,
+                turn_index=[j // 10 for j in range(r)],
+            )
+        )
+    return out
