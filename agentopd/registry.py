@@ -15,6 +15,7 @@ name with its error and skipped; it never breaks the others or the CLI.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -85,9 +86,12 @@ def make_env(name: str, **kwargs: Any):
 
 
 def describe(obj: Any) -> str:
-    """The first line of an object's docstring ('' when it has none)."""
-    doc = inspect.getdoc(obj) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    """The first line of an object's own docstring, else of its module's ('' when neither has one)."""
+    doc = obj.__doc__ if inspect.isclass(obj) else inspect.getdoc(obj)  # a class: not its base's docstring
+    if not (doc or "").strip():
+        doc = getattr(sys.modules.get(getattr(obj, "__module__", "") or ""), "__doc__", None)
+    doc = inspect.cleandoc(doc or "")
+    return doc.splitlines()[0] if doc else ""
 
 
 def tool_functions(obj: Any) -> list[Callable[..., Any]]:

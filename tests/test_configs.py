@@ -1,0 +1,105 @@
+"""The config tree: every shipped preset loads; overrides parse and fail by naming the key."""
+
+import pytest
+
+from agentopd.config import Config, apply_overrides, load_config, parse_override, parse_value, preset_dir, presets
+
+
+@pytest.mark.parametrize("name", presets())
+def test_every_shipped_preset_loads_and_round_trips(name, tmp_path):
+    cfg = load_config(name)
+    assert cfg.env.name == name  # a preset is named after its env
+    written = tmp_path / "config.yaml"
+    cfg.to_yaml(written)
+    again = load_config(None, config_file=written)
+    assert again == cfg
+    assert again.to_yaml() == cfg.to_yaml()
+
+
+def test_presets_are_found():
+    assert preset_dir().is_dir()
+    assert {"sql_db", "calculator", "math"} <= set(presets())
+
+
+@pytest.mark.parametrize(
+    "raw, value",
+    [("4", 4), ("1e-6", 1e-6), ("-2.5E3", -2500.0), ("0.1", 0.1), ("true", True), ("null", None), ("", None),
+     ("runs/x.jsonl", "runs/x.jsonl"), ("[1, 2]", [1, 2]), ("'007'", "007"), ("a=b", "a=b")],
+)
+def test_values_parse_as_yaml_scalars(raw, value):
+    assert parse_value(raw) == value
+    assert type(parse_value(raw)) is type(value)
+
+
+def test_override_parsing():
+    assert parse_override("trainer.lr=1e-6") == (("trainer", "lr"), 1e-6)
+    assert parse_override("env=calculator") == (("env", "name"), "calculator")  # a shorthand
+    assert parse_override("env.tasks=a=b.jsonl") == (("env", "tasks"), "a=b.jsonl")
+    for bad in ("env.max_turns", "=3", "env..x=1", "env.max turns=1"):
+        with pytest.raises(ValueError, match="override"):
+            parse_override(bad)
+
+
+def test_apply_overrides_nests_and_refuses_to_descend_into_a_value():
+    assert apply_overrides({"env": {"name": "x"}}, ["a.b.c=1", "env.k=v"]) == {
+        "env": {"name": "x", "k": "v"},
+        "a": {"b": {"c": 1}},
+    }
+    with pytest.raises(ValueError, match=r"env\.name\.x: env\.name is a value"):
+        apply_overrides({"env": {"name": "x"}}, ["env.name.x=1"])
+
+
+def test_env_kwargs_are_checked_against_the_env_signature(demo_plugin):
+    cfg = load_config("reverse_words", overrides=["env.max_turns=3", "run.seed=5"])
+    assert cfg.env.name == "reverse_words" and cfg.run.seed == 5
+    # unspecified kwargs are filled from the signature, so the written config is complete
+    assert cfg.env.kwargs == {"max_turns": 3, "num_tasks": 50, "word_length": 6, "seed": 0}
+    with pytest.raises(ValueError, match=r"unknown key env\.max_turn \(value 3\); ReverseEnv accepts: env\.num_tasks, .*env\.max_turns"):
+        load_config("reverse_words", overrides=["env.max_turn=3"])
+    with pytest.raises(ValueError, match=r"bad value for env\.max_turns: 'many'"):
+        load_config("reverse_words", overrides=["env.max_turns=many"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("run.sed=1", r"unknown key run\.sed \(value 1\); run accepts: run\.seed, run\.steps"),
+        ("trainer.lr=1e-6", r"unknown key trainer \(value \{'lr': 1e-06\}\); the config accepts: env, run"),
+        ("run.seed=abc", r"bad value for run\.seed: 'abc'"),
+        ("run.steps=-1", r"bad value for run\.steps: -1"),
+        ("run=3", r"bad value for run: 3"),
+        ("env.name=no_such_env", r"unknown env 'no_such_env'; installed:"),
+    ],
+)
+def test_bad_overrides_name_the_key_and_value(demo_plugin, override, message):
+    with pytest.raises(ValueError, match=message):
+        load_config("reverse_words", overrides=[override])
+
+
+def test_unknown_env_and_missing_env():
+    with pytest.raises(ValueError, match="unknown env 'nope'"):
+        load_config("nope")
+    with pytest.raises(ValueError, match="no env given"):
+        load_config(None)
+
+
+def test_config_file_replaces_the_preset(demo_plugin, tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("env:\n  name: reverse_words\n  word_length: 3\nrun:\n  steps: 7\n")
+    cfg = load_config("reverse_words", config_file=path, overrides=["run.steps=9"])
+    assert cfg.env.kwargs["word_length"] == 3 and cfg.run.steps == 9
+    with pytest.raises(ValueError, match="is for env 'reverse_words', but the env asked for is 'calculator'"):
+        load_config("calculator", config_file=path)
+    (tmp_path / "bad.yaml").write_text("env: [1, 2\n")
+    with pytest.raises(ValueError, match="is not valid YAML"):
+        load_config(None, config_file=tmp_path / "bad.yaml")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(None, config_file=tmp_path / "absent.yaml")
+
+
+def test_sections_are_typed_and_closed():
+    # adding a section is adding a field; every section refuses unknown keys
+    assert set(Config.model_fields) >= {"env", "run"}
+    for name, field in Config.model_fields.items():
+        if name != "env":
+            assert field.annotation.model_config.get("extra") == "forbid", name
