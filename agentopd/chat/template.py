@@ -1,0 +1,80 @@
+"""Chat rendering: messages + tool schemas -> text, through the tokenizer's jinja2 chat template.
+
+The default template (`qwen3.jinja`, `DEFAULT_CHAT_TEMPLATE`) is Qwen3-style with hermes tool
+calls, so what runs on the embedded default runs the same way on a real Qwen3 checkpoint:
+
+    <|im_start|>system\\n{system}\\n\\n# Tools ... <tools>\\n{schema json}\\n</tools> ...<|im_end|>\\n
+    <|im_start|>user\\n{question}<|im_end|>\\n
+    <|im_start|>assistant\\n{content}\\n<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n{result}\\n</tool_response>\\n<tool_response>...</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n                      <- add_generation_prompt
+
+Thinking: assistant content is rendered verbatim in every turn, `<think>` blocks included
+(Qwen3's own template strips thinking from earlier turns; re-rendering then no longer equals
+what the model saw). A tokenizer that ships its own chat template is rendered with that one;
+ours is the fallback and the template of the embedded tokenizer.
+
+    text = render(tokenizer, messages, tools, add_generation_prompt=True)
+    ids = encode(tokenizer, text)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib.resources import files
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from agentopd.types import Message
+
+DEFAULT_CHAT_TEMPLATE: str = files("agentopd.chat").joinpath("qwen3.jinja").read_text(encoding="utf-8")
+
+MessageLike = Message | dict[str, Any]
+
+
+def to_template_messages(messages: Sequence[MessageLike]) -> list[dict[str, Any]]:
+    """Messages as the plain dicts a chat template reads (`Message` objects converted)."""
+    out = []
+    for m in messages:
+        if isinstance(m, Message):
+            out.append(m.to_dict())
+        elif isinstance(m, dict):
+            if "role" not in m:
+                raise ValueError(f"message without a 'role': {m!r}")
+            out.append(m)
+        else:
+            raise ValueError(f"a message must be a dict or agentopd.types.Message, got {type(m).__name__}")
+    return out
+
+
+def chat_template_of(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The template used for `tokenizer`: its own when it ships one, else the default."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one, as transformers does
+        template = template.get("default")
+    return template or DEFAULT_CHAT_TEMPLATE
+
+
+def render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[MessageLike],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = False,
+    **template_kwargs: Any,
+) -> str:
+    """Render `messages` (and the tool schemas) to text with the tokenizer's chat template."""
+    return tokenizer.apply_chat_template(
+        to_template_messages(messages),
+        tools=list(tools) if tools else None,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        chat_template=chat_template_of(tokenizer),
+        **template_kwargs,
+    )
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of rendered text: special tokens in the text map to their ids, none are added."""
+    return tokenizer.encode(text, add_special_tokens=False)
