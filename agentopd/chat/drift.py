@@ -1,0 +1,267 @@
+"""Drift checker: does one episode's TokenStream equal its conversation, token for token?
+
+    report = check_episode(tokenizer, messages, tools, stream, raw_assistant_texts)
+    report.ok, report.drift, report.info
+    print(format_report(report, name="episode 12"))
+    report = check_stored_episode(tokenizer, episode)      # an agentopd.types.Episode
+
+What counts as drift (a finding with severity "drift"), in the order checked:
+1. invariant: the stream contract of DESIGN 3.1 is broken: prompt_len out of range; mask,
+   logprobs or turn_index not of length len(token_ids) - prompt_len; a mask value not 0/1;
+   a logprob not 0.0 where the mask is 0, or > 0 / not finite where it is 1; turn_index not
+   starting at 0, decreasing or skipping; within a turn, a mask-1 token after a mask-0 one
+   (each turn is: sampled span, then the junction/observation span); an id outside the
+   vocabulary. Later checks need the lengths, so a length error ends the check.
+2. structure: the number of turns in the stream differs from the number of assistant messages
+   (or from the number of raw assistant texts given).
+3. assistant: a turn's mask-1 span does not decode to that turn's raw sampled text (with or
+   without the trailing stop token) — the mask covers something the student did not sample.
+4. text: the decoded stream differs from the re-rendered conversation. The re-render is the
+   chat template over `messages` and `tools`, assistant messages replaced by their raw sampled
+   text (tool calls unparsed, thinking kept) when `raw_assistant_texts` is given, with the
+   generation prompt when the last message is not an assistant one. The only allowed
+   difference: the stream may stop right after the final assistant turn without the template's
+   closing of that turn (the `\\n` after `<|im_end|>`, or `<|im_end|>\\n` if it hit max_tokens).
+   The decoded stream is the concatenation of the decoded segments (prompt, each turn's sampled
+   span, each mask-0 span).
+5. tokens: a non-assistant segment (the prompt, or a turn's mask-0 span) is not exactly the
+   tokenization of its own text: a dropped, added or re-tokenized template/tool token.
+Reported as information only (severity "info"), not drift:
+- retokenize: encoding a turn's raw sampled text gives other ids than the ones sampled. The
+  stream is right (it holds what was sampled); a pipeline that re-tokenizes history would have
+  trained on different tokens here (rLLM #272). Such drift, once baked into a stored stream,
+  cannot be told from a canonical sample without the engine's record — only text and
+  non-assistant token differences are visible afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from agentopd.chat.stream import template_junctions
+from agentopd.chat.template import MessageLike, encode, render, to_template_messages
+from agentopd.types import Episode, TokenStream
+
+_CONTEXT_CHARS = 40
+
+
+class Severity(StrEnum):
+    DRIFT = "drift"
+    INFO = "info"
+
+
+class FindingKind(StrEnum):
+    INVARIANT = "invariant"
+    STRUCTURE = "structure"
+    ASSISTANT = "assistant"
+    TEXT = "text"
+    TOKENS = "tokens"
+    RETOKENIZE = "retokenize"
+
+
+@dataclass
+class Finding:
+    kind: FindingKind
+    message: str
+    token_pos: int | None = None  # index into token_ids
+    char_pos: int | None = None  # index into the decoded stream
+    context: str = ""  # the decoded text around the position
+    severity: Severity = Severity.DRIFT
+
+
+@dataclass
+class DriftReport:
+    num_tokens: int
+    num_turns: int
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def drift(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.DRIFT]
+
+    @property
+    def info(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.INFO]
+
+    @property
+    def ok(self) -> bool:
+        return not self.drift
+
+
+@dataclass
+class _Segment:
+    start: int  # token index into token_ids
+    ids: list[int]
+    sampled: bool
+    turn: int  # -1 for the prompt
+    text: str = ""
+    char_start: int = 0
+
+
+def _field(stream: TokenStream | Mapping[str, Any], name: str) -> Any:
+    return stream[name] if isinstance(stream, Mapping) else getattr(stream, name)
+
+
+def _check_invariants(ids: list[int], prompt_len: int, mask: list, logprobs: list, turns: list, vocab: int) -> tuple[list[Finding], bool]:
+    """(findings, fatal): fatal when the lengths are wrong and nothing else can be checked."""
+    out: list[Finding] = []
+
+    def bad(msg: str, pos: int | None = None) -> None:
+        out.append(Finding(FindingKind.INVARIANT, msg, token_pos=pos))
+
+    if not 0 <= prompt_len <= len(ids):
+        bad(f"prompt_len {prompt_len} outside [0, {len(ids)}]")
+        return out, True
+    n = len(ids) - prompt_len
+    for name, seq in (("response_mask", mask), ("logprobs", logprobs), ("turn_index", turns)):
+        if len(seq) != n:
+            bad(f"len({name}) = {len(seq)}, expected len(token_ids) - prompt_len = {n}")
+    if out:
+        return out, True
+    first = lambda pred: next((i for i in range(n) if pred(i)), None)  # noqa: E731
+    checks = [
+        (lambda i: mask[i] not in (0, 1), "response_mask value {v} is not 0/1", mask),
+        (lambda i: mask[i] == 0 and logprobs[i] != 0.0, "logprob {v} where the mask is 0 (must be 0.0)", logprobs),
+        (lambda i: mask[i] == 1 and not (math.isfinite(logprobs[i]) and logprobs[i] <= 1e-6), "sampled logprob {v} is not a finite value <= 0", logprobs),
+        (lambda i: turns[i] != (0 if i == 0 else turns[i - 1]) and not (i > 0 and turns[i] == turns[i - 1] + 1), "turn_index {v} does not follow its predecessor (start at 0, step 0 or 1)", turns),
+        (lambda i: i > 0 and turns[i] == turns[i - 1] and mask[i] == 1 and mask[i - 1] == 0, "mask 1 after mask 0 within turn {v} (a turn is a sampled span, then a mask-0 span)", turns),
+    ]
+    for pred, msg, values in checks:
+        i = first(pred)
+        if i is not None:
+            bad(msg.format(v=values[i]), prompt_len + i)
+    i = next((j for j, t in enumerate(ids) if not 0 <= t < vocab), None)
+    if i is not None:
+        bad(f"token id {ids[i]} outside the vocabulary [0, {vocab})", i)
+    return out, False
+
+
+def _segments(ids: list[int], prompt_len: int, mask: list[int], turns: list[int]) -> list[_Segment]:
+    segs = [_Segment(0, ids[:prompt_len], sampled=False, turn=-1)]
+    for j, (m, t) in enumerate(zip(mask, turns)):
+        if segs[-1].turn != t or segs[-1].sampled != bool(m):
+            segs.append(_Segment(prompt_len + j, [], sampled=bool(m), turn=t))
+        segs[-1].ids.append(ids[prompt_len + j])
+    return segs
+
+
+def _around(text: str, pos: int) -> str:
+    return repr(text[max(0, pos - _CONTEXT_CHARS) : pos]) + " | " + repr(text[pos : pos + _CONTEXT_CHARS])
+
+
+def _first_diff(a: Sequence, b: Sequence) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _token_at_char(tokenizer: PreTrainedTokenizerBase, segs: list[_Segment], char_pos: int) -> int:
+    seg = next((s for s in reversed(segs) if s.char_start <= char_pos), segs[0])
+    local = char_pos - seg.char_start
+    for i in range(1, len(seg.ids) + 1):
+        if len(tokenizer.decode(seg.ids[:i], skip_special_tokens=False)) > local:
+            return seg.start + i - 1
+    return seg.start + len(seg.ids)
+
+
+def check_episode(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[MessageLike],
+    tools: Sequence[dict[str, Any]] | None,
+    stream: TokenStream | Mapping[str, Any],
+    raw_assistant_texts: Sequence[str] | None = None,
+    *,
+    template_kwargs: dict[str, Any] | None = None,
+) -> DriftReport:
+    """Check one episode's stream against its conversation (see the module docstring)."""
+    kw = dict(template_kwargs or {})
+    ids = [int(t) for t in _field(stream, "token_ids")]
+    prompt_len = int(_field(stream, "prompt_len"))
+    mask, logprobs, turns = (list(_field(stream, k)) for k in ("response_mask", "logprobs", "turn_index"))
+    report = DriftReport(num_tokens=len(ids), num_turns=(max(turns) + 1 if turns else 0))
+    findings, fatal = _check_invariants(ids, prompt_len, mask, logprobs, turns, len(tokenizer))
+    report.findings += findings
+    if fatal:
+        return report
+    segs = _segments(ids, prompt_len, mask, turns)
+    junctions = template_junctions(tokenizer, **kw)
+    stop_text = tokenizer.decode(list(junctions.closing_ids[:1]), skip_special_tokens=False)
+
+    msgs = [dict(m) for m in to_template_messages(messages)]
+    assistant_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    if len(assistant_at) != report.num_turns:
+        report.findings.append(Finding(FindingKind.STRUCTURE, f"{report.num_turns} turns in the stream, {len(assistant_at)} assistant messages"))
+    raw: list[str] | None = None
+    if raw_assistant_texts is not None:
+        raw = [t[: -len(stop_text)] if stop_text and t.endswith(stop_text) else t for t in raw_assistant_texts]
+        if len(raw) != len(assistant_at):
+            report.findings.append(Finding(FindingKind.STRUCTURE, f"{len(raw)} raw assistant texts for {len(assistant_at)} assistant messages"))
+            raw = None
+        else:
+            for i, text in zip(assistant_at, raw):
+                msgs[i] = {"role": "assistant", "content": text}
+
+    # Decode segment by segment; check sampled spans against the raw texts.
+    pos = 0
+    for s in segs:
+        s.text, s.char_start = tokenizer.decode(s.ids, skip_special_tokens=False), pos
+        pos += len(s.text)
+        if not s.sampled or raw is None or s.turn >= len(raw):
+            continue
+        closed = bool(s.ids) and s.ids[-1] == junctions.closing_ids[0] if junctions.closing_ids else False
+        want = raw[s.turn] + (stop_text if closed else "")
+        if s.text != want:
+            i = _first_diff(s.text, want)
+            report.findings.append(Finding(FindingKind.ASSISTANT, f"turn {s.turn}: the sampled span decodes to other text than the raw sampled text (stream | raw: {_around(want, i)})", token_pos=s.start, char_pos=s.char_start + i, context=_around(s.text, i)))
+        elif encode(tokenizer, want) != s.ids:
+            j = _first_diff(encode(tokenizer, want), s.ids)
+            report.findings.append(Finding(FindingKind.RETOKENIZE, f"turn {s.turn}: re-encoding the sampled text gives other ids from token {j} of the turn ({len(s.ids)} sampled, {len(encode(tokenizer, want))} re-encoded)", token_pos=s.start + j, context=repr(tokenizer.decode(s.ids[max(0, j - 3) : j + 3], skip_special_tokens=False)), severity=Severity.INFO))
+    stream_text = "".join(s.text for s in segs)
+
+    last_is_assistant = bool(msgs) and msgs[-1]["role"] == "assistant"
+    expected = render(tokenizer, msgs, tools, add_generation_prompt=not last_is_assistant, **kw)
+    leftover = expected[len(stream_text) :] if expected.startswith(stream_text) else None
+    ends_sampled = segs[-1].sampled
+    if leftover is None or (leftover and not (last_is_assistant and ends_sampled and junctions.closing_text.endswith(leftover))):
+        i = _first_diff(stream_text, expected)
+        report.findings.append(Finding(
+            FindingKind.TEXT,
+            f"decoded stream differs from the re-rendered conversation at char {i} (stream {len(stream_text)} chars, re-render {len(expected)}); re-render there: {_around(expected, i)}",
+            token_pos=_token_at_char(tokenizer, segs, i), char_pos=i, context=_around(stream_text, i)))
+
+    for s in segs:
+        if s.sampled:
+            continue
+        want_ids = encode(tokenizer, s.text)
+        if want_ids != s.ids:
+            j = _first_diff(s.ids, want_ids)
+            where = "the prompt" if s.turn < 0 else f"the observation after turn {s.turn}"
+            local = len(tokenizer.decode(s.ids[:j], skip_special_tokens=False))
+            report.findings.append(Finding(FindingKind.TOKENS, f"{where}: token {j} of the segment is {s.ids[j:j + 3]}, its text tokenizes to {want_ids[j:j + 3]}", token_pos=s.start + j, char_pos=s.char_start + local, context=_around(stream_text, s.char_start + local)))
+    return report
+
+
+def check_stored_episode(tokenizer: PreTrainedTokenizerBase, episode: Episode, **template_kwargs: Any) -> DriftReport:
+    """`check_episode` over an Episode: its messages, tools, tokens and the turns' raw texts."""
+    if episode.tokens is None:
+        raise ValueError(f"episode {episode.task_id!r} has no token stream")
+    # Turn.raw_text is "" when the agent loop did not record it: then the messages are rendered as they are.
+    raw = [t.raw_text for t in episode.turns] if any(t.raw_text for t in episode.turns) else None
+    return check_episode(tokenizer, episode.messages, episode.tools, episode.tokens, raw, template_kwargs=template_kwargs)
+
+
+def format_report(report: DriftReport, name: str = "episode") -> str:
+    """Human-readable lines for `agentopd check-tokens`."""
+    status = "OK" if report.ok else f"DRIFT ({len(report.drift)} finding{'s' * (len(report.drift) != 1)})"
+    lines = [f"{name}: {status} — {report.num_tokens} tokens, {report.num_turns} turns" + (f", {len(report.info)} info" if report.info else "")]
+    for f in report.findings:
+        where = " ".join(x for x in (f"token {f.token_pos}" if f.token_pos is not None else "", f"char {f.char_pos}" if f.char_pos is not None else "") if x)
+        lines.append(f"  {'info ' if f.severity == Severity.INFO else ''}[{f.kind}]{' at ' + where if where else ''}: {f.message}")
+        if f.context:
+            lines.append(f"      stream: {f.context}")
+    return "\n".join(lines)
