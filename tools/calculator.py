@@ -192,7 +192,10 @@ class _Evaluator:
         if type(value) is float:
             literal = self.text[node.col_offset : node.end_col_offset].replace("_", "")
             try:
-                return _norm(Fraction(literal))
+                if "e" in literal or "E" in literal:
+                    return _norm(Fraction(literal))
+                whole, _, frac = literal.partition(".")  # the common case, without Fraction's regex
+                return _norm(Fraction(int(whole + frac), 10 ** len(frac)))
             except (ValueError, ZeroDivisionError):
                 raise ToolError(f"cannot read the number {literal!r:.40}") from None
         if type(value) is complex:
@@ -201,8 +204,10 @@ class _Evaluator:
 
     def call(self, node: ast.Call, depth: int) -> Num:
         func = node.func
+        if type(func) is ast.Attribute:
+            raise ToolError(_refusal(func))
         if type(func) is not ast.Name or func.id not in FUNCTIONS:
-            name = repr(func.id[:40]) if type(func) is ast.Name else f"of a {type(func).__name__} node"
+            name = repr(func.id[:40]) if type(func) is ast.Name else "(an expression)"
             raise ToolError(f"unknown function {name}; allowed: {', '.join(FUNCTIONS)}")
         if node.keywords or any(type(a) is ast.Starred for a in node.args):
             raise ToolError(f"{func.id}() takes plain positional arguments only")
