@@ -213,8 +213,10 @@ class SqlDatabase:
         return 1 if time.monotonic() > self._deadline else 0
 
     # --- the non-tool API ----------------------------------------------------------------
-    def query(self, sql: str) -> QueryResult:
-        """Run one statement under every guard; raise ToolError with a readable reason."""
+    def query(self, sql: str, max_rows: int | None = None) -> QueryResult:
+        """Run one statement under every guard; raise ToolError with a readable reason.
+        Keeps the first `max_rows` rows (default: the tool's) and counts the rest."""
+        max_rows = self.max_rows if max_rows is None else max_rows
         if not isinstance(sql, str):
             raise ToolError(f"the query must be a string, got {type(sql).__name__}")
         if not sql.strip():
@@ -228,8 +230,8 @@ class SqlDatabase:
             if cursor.description is None:
                 raise ToolError("the statement returned no result table; send one SELECT statement")
             columns = [d[0] for d in cursor.description]
-            rows = cursor.fetchmany(self.max_rows)
-            more, lower_bound = self._count_rest(cursor) if len(rows) == self.max_rows else (0, False)
+            rows = cursor.fetchmany(max_rows)
+            more, lower_bound = self._count_rest(cursor) if len(rows) == max_rows else (0, False)
         except sqlite3.Error as e:
             raise ToolError(self._explain(e)) from None
         except (ValueError, OverflowError, MemoryError) as e:  # NUL characters, lone surrogates, huge values

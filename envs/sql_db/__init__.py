@@ -1,0 +1,157 @@
+"""sql_db: answer questions about a SQLite database with read-only SQL tools.
+
+    env = agentopd.make_env("sql_db")                        # built-in shop database, train split
+    env = agentopd.make_env("sql_db", split="eval")          # held-out customers, products, orders...
+    env = agentopd.make_env("sql_db", db_path="my.db", tasks="my_tasks.jsonl")
+    messages, info = env.reset(seed=0)
+    for action in env.oracle(env.task):                      # reference solution: reward 1
+        obs, reward, terminated, truncated, info = env.step(action)
+
+Tools (from `tools.sql.SqlDatabase`, the file opened read-only): `sql_query(query)`,
+`list_tables()`, `describe_table(name)`. The model answers with only the final value(s);
+reward is 1 when `answers_match(task.answer, answer, ordered=task.data["ordered"])` (the rule is
+in `envs.sql_db.tasks`: strip, case-fold, collapse whitespace, numbers compared numerically
+with a 1e-6 relative tolerance and whole floats as ints, comma-separated lists compared in
+order for top-k / ordered SQL, else as multisets), else 0.
+
+Kwargs:
+    db_path          any SQLite file (opened read-only, never modified); default: the generated
+                     database at $AGENTOPD_HOME/envs/sql_db/default.db, built on first use
+    tasks            a JSONL task file (format in `envs.sql_db.tasks`); required with db_path
+    split            "train" | "eval" | "all" (default "train"). Generated tasks: eval holds the
+                     held-out entities. User tasks: a line's optional "split" key; lines without
+                     it are in every split
+    max_turns        default 6
+    query_timeout_s  default 1.0: a query running longer is stopped and reported
+    max_rows         default 50 rows shown per result, then "... N more rows"
+    max_output_chars default 2000 characters per tool result
+    schema_in_prompt default False: list every table's columns in the system prompt
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from agentopd.env import Action, Task, ToolEnv
+from agentopd.tool import Tool
+from envs.sql_db.database import default_db_path
+from envs.sql_db.tasks import answers_match, first_cell, generate_tasks, load_tasks_jsonl
+from tools.sql import SqlDatabase
+
+__all__ = ["SqlDbEnv", "Split", "answers_match"]
+
+SYSTEM_PROMPT = (
+    "You answer questions about a SQLite database. Use the tools to query it. "
+    "When you know the answer, reply with only the final value(s), comma-separated, nothing else."
+)
+
+
+class Split(StrEnum):
+    TRAIN = "train"
+    EVAL = "eval"
+    ALL = "all"
+
+
+@cache
+def _default_tasks(db_path: str, mtime_ns: int) -> tuple[Task, ...]:
+    """Generated tasks, computed once per process (and per version of the database file)."""
+    db = SqlDatabase(db_path, query_timeout_s=10.0)
+    try:
+        return tuple(generate_tasks(db))
+    finally:
+        db.close()
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"sql_db: {name} must be a number, got {value!r}") from None
+
+
+class SqlDbEnv(ToolEnv):
+    """Text-to-SQL question answering over a read-only SQLite file (see the module docstring)."""
+
+    name = "sql_db"
+
+    def __init__(
+        self,
+        db_path: str | Path | None = None,
+        tasks: str | Path | None = None,
+        split: str = "train",
+        max_turns: int = 6,
+        query_timeout_s: float = 1.0,
+        max_rows: int = 50,
+        max_output_chars: int = 2000,
+        schema_in_prompt: bool = False,
+    ):
+        try:
+            self.split = Split(split)
+        except ValueError:
+            raise ValueError(f"sql_db: split must be one of {[s.value for s in Split]}, got {split!r}") from None
+        if db_path is not None and tasks is None:
+            raise ValueError("sql_db: db_path needs tasks=... (a JSONL file): generated tasks only fit the built-in database")
+        path = Path(db_path) if db_path is not None else default_db_path()
+        self.db = SqlDatabase(
+            path,
+            query_timeout_s=_number("query_timeout_s", query_timeout_s, float),
+            max_rows=_number("max_rows", max_rows, int),
+            max_output_chars=_number("max_output_chars", max_output_chars, int),
+        )
+        self.max_tool_output_chars = self.db.max_output_chars + 200  # our own cap already applied
+        if tasks is None:
+            all_tasks = list(_default_tasks(str(path.resolve()), path.stat().st_mtime_ns))
+        else:
+            all_tasks = load_tasks_jsonl(tasks, self.db)
+        chosen = [t for t in all_tasks if self.split == Split.ALL or t.data.get("split") in (None, self.split)]
+        if not chosen:
+            raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
+        self.schema_in_prompt = bool(schema_in_prompt)
+        self._tool_list: list[Tool] = [self.db.sql_query, self.db.list_tables, self.db.describe_table]
+        self._prompt = SYSTEM_PROMPT
+        if self.schema_in_prompt:
+            tables = "; ".join(f"{t}({', '.join(c.name for c in cols)})" for t, cols in self.db.schema.items())
+            self._prompt += f"\nTables: {tables}"
+        super().__init__(chosen, max_turns=_number("max_turns", max_turns, int))
+
+    def tools(self) -> list[Tool]:
+        return self._tool_list
+
+    def system_prompt(self) -> str:
+        return self._prompt
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        messages, info = super().reset(seed=seed, options=options)
+        info["difficulty"] = self.task.data.get("difficulty", "user")
+        return messages, info
+
+    def grade(self, task: Task, answer: str) -> float:
+        assert task.answer is not None, task.id
+        return 1.0 if answers_match(task.answer, answer, ordered=bool(task.data.get("ordered", False))) else 0.0
+
+    def oracle(self, task: Task) -> list[Action]:
+        """One `sql_query` call per gold query (a two-step task's second query is built from
+        the first one's real output), then the expected answer."""
+        sql = task.data.get("sql")
+        queries = [] if sql is None else [sql] if isinstance(sql, str) else list(sql)
+        next_sql = task.data.get("next_sql")
+        actions: list[Action] = []
+        output = ""
+        for i, query in enumerate(queries):
+            if i == 1 and next_sql is not None:
+                query = next_sql.replace("{value}", first_cell(output))
+            output = self.db.sql_query(query)
+            actions.append(
+                {"role": "assistant", "content": "", "tool_calls": [{"name": "sql_query", "arguments": {"query": query}}]}
+            )
+        actions.append({"role": "assistant", "content": task.answer or "", "tool_calls": []})
+        return actions
+
+    def close(self) -> None:
+        super().close()
+        if getattr(self, "db", None) is not None:
+            self.db.close()
+            self.db = None
