@@ -1,9 +1,10 @@
 """Plugin discovery: environments and tools registered under entry points (DESIGN 3.3).
 
 Groups: `agentopd.envs` (a gymnasium.Env subclass or a factory returning one) and
-`agentopd.tools` (a typed tool function, or a class whose public documented methods are
-tools, e.g. `tools.sql:SqlDatabase` -> sql_query, list_tables, describe_table). The
-built-ins register through the same entry points as third-party packages. A plugin that fails to load is recorded in `errors()` by
+`agentopd.tools` (a typed tool function, or a class whose methods are tools: those named
+in its `TOOLS` attribute, else its public documented methods; e.g. `tools.sql:SqlDatabase`
+-> sql_query, list_tables, describe_table). The built-ins register through the same entry
+points as third-party packages. A plugin that fails to load is recorded in `errors()` by
 name with its error and skipped; it never breaks the others or the CLI.
 
     from agentopd.registry import envs, make_env, errors
@@ -42,7 +43,10 @@ def _load(group: str) -> tuple[Plugin, ...]:
     for ep in entry_points(group=group):
         package = ep.dist.name if ep.dist is not None else "?"
         try:
-            found.append(Plugin(ep.name, group, ep.value, package, obj=ep.load()))
+            obj = ep.load()
+            if group == TOOL_GROUP:
+                tool_functions(obj)  # a class with a bad TOOLS list fails here, as a plugin error
+            found.append(Plugin(ep.name, group, ep.value, package, obj=obj))
         except Exception as e:  # any import-time failure of a plugin is reported, not raised
             found.append(Plugin(ep.name, group, ep.value, package, error=f"{type(e).__name__}: {e}"))
     return tuple(found)
@@ -96,9 +100,15 @@ def describe(obj: Any) -> str:
 
 def tool_functions(obj: Any) -> list[Callable[..., Any]]:
     """The tools an `agentopd.tools` entry point provides: the function itself, or for a class
-    its public methods with docstrings (in definition order, base classes first)."""
+    the methods named in its `TOOLS` attribute when it has one, else its public methods with
+    docstrings (in definition order, base classes first)."""
     if not inspect.isclass(obj):
         return [obj]
+    if hasattr(obj, "TOOLS"):
+        missing = [n for n in obj.TOOLS if not callable(getattr(obj, n, None))]
+        if missing:
+            raise ValueError(f"{obj.__qualname__}.TOOLS names methods it does not have: {missing}")
+        return [getattr(obj, n) for n in obj.TOOLS]
     seen: dict[str, Callable[..., Any]] = {}
     for klass in reversed(obj.__mro__[:-1]):
         for name, member in vars(klass).items():

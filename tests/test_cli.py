@@ -58,6 +58,14 @@ def test_tool_functions_of_a_class():
     assert [f.__name__ for f in registry.tool_functions(Toolbox)] == ["lookup"]
     assert registry.tool_functions(plain) == [plain]
 
+    class Named(Toolbox):
+        TOOLS = ("helper",)  # an explicit list wins over the docstring rule
+
+    assert [f.__name__ for f in registry.tool_functions(Named)] == ["helper"]
+    Named.TOOLS = ("helper", "nope")
+    with pytest.raises(ValueError, match=r"TOOLS names methods it does not have: \['nope'\]"):
+        registry.tool_functions(Named)
+
 
 def test_plugins_in_process(cli, demo_plugin):
     envs = cli("envs")
