@@ -294,3 +294,119 @@ def test_fuzz_never_raises_and_never_changes_the_database(home):
     env.close()
     assert sha256(path) == before
     assert not (path.parent / "default.db-wal").exists() and not (path.parent / "default.db-journal").exists()
+
+
+# --- users' own database and tasks -------------------------------------------------------
+@pytest.fixture
+def library(tmp_path) -> Path:
+    """A user database with a schema unlike the generated one (and a WAL-mode journal)."""
+    path = tmp_path / "library.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            """
+            PRAGMA journal_mode = WAL;
+            CREATE TABLE authors (author_id INTEGER PRIMARY KEY, full_name TEXT, born INTEGER);
+            CREATE TABLE books (isbn TEXT PRIMARY KEY, title TEXT, author_id INTEGER REFERENCES authors(author_id),
+                                pages INTEGER, rating REAL);
+            INSERT INTO authors VALUES (1, 'Ursula K. Le Guin', 1929), (2, 'Octavia Butler', 1947), (3, 'Italo Calvino', 1923);
+            INSERT INTO books VALUES ('a1', 'The Dispossessed', 1, 387, 4.5), ('a2', 'A Wizard of Earthsea', 1, 183, 4.0),
+                ('b1', 'Kindred', 2, 264, 4.75), ('b2', 'Parable of the Sower', 2, 345, 4.25),
+                ('c1', 'Invisible Cities', 3, 165, 4.0), ('c2', 'Cosmicomics', 3, 153, NULL);
+            """
+        )
+    conn.close()
+    return path
+
+
+def write_tasks(path: Path, lines: list) -> Path:
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_user_database_and_tasks(library, tmp_path):
+    before = sha256(library)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [
+        {"id": "count", "question": "How many books are there?", "sql": "SELECT COUNT(*) FROM books"},
+        {"id": "avg", "question": "Average rating of Kindred's author?", "sql": "SELECT ROUND(AVG(rating), 3) FROM books WHERE author_id = 2"},
+        {"id": "top2", "question": "The two longest books?", "sql": "SELECT title FROM books ORDER BY pages DESC LIMIT 2"},
+        {"id": "set", "question": "Books by Calvino?", "sql": "SELECT title FROM books WHERE author_id = 3", "split": "eval"},
+        {"id": 7, "question": "Oldest author?", "answer": "Italo Calvino"},
+        {"id": "both", "question": "Pages of Kindred?", "sql": "SELECT pages FROM books WHERE title = 'Kindred'", "answer": 264.0},
+        "",
+        {"id": "two", "question": "Who wrote Kindred, and when were they born?",
+         "sql": ["SELECT author_id FROM books WHERE title = 'Kindred'", "SELECT born FROM authors WHERE author_id = 2"]},
+    ])  # fmt: skip
+    env = SqlDbEnv(db_path=library, tasks=tasks, split="all", query_timeout_s=0.2)
+    by_id = {t.id: t for t in env.tasks}
+    assert by_id["count"].answer == "6" and by_id["avg"].answer == "4.5" and by_id["both"].answer == "264"
+    assert by_id["top2"].answer == "The Dispossessed, Parable of the Sower" and by_id["top2"].data["ordered"]
+    assert not by_id["set"].data["ordered"] and by_id["two"].answer == "1947"
+    for task in env.tasks:
+        assert run_oracle(env, task)[0] == 1.0, task.id
+    assert env.oracle(by_id["7"]) == [{"role": "assistant", "content": "Italo Calvino", "tool_calls": []}]
+    env.reset(options={"task_id": "set"})
+    assert env.step({"role": "assistant", "content": "cosmicomics, Invisible Cities", "tool_calls": []})[1] == 1.0
+    env.reset(options={"task_id": "top2"})
+    assert env.step({"role": "assistant", "content": "Parable of the Sower, The Dispossessed", "tool_calls": []})[1] == 0.0
+    messages, info = env.reset(seed=0)
+    assert {s["function"]["name"] for s in info["tools"]} == {"sql_query", "list_tables", "describe_table"}
+    obs = env.step({"role": "assistant", "content": "", "tool_calls": [
+        {"name": "list_tables", "arguments": {}}, {"name": "describe_table", "arguments": {"name": "books"}}]})[0]  # fmt: skip
+    assert obs[0]["content"] == "table | rows\nauthors | 3\nbooks | 6"
+    assert "author_id | INTEGER | -> authors.author_id" in obs[1]["content"]
+    assert len(SqlDbEnv(db_path=library, tasks=tasks, split="eval").tasks) == 7  # lines without a split are in both
+    assert len(SqlDbEnv(db_path=library, tasks=tasks, split="train").tasks) == 6
+    fuzz(env, fuzz_actions(random.Random(1), 300))
+    env.close()
+    assert sha256(library) == before
+    assert sorted(p.name for p in library.parent.iterdir()) == ["library.sqlite", "tasks.jsonl"]  # no -wal/-shm
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"id": 1, "question": "q", "sql": "SELECT 1"', "invalid JSON"),
+        ('["not", "an", "object"]', "expected a JSON object"),
+        ({"id": "x", "sql": "SELECT 1"}, "missing 'question'"),
+        ({"id": "x", "question": "   ", "answer": "1"}, "missing 'question'"),
+        ({"id": "x", "question": "q"}, "needs 'sql' or 'answer'"),
+        ({"id": "x", "question": "q", "sql": "SELECT * FROM nope"}, r"sql\[0\] failed: no such table"),
+        ({"id": "x", "question": "q", "sql": "DELETE FROM books"}, "DELETE is not allowed"),
+        ({"id": "x", "question": "q", "sql": ["SELECT 1", ""]}, "non-empty string or a list"),
+        ({"id": "x", "question": "q", "sql": "SELECT title FROM books WHERE 0"}, "returns no rows"),
+        ({"id": "x", "question": "q", "sql": "SELECT COUNT(*) FROM books", "answer": "7"}, "disagrees"),
+        ({"id": "x", "question": "q", "answer": ["a"]}, "'answer' must be"),
+        ({"id": "x", "question": "q", "answer": "1", "split": "test"}, "'split' must be"),
+        ({"id": "ok", "question": "q", "answer": "1"}, "duplicate id 'ok'"),
+    ],
+)
+def test_malformed_task_files_name_the_line(library, tmp_path, line, message):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": "ok", "question": "q", "answer": "1"}, "", line])
+    with pytest.raises(ValueError, match=f"tasks.jsonl:3: .*{message}"):
+        SqlDbEnv(db_path=library, tasks=tasks)
+
+
+def test_bad_kwargs_are_value_errors(library, tmp_path, home):
+    with pytest.raises(ValueError, match="split"):
+        SqlDbEnv(split="test")
+    with pytest.raises(ValueError, match="needs tasks"):
+        SqlDbEnv(db_path=library)
+    with pytest.raises(ValueError, match="no SQLite file"):
+        SqlDbEnv(db_path=tmp_path / "missing.db", tasks=tmp_path / "t.jsonl")
+    (tmp_path / "junk.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(ValueError, match="not a readable SQLite database"):
+        SqlDbEnv(db_path=tmp_path / "junk.db", tasks=tmp_path / "t.jsonl")
+    with pytest.raises(ValueError, match="no file"):
+        SqlDbEnv(db_path=library, tasks=tmp_path / "t.jsonl")
+    with pytest.raises(ValueError, match="max_turns"):
+        SqlDbEnv(max_turns="many")
+
+
+def test_registered_entry_points(home):
+    from agentopd.registry import make_env, plugins
+
+    env = make_env("sql_db", split="eval", max_turns=3)
+    assert isinstance(env, SqlDbEnv) and env.max_turns == 3
+    assert plugins("agentopd.tools")["sql"].obj is SqlDatabase
+    env.close()
+    env.close()  # twice is fine

@@ -14,7 +14,8 @@ Output is a compact text table: a header line, then one line per row, cells sepa
 at most `max_rows` rows, then a visible "... N more rows" line; at most `max_output_chars`.
 
 Safety (the agent can never change the file, stall the process or blow its memory):
-- opened through a `file:...?mode=ro` URI, in autocommit mode, with `PRAGMA query_only=1`;
+- opened through a `file:...?mode=ro` URI (plus `immutable=1` for a WAL-mode file with no
+  `-wal` file, so no `-wal`/`-shm` files appear next to the user's database), in autocommit mode, with `PRAGMA query_only=1`;
 - an authorizer that allows only reads, SELECT, functions (not `load_extension`), recursive
   CTEs and a few read-only introspection PRAGMAs (`table_info(x)` ...): ATTACH/DETACH, writes,
   DDL, transactions and every other PRAGMA are refused;
@@ -157,6 +158,10 @@ class SqlDatabase:
         self._deadline = float("inf")
         self._denied: str | None = None
         uri = path.resolve().as_uri() + "?mode=ro"
+        with path.open("rb") as f:
+            header = f.read(20)
+        if len(header) == 20 and header[18] == 2 and not Path(f"{path}-wal").exists():
+            uri += "&immutable=1"  # a cleanly closed WAL database: read it without creating -wal/-shm files
         try:
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA query_only = 1")
