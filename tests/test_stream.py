@@ -274,3 +274,19 @@ def test_non_append_only_template_fails_loudly(tok):
     b.add_assistant(encode(odd, "a<|im_end|>"), [-1.0, -1.0], True)
     with pytest.raises(TemplateMismatch, match="changed the tokens before them"):
         b.add_observation([{"role": "tool", "content": "r"}])
+
+
+def test_template_that_special_cases_the_last_assistant_turn(tok):
+    """Like Qwen3's own template: the final assistant turn gets an empty think block when it has
+    none. The synthetic prefix carries a think block, so deltas stay exact."""
+    qwen_like = build_tokenizer(["some text 123"], vocab_size=400)
+    qwen_like.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ 'user' if m.role == 'tool' else m.role }}\n"
+        "{% if m.role == 'assistant' and loop.last and '</think>' not in m.content %}<think>\n\n</think>\n\n{% endif %}"
+        "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    b = StreamBuilder(qwen_like, [{"role": "user", "content": "q"}], None, max_context=1000)
+    ids = encode(qwen_like, "<think>\nx\n</think>\n\na<|im_end|>")
+    b.add_assistant(ids, [-1.0] * len(ids), True)
+    seg = b.add_observation([{"role": "tool", "content": "r"}])
+    assert qwen_like.decode(seg.token_ids) == "\n<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\n"
