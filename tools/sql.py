@@ -178,7 +178,7 @@ class SqlDatabase:
         conn.set_authorizer(self._authorize)
         conn.set_progress_handler(self._progress, PROGRESS_EVERY_OPS)
         self._conn = conn
-        self._row_counts: dict[str, int] | None = None
+        self._row_counts: dict[str, int | str] | None = None
 
     # --- safety hooks ------------------------------------------------------------------
     def _authorize(self, action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
@@ -282,13 +282,18 @@ class SqlDatabase:
     def list_tables(self) -> str:
         """List the tables of the database and how many rows each has."""
         if self._row_counts is None:
-            counts = {}
-            for table in self.schema:
-                quoted = '"' + table.replace('"', '""') + '"'
-                result = self.query(f"SELECT COUNT(*) FROM {quoted}")
-                counts[table] = int(result.rows[0][0])
+            counts: dict[str, int | str] = {}
+            for table in self.schema:  # after one count runs out of time, the rest show "?"
+                if "?" not in counts.values():
+                    quoted = '"' + table.replace('"', '""') + '"'
+                    try:
+                        counts[table] = int(self.query(f"SELECT COUNT(*) FROM {quoted}").rows[0][0])
+                    except ToolError:
+                        counts[table] = "?"
+                else:
+                    counts[table] = "?"
             self._row_counts = counts
-        rows = [(t, n) for t, n in self._row_counts.items()]
+        rows = list(self._row_counts.items())
         return QueryResult(["table", "rows"], rows).to_text(self.max_output_chars)
 
     def describe_table(self, name: str) -> str:
