@@ -17,7 +17,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentopd.engines import FinishReason, GenerateRequest, SamplingParams, make_engine
 from agentopd.engines.hf import HFEngine
-from agentopd.engines.sampling import filter_logprobs
+from agentopd.engines.sampling import filter_logprobs, sample_rows
 
 LOGPROB_TOL = 5e-5  # fp32, CPU, |logprob| up to ~30: batched/cached decode vs one teacher-forced forward
 VOCAB = 300
@@ -228,3 +228,21 @@ def test_make_engine_kinds(model):
         make_engine("tgi", model)
     with pytest.raises(ValueError, match="token_ids is empty"):
         asyncio.run(HFEngine(model).generate(GenerateRequest([], SamplingParams())))
+
+
+def test_sample_rows_follows_the_tempered_distribution_and_truncation():
+    probs_V = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    n = 4000
+    logits_BV = probs_V.log().expand(n, -1)
+    gens = [torch.Generator().manual_seed(i) for i in range(n)]
+    tokens, logprobs = sample_rows(logits_BV, [SamplingParams(temperature=1.0)] * n, gens)
+    freq_V = torch.bincount(torch.tensor(tokens), minlength=5).float() / n
+    assert torch.allclose(freq_V, probs_V, atol=4 * (0.25 / n) ** 0.5)  # 4 sigma
+    assert logprobs == pytest.approx(probs_V.log()[tokens].tolist(), abs=1e-6)
+    tempered_V = torch.softmax(probs_V.log() / 0.5, -1)
+    tokens, _ = sample_rows(logits_BV, [SamplingParams(temperature=0.5)] * n, gens)
+    freq_V = torch.bincount(torch.tensor(tokens), minlength=5).float() / n
+    assert torch.allclose(freq_V, tempered_V, atol=4 * (0.25 / n) ** 0.5)
+    tokens, logprobs = sample_rows(logits_BV[:500], [SamplingParams(top_k=2)] * 500, gens[:500])
+    assert set(tokens) == {0, 1}
+    assert logprobs == pytest.approx(probs_V.log()[tokens].tolist(), abs=1e-6)  # not renormalised

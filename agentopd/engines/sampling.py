@@ -47,10 +47,20 @@ def sample_rows(
     temp_B1 = torch.tensor(temps, dtype=torch.float32, device=logits_BV.device)[:, None]
     logprobs_BV = torch.log_softmax(logits_BV.float() / temp_B1, dim=-1)
     tokens_B = logprobs_BV.argmax(dim=-1)  # greedy rows keep this
-    for i, (p, gen) in enumerate(zip(params, generators)):
-        if p.temperature == 0:
-            continue
-        lp_V = filter_logprobs(logprobs_BV[i], p.top_k, p.top_p)
-        tokens_B[i] = torch.multinomial(lp_V.exp(), 1, generator=gen)[0]
+    sampled = [i for i, p in enumerate(params) if p.temperature > 0]
+    if sampled:
+        rows = torch.tensor(sampled, device=logits_BV.device)
+        kept_SV = logprobs_BV[rows]
+        for j, i in enumerate(sampled):
+            if params[i].top_k > 0 or params[i].top_p < 1.0:
+                kept_SV[j] = filter_logprobs(kept_SV[j], params[i].top_k, params[i].top_p)
+        # Inverse-CDF sampling: one uniform per row from that row's generator, the rest batched.
+        u_S = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64, device=logits_BV.device)
+                         for i in sampled])
+        cdf_SV = kept_SV.exp().double().cumsum(dim=-1)
+        target_S1 = (u_S * cdf_SV[:, -1])[:, None]
+        # side=right never lands on a zero-probability token; the clamp only guards u*total rounding up.
+        picked_S = torch.searchsorted(cdf_SV, target_S1, right=True)[:, 0].clamp(max=cdf_SV.shape[1] - 1)
+        tokens_B[rows] = picked_S
     chosen_B = logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
     return tokens_B.tolist(), chosen_B.tolist()
