@@ -71,6 +71,7 @@ def test_splits_sizes_and_held_out_entities(env, home):
     eval_customers = {t.id.split(":", 1)[1] for t in evals.tasks if t.data["template"] == "city_of"}
     train_text = " ".join(t.question for t in train.tasks)
     assert eval_customers and not any(f" {name}" in train_text for name in eval_customers)
+    assert all(t.answer and "NULL" not in t.answer for t in env.tasks)  # NULL answers are left out
     two_step = [t for t in env.tasks if t.data["difficulty"] == "two_step"]
     assert all(isinstance(t.data["sql"], list) and len(t.data["sql"]) == 2 for t in two_step)
     # some answers can only be copied from the tool output: text values that are not in the question

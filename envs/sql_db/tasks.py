@@ -281,7 +281,7 @@ def _make_task(db: SqlDatabase, template: Template, params: Params, split: str) 
         gold = [sql, second]
         sql = second
     result = db.query(sql)
-    if not result.rows or any(v is None for v in result.values()) or result.more:
+    if not result.rows or any(v is None for row in result.rows for v in row) or result.more:
         return None
     task_id = template.name + ":" + "|".join(str(v) for k, v in params.items() if f"{{{k}}}" in template.question)
     data = {"sql": gold, "difficulty": str(template.difficulty), "template": template.name, "split": split,
