@@ -37,11 +37,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from agentopd.losses import chunked_divergence, divergence
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout too
+from agentopd.losses import chunked_divergence, divergence  # noqa: E402
 
 KINDS = ("forward_kl", "reverse_kl", "jsd")
 BETA = 0.5
-CPU_SHAPES = "2048x32000x256x512,4096x32000x256x512,2048x32000x512x1024"
+CPU_SHAPES = "2048x32000x256x512,4096x32000x256x512"
 GPU_SHAPES = "4096x151936x2048x4096,16384x151936x2048x4096"
 
 
@@ -209,7 +210,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--shapes", default=None, help="comma list of NxVxH_sxH_t (default per device)")
     ap.add_argument("--kinds", default=",".join(KINDS))
-    ap.add_argument("--chunk-sizes", default=None, help="comma list (default: 1024 on CPU, 1024,4096 on CUDA)")
+    ap.add_argument("--chunk-sizes", default=None, help="comma list (default: 256,1024 on CPU, 1024,4096 on CUDA)")
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
@@ -225,7 +226,7 @@ def main() -> None:
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch.cuda.is_available() is False")
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or (GPU_SHAPES if cuda else CPU_SHAPES)).split(",")]
-    chunks = [int(x) for x in (args.chunk_sizes or ("1024,4096" if cuda else "1024")).split(",")]
+    chunks = [int(x) for x in (args.chunk_sizes or ("1024,4096" if cuda else "256,1024")).split(",")]
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
     repeats = args.repeats or (3 if cuda else 2)
     liger = False

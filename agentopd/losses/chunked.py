@@ -92,8 +92,8 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             if grad_w is not None:
                 if g_CV.dtype == dt:
                     grad_w.addmm_(g_CV.T, hidden_NH[sl])
-                else:
-                    grad_w += (g_CV.T @ hidden_NH[sl]).to(dt)
+                else:  # bf16 product per chunk, accumulated in fp32 (no fp32 copy of it)
+                    grad_w += g_CV.T @ hidden_NH[sl]
         grad_w = grad_w.to(head_VH.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias_V.dtype) if grad_b is not None else None
         return grad_h, grad_w, grad_b, None, None
@@ -214,8 +214,9 @@ def _divergence_chunk_fn(
         )
 
     def fn(z_CV: Tensor, sl: slice, need_grad: bool):
-        t_CV = teacher.logits(sl, z_CV.dtype).div_(temperature)
-        div_C, g_CV = divergence_and_grad(z_CV.div_(temperature), t_CV, kind, beta, need_grad)
+        div_C, g_CV = divergence_and_grad(  # consumes both fresh logits buffers
+            z_CV.div_(temperature), teacher.logits(sl, z_CV.dtype).div_(temperature), kind, beta, need_grad
+        )
         if g_CV is not None:
             g_CV = g_CV.div_(temperature)
         return _weighted(div_C, g_CV, weights_N, sl)

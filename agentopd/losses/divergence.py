@@ -122,33 +122,40 @@ def divergence(
     return divergence_terms(s_lp_NV, t_lp_NV, kind, beta)
 
 
+def _log_softmax_(x_CV: Tensor) -> Tensor:
+    """log_softmax in place (reuses the logits buffer)."""
+    return x_CV.sub_(torch.logsumexp(x_CV, dim=-1, keepdim=True))
+
+
 @torch.no_grad()
 def divergence_and_grad(
     s_scaled_CV: Tensor, t_scaled_CV: Tensor, kind: Divergence, beta: float, need_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token divergence and, optionally, its gradient wrt the scaled student logits.
 
-    Inputs are temperature-scaled logits in the accumulation dtype. Written to keep few
-    C x V temporaries alive (in-place where safe), since this runs once per chunk.
+    Inputs are temperature-scaled logits in the accumulation dtype and are CONSUMED (overwritten
+    in place): this runs once per chunk, and reusing the two logits buffers keeps the peak at
+    about five C x V tensors (JSD; four for the KLs).
     """
-    s_lp = F.log_softmax(s_scaled_CV, dim=-1)
-    t_lp = F.log_softmax(t_scaled_CV, dim=-1)
+    s_lp = _log_softmax_(s_scaled_CV)
+    t_lp = _log_softmax_(t_scaled_CV)
     if kind is Divergence.FORWARD_KL:
         t_p = t_lp.exp()
-        div_C = (t_p * (t_lp - s_lp)).sum(-1)
+        div_C = (t_p * t_lp.sub_(s_lp)).sum(-1)
         if not need_grad:
             return div_C, None
         return div_C, s_lp.exp_().sub_(t_p)
     if kind is Divergence.REVERSE_KL:
         s_p = s_lp.exp()
-        logr = s_lp.sub_(t_lp)  # s_lp is not needed any more
+        logr = s_lp.sub_(t_lp)
         div_C = (s_p * logr).sum(-1)
         if not need_grad:
             return div_C, None
         return div_C, logr.sub_(div_C[:, None]).mul_(s_p)
     log_m = torch.logaddexp(s_lp + math.log1p(-beta), t_lp + math.log(beta))
-    kl_t_C = (t_lp.exp() * (t_lp - log_m)).sum(-1)
-    del t_lp
+    t_p = t_lp.exp()
+    kl_t_C = (t_p * t_lp.sub_(log_m)).sum(-1)
+    del t_p
     s_p = s_lp.exp()
     s_minus_m = s_lp.sub_(log_m)
     del log_m
