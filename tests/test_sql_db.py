@@ -406,8 +406,10 @@ def test_bad_kwargs_are_value_errors(library, tmp_path, home):
 def test_registered_entry_points(home):
     from agentopd.registry import make_env, plugins
 
-    env = make_env("sql_db", split="eval", max_turns=3)
+    env = make_env("sql_db", split="eval", max_turns=3, schema_in_prompt=True)
     assert isinstance(env, SqlDbEnv) and env.max_turns == 3
+    system = env.reset(seed=0)[0][0]["content"]
+    assert "only the final value" in system and "orders(id, customer_id, store_id" in system
     assert plugins("agentopd.tools")["sql"].obj is SqlDatabase
     env.close()
     env.close()  # twice is fine

@@ -275,7 +275,7 @@ class SqlDatabase:
         """Run one read-only SQL SELECT statement on the database and return the result as a table.
 
         Args:
-            query: One SQLite SELECT statement, e.g. "SELECT name FROM customers LIMIT 5".
+            query: One SQLite SELECT statement, e.g. "SELECT * FROM some_table LIMIT 5".
         """
         return self.query(query).to_text(self.max_output_chars)
 
