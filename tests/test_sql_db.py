@@ -425,3 +425,18 @@ def test_list_tables_survives_an_endless_view(tmp_path):
     assert db.list_tables() == "table | rows\na | 0\nendless | ?"
     assert db.describe_table("endless") == "column | type | key\nx | ANY | "
     db.close()
+
+
+def test_a_turn_of_many_runaway_calls_shares_one_time_budget(home):
+    env = SqlDbEnv(query_timeout_s=0.3)
+    env.reset(seed=0)
+    runaway = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    calls = [{"name": "sql_query", "arguments": {"query": runaway}}] * 6
+    start = time.monotonic()
+    obs, _, _, _, info = env.step({"role": "assistant", "content": "", "tool_calls": calls})
+    assert time.monotonic() - start < 0.6
+    assert info["tool_errors"] == 6 and "longer than 0.3 s" in obs[0]["content"]
+    assert all("no query time left" in m["content"] for m in obs[1:])
+    obs = env.step(call("SELECT COUNT(*) FROM stores"))[0]  # the next turn has its own budget
+    assert obs[0]["content"] == "COUNT(*)\n8"
+    env.close()

@@ -20,6 +20,8 @@ Safety (the agent can never change the file, stall the process or blow its memor
   CTEs and a few read-only introspection PRAGMAs (`table_info(x)` ...): ATTACH/DETACH, writes,
   DDL, transactions and every other PRAGMA are refused;
 - a progress handler stops a statement after `query_timeout_s` (runaway CTEs, cartesian products);
+  inside `with db.turn_budget():` all statements together get that much time (the env wraps
+  each step in it, so a turn of many runaway calls still ends in about `query_timeout_s`);
 - `SQLITE_LIMIT_LENGTH` bounds any one value (`randomblob(1e9)`, `zeroblob`, `printf('%.*c', ...)`),
   `SQLITE_LIMIT_SQL_LENGTH` and `MAX_QUERY_CHARS` bound the statement text;
 - `printf()`/`format()` refuse widths and precisions above that limit (SQLite 3.40 loops over
@@ -33,6 +35,8 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +160,7 @@ class SqlDatabase:
         self.max_rows = int(max_rows)
         self.max_output_chars = int(max_output_chars)
         self._deadline = float("inf")
+        self._budget_end = float("inf")
         self._denied: str | None = None
         uri = path.resolve().as_uri() + "?mode=ro"
         with path.open("rb") as f:
@@ -217,11 +222,24 @@ class SqlDatabase:
     def _progress(self) -> int:
         return 1 if time.monotonic() > self._deadline else 0
 
+    @contextmanager
+    def turn_budget(self) -> Iterator[None]:
+        """All queries inside share one `query_timeout_s` (so a turn with many tool calls
+        still ends in about that time)."""
+        self._budget_end = time.monotonic() + self.query_timeout_s
+        try:
+            yield
+        finally:
+            self._budget_end = float("inf")
+
     # --- the non-tool API ----------------------------------------------------------------
     def query(self, sql: str, max_rows: int | None = None) -> QueryResult:
         """Run one statement under every guard; raise ToolError with a readable reason.
         Keeps the first `max_rows` rows (default: the tool's) and counts the rest."""
         max_rows = self.max_rows if max_rows is None else max_rows
+        now = time.monotonic()
+        if now >= self._budget_end:
+            raise ToolError(f"no query time left in this turn (the turn's budget is {self.query_timeout_s:g} s)")
         if not isinstance(sql, str):
             raise ToolError(f"the query must be a string, got {type(sql).__name__}")
         if not sql.strip():
@@ -229,7 +247,7 @@ class SqlDatabase:
         if len(sql) > MAX_QUERY_CHARS:
             raise ToolError(f"the query is {len(sql)} characters long; the limit is {MAX_QUERY_CHARS}")
         self._denied = self._udf_error = None
-        self._deadline = time.monotonic() + self.query_timeout_s
+        self._deadline = min(now + self.query_timeout_s, self._budget_end)
         try:
             cursor = self._conn.execute(sql)
             if cursor.description is None:
@@ -263,7 +281,8 @@ class SqlDatabase:
         if self._udf_error is not None:
             return self._udf_error
         if isinstance(e, sqlite3.OperationalError) and text == "interrupted" and time.monotonic() > self._deadline:
-            return f"the query ran longer than {self.query_timeout_s:g} s and was stopped; make it cheaper"
+            limit = f"{self.query_timeout_s:g} s (the limit per query and per turn)"
+            return f"the query ran longer than {limit} and was stopped; make it cheaper"
         if "one statement at a time" in text:
             return "only one SQL statement per call is allowed"
         if "too big" in text:

@@ -128,6 +128,10 @@ class SqlDbEnv(ToolEnv):
         info["difficulty"] = self.task.data.get("difficulty", "user")
         return messages, info
 
+    def step(self, action: Action):
+        with self.db.turn_budget():  # every tool call of this turn shares query_timeout_s
+            return super().step(action)
+
     def grade(self, task: Task, answer: str) -> float:
         assert task.answer is not None, task.id
         return 1.0 if answers_match(task.answer, answer, ordered=bool(task.data.get("ordered", False))) else 0.0
