@@ -3,12 +3,22 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentopd.batch import TrainSample
 
 VOCAB = 128
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on a busy 2-core machine: intra-op threads only add contention (10x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def tiny_config(tie: bool = True, attn: str = "sdpa") -> Qwen3Config:

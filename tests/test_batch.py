@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from _tiny import make_samples, tiny_model
+from _tiny import make_samples, one_thread, tiny_model  # noqa: F401  (one_thread: autouse fixture)
 
 from agentopd.batch import TrainSample, dummy_micro_batch, pack
 from agentopd.types import TokenStream

@@ -1,0 +1,121 @@
+"""TrainerConfig, its modes, and the learning-rate schedule.
+
+    cfg = TrainerConfig(lr=1e-5, loss=LossKind.REVERSE_KL, total_steps=200, warmup_steps=10)
+
+Every mode is a StrEnum, so plain strings from YAML work: `TrainerConfig(loss="sampled_k1")`.
+Bad values raise ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from enum import StrEnum
+
+
+class LossKind(StrEnum):
+    """Which distillation loss the trainer minimises (DESIGN 5)."""
+
+    SAMPLED_K1 = "sampled_k1"  # sampled-token reverse KL (k1) as advantage, policy gradient
+    SAMPLED_K3 = "sampled_k3"  # same with the k3 estimator
+    FORWARD_KL = "forward_kl"  # full vocabulary KL(teacher || student), chunked
+    REVERSE_KL = "reverse_kl"  # full vocabulary KL(student || teacher), chunked
+    JSD = "jsd"  # generalized JSD(beta), chunked
+    TOPK_FORWARD_KL = "topk_forward_kl"  # teacher top-k + tail bucket
+    SFT = "sft"  # cross-entropy on the student tokens (no teacher)
+    GRPO = "grpo"  # task reward only: group-normalised advantage, policy gradient
+
+    @property
+    def is_sampled(self) -> bool:
+        return self in (LossKind.SAMPLED_K1, LossKind.SAMPLED_K3)
+
+    @property
+    def is_full_vocab(self) -> bool:
+        return self in (LossKind.FORWARD_KL, LossKind.REVERSE_KL, LossKind.JSD)
+
+
+class Schedule(StrEnum):
+    COSINE = "cosine"  # linear warm-up, then cosine from lr to lr * min_lr_ratio at total_steps
+    CONSTANT = "constant"  # linear warm-up, then lr
+
+
+class PGMode(StrEnum):
+    IS = "is"  # importance-sampled policy gradient (ratio to the sampler)
+    PPO_CLIP = "ppo_clip"
+
+
+class Precision(StrEnum):
+    AUTO = "auto"  # bf16 on GPU, fp32 on CPU
+    BF16 = "bf16"  # bf16 parameters/activations, fp32 gradient reduction and master weights
+    FP32 = "fp32"
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0  # applied to matrices only (not norms / biases)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    total_steps: int = 1000  # the cosine schedule reaches lr * min_lr_ratio here
+    schedule: Schedule = Schedule.COSINE
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the norm is still reported)
+    loss: LossKind = LossKind.SAMPLED_K1
+    beta: float = 0.5  # JSD beta (agentopd.losses documents the limits)
+    temperature: float = 1.0  # student / teacher logits are divided by it (the sampler's temperature)
+    chunk_size: int = 1024  # tokens per chunk of the vocabulary-sized losses
+    pg_mode: PGMode = PGMode.IS
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    is_cap: float | None = None  # cap on the importance ratio in IS mode
+    micro_batch_tokens: int = 8192  # packed tokens per forward/backward
+    reward_beta: float | None = None  # softmax(reward / beta) episode weights; None = off
+    reward_per_group: bool = True  # reward weighting within each group_id (else over the whole batch)
+    task_reward_coef: float = 0.0  # weight of the GRPO task-reward term added to the loss; 0 = off
+    tcad_power: float | None = None  # TCAD teacher-confidence episode weights (c_e ** power per group); None = off
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer state on CPU)
+    mixed_precision: Precision = Precision.AUTO
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, enum in (("loss", LossKind), ("schedule", Schedule), ("pg_mode", PGMode)):
+            self._coerce(name, enum)
+        self._coerce("mixed_precision", Precision)
+        self.betas = tuple(self.betas)  # YAML gives lists
+        positive = ("lr", "temperature", "chunk_size", "micro_batch_tokens", "total_steps")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"trainer.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("warmup_steps", "grad_clip", "weight_decay", "task_reward_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.reward_beta is not None and self.reward_beta <= 0:
+            raise ValueError(f"trainer.reward_beta must be > 0 or None, got {self.reward_beta!r}")
+        if len(self.betas) != 2:
+            raise ValueError(f"trainer.betas must be two floats, got {self.betas!r}")
+
+    def _coerce(self, name: str, enum: type[StrEnum]) -> None:
+        value = getattr(self, name)
+        try:
+            setattr(self, name, enum(value))
+        except ValueError:
+            raise ValueError(f"trainer.{name}={value!r} is not one of {[e.value for e in enum]}") from None
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def lr_factor(step: int, cfg: TrainerConfig) -> float:
+    """Multiplier of cfg.lr for optimizer step `step` (0-based): linear warm-up from 1/(warmup+1)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.schedule == Schedule.CONSTANT:
+        return 1.0
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

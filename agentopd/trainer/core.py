@@ -1,0 +1,275 @@
+"""The Trainer: an FSDP2 (or plain single-process) student, one optimizer step per batch.
+
+    trainer = Trainer(model_or_path, TrainerConfig(lr=1e-5, loss="reverse_kl"))
+    metrics = trainer.train_step(samples, teacher_head_VH=teacher.head_weight())
+    engine_sd = trainer.state_dict_for_engine()           # full HF-named weights, CPU, rank 0
+    trainer.save_checkpoint("runs/x/checkpoints/step_10", extra={"data_pos": 10})
+    extra = trainer.load_checkpoint("runs/x/checkpoints/step_10")
+    trainer.export("runs/x/final", tokenizer)
+
+Distributed: when torch.distributed is initialised (torchrun; gloo on CPU, NCCL on GPU) each
+decoder layer is its own `fully_shard` unit and the root unit holds the embeddings, final norm
+and lm_head (tied embeddings stay in one unit); every rank passes its own share of the batch to
+`train_step`. Otherwise the model trains as a plain module in this process.
+
+The root module is `_Student`: its forward runs the decoder to FINAL HIDDEN STATES, gathers the
+rows at the loss positions and applies the chunked loss with the lm_head weight — inside the
+root forward, so FSDP has the root parameters gathered and never a (T, V) logits tensor exists.
+
+Normalisation: every loss is a sum over student tokens divided by the student-token count of
+the GLOBAL batch (all micro-batches, all ranks: an all_reduce before the step), so gradients do
+not depend on micro-batching or world size. Ranks with fewer micro-batches run empty ones so
+FSDP collectives line up.
+
+Legend: T = packed tokens, N = loss tokens, H = hidden, V = vocab, E = episodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from agentopd.batch import MicroBatch, TrainSample, dummy_micro_batch, pack
+from agentopd.trainer import checkpoint as ckpt
+from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
+from agentopd.trainer.objective import MAXIMA, WEIGHTED_BY_PG, micro_batch_loss
+
+
+class _Student(nn.Module):
+    """Root module: decoder -> final hidden states at the loss positions -> chunked loss."""
+
+    def __init__(self, hf: PreTrainedModel) -> None:
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None):
+        hidden_1TH = self.hf.model(
+            input_ids=mb.input_ids_1T, position_ids=mb.position_ids_1T, use_cache=False
+        ).last_hidden_state
+        head_VH = self.hf.lm_head.weight
+        hidden_NH = hidden_1TH[0, mb.loss_index_N]
+        if mb.num_loss_tokens == 0:  # still touch every parameter so every rank reduces the same grads
+            return (hidden_1TH.sum() + head_VH.sum()) * 0.0, {}
+        return micro_batch_loss(hidden_NH, head_VH, mb, cfg, teacher_head_VH=teacher_head_VH)
+
+
+def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
+    if isinstance(model, (str, Path)):
+        return AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    return model
+
+
+class Trainer:
+    def __init__(
+        self, model: PreTrainedModel | str | Path, cfg: TrainerConfig, *, device: torch.device | str | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        if device is None:
+            local = torch.cuda.current_device() if torch.cuda.is_available() else None
+            device = torch.device("cuda", local) if local is not None else torch.device("cpu")
+        self.device = torch.device(device)
+        if cfg.mixed_precision == Precision.AUTO:
+            self.precision = Precision.BF16 if self.device.type == "cuda" else Precision.FP32
+        else:
+            self.precision = cfg.mixed_precision
+        if cfg.cpu_offload and not self.distributed:
+            raise ValueError("trainer.cpu_offload=True needs torch.distributed (FSDP2); run under torchrun")
+        torch.manual_seed(cfg.seed + self.rank)
+
+        hf = _load(model).float()  # fp32 master weights; bf16 is a compute policy
+        if cfg.activation_checkpointing:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf.train()
+        self.hf = hf
+        self.student = _Student(hf)
+        if self.distributed:
+            self._shard()
+        else:
+            self.student.to(self.device)
+
+        params = [p for p in self.student.parameters() if p.requires_grad]
+        decay = [p for p in params if p.ndim >= 2]
+        no_decay = [p for p in params if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
+        self.step = 0
+
+    def _shard(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if self.precision == Precision.BF16
+            else MixedPrecisionPolicy()
+        )
+        offload = CPUOffloadPolicy() if self.cfg.cpu_offload else OffloadPolicy()
+        if not self.cfg.cpu_offload:
+            self.student.to(self.device)
+        for layer in self.hf.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        # the root unit: embeddings, final norm and (tied or not) lm_head
+        fully_shard(self.student, mesh=mesh, mp_policy=mp, offload_policy=offload)
+
+    # ---- one step -------------------------------------------------------------------------
+    def _all_reduce(self, t: torch.Tensor, op=None) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+        return t
+
+    def _episode_terms(self, samples: list[TrainSample]) -> list[TrainSample]:
+        """Episode weights (reward_beta, TCAD teacher confidence) and GRPO advantages, computed over
+        the GLOBAL batch (all ranks' episodes: groups may span ranks), then this rank's share."""
+        cfg = self.cfg
+        need_adv = cfg.loss == LossKind.GRPO or cfg.task_reward_coef > 0
+        if cfg.reward_beta is None and cfg.tcad_power is None and not need_adv:
+            return samples
+        from agentopd import losses
+
+        def teacher_lp(s: TrainSample) -> list[float]:
+            if cfg.tcad_power is None:
+                return []
+            if s.teacher_logprobs is None:
+                raise ValueError("trainer.tcad_power needs teacher_logprobs on every TrainSample")
+            return [lp for lp, m in zip(s.teacher_logprobs, s.response_mask) if m]
+
+        local = [(s.reward, s.group_id, teacher_lp(s)) for s in samples]
+        offset, everything = 0, local
+        if self.distributed:
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, local)
+            offset = sum(len(g) for g in gathered[: self.rank])
+            everything = [x for g in gathered for x in g]
+        rewards_E = torch.tensor([e[0] for e in everything], dtype=torch.float32)
+        groups_E = torch.tensor([e[1] for e in everything], dtype=torch.long)
+        weights_E = torch.ones(len(everything))
+        advantages_E = torch.zeros(len(everything))
+        if cfg.reward_beta is not None:
+            per_group = groups_E if cfg.reward_per_group else None
+            weights_E = weights_E * losses.reward_weights(rewards_E, per_group, beta=cfg.reward_beta)
+        if cfg.tcad_power is not None:
+            teacher = [torch.tensor(e[2], dtype=torch.float64) for e in everything]
+            weights_E = weights_E * losses.teacher_confidence_weights(teacher, groups_E, power=cfg.tcad_power).float()
+        if need_adv:
+            advantages_E = losses.grpo_advantages(rewards_E, groups_E)
+        mine = slice(offset, offset + len(samples))
+        return [
+            dataclasses.replace(s, weight=s.weight * float(w), advantage=float(a))
+            for s, w, a in zip(samples, weights_E[mine], advantages_E[mine])
+        ]
+
+    def train_step(
+        self, samples: list[TrainSample], *, teacher_head_VH: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on this rank's `samples`; returns global metrics (same on every rank)."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        samples = self._episode_terms(samples)
+        micro_batches = pack(samples, cfg.micro_batch_tokens) if samples else []
+        counts = torch.tensor(
+            [sum(s.num_student_tokens for s in samples), sum(s.num_tokens for s in samples)], dtype=torch.float64
+        )
+        n_student, n_tokens = self._all_reduce(counts.to(self._comm_device)).tolist()
+        n_micro = torch.tensor([len(micro_batches)], device=self._comm_device)
+        n_micro = int(self._all_reduce(n_micro, dist.ReduceOp.MAX if self.distributed else None).item())
+        if teacher_head_VH is not None:
+            teacher_head_VH = teacher_head_VH.to(self.device)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if n_student == 0:
+            return {"loss": 0.0, "grad_norm": 0.0, "lr": lr, "train/skipped": 1.0}
+
+        # FSDP averages gradients over ranks; scale so the result is sum / global count
+        scale = self.world_size / n_student
+        sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        for i in range(n_micro):
+            mb = micro_batches[i] if i < len(micro_batches) else dummy_micro_batch()
+            mb = mb.to(self.device)
+            with self._autocast():
+                loss_sum, stats = self.student(mb, cfg, teacher_head_VH)
+            (loss_sum * scale).backward()
+            sums["loss"] += loss_sum.detach().double().cpu()
+            for k, v in stats.items():
+                v = v.detach().double().cpu()
+                sums[k] = torch.maximum(sums[k], v) if k in MAXIMA and k in sums else sums[k] + v
+
+        params = [p for p in self.student.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+
+        metrics = self._reduce_stats(sums, n_student)
+        elapsed = time.perf_counter() - t0
+        metrics |= {
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "train/student_tokens": n_student,
+            "train/tokens": n_tokens,
+            "train/micro_batches": float(n_micro),
+            "perf/train_step_s": elapsed,
+            "perf/train_tokens_per_s": n_tokens / elapsed,
+        }
+        return metrics
+
+    def _reduce_stats(self, sums: dict[str, torch.Tensor], n_student: float) -> dict[str, float]:
+        """Global statistics: sums / global student tokens, pg means / pg weight, maxima (objective.py)."""
+        names = sorted(sums)
+        if self.distributed:  # a rank that ran only empty micro-batches lacks the loss-specific keys
+            all_names: list[Any] = [None] * self.world_size
+            dist.all_gather_object(all_names, names)
+            names = sorted(set().union(*all_names))
+        summed = [k for k in names if k not in MAXIMA]
+        maxed = [k for k in names if k in MAXIMA]
+        totals = self._all_reduce(torch.stack([sums[k] for k in summed]).to(self._comm_device)).cpu().tolist()
+        totals = dict(zip(summed, totals))
+        metrics = {k: v / n_student for k, v in totals.items() if k not in WEIGHTED_BY_PG and k != "pg/weight"}
+        metrics |= {k: totals[k] / max(totals["pg/weight"], 1e-12) for k in summed if k in WEIGHTED_BY_PG}
+        if maxed:
+            # stats >= 0 here (ratios), so 0 is the identity of the max for a rank without them
+            op = dist.ReduceOp.MAX if self.distributed else None
+            maxima = self._all_reduce(torch.stack([sums[k] for k in maxed]).to(self._comm_device), op).cpu()
+            metrics |= dict(zip(maxed, maxima.tolist()))
+        return metrics
+
+    @property
+    def _comm_device(self) -> torch.device:
+        """Where small collective tensors live: the GPU under NCCL, CPU under gloo / no process group."""
+        return self.device if self.distributed and self.device.type == "cuda" else torch.device("cpu")
+
+    def _autocast(self):
+        if not self.distributed and self.precision == Precision.BF16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return torch.autocast(self.device.type, enabled=False)
+
+    # ---- weights out and back in ---------------------------------------------------------------
+    def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
+        """Full, unsharded HF-named state dict on CPU (rank 0; other ranks get {}); every rank must call it."""
+        return ckpt.full_state_dict(self)
+
+    def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
+        """Resumable checkpoint (model, optimizer, scheduler, RNG, step, `extra`); every rank must call it."""
+        ckpt.save(self, Path(directory), extra or {})
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint written by save_checkpoint; returns its `extra`."""
+        return ckpt.load(self, Path(directory))
+
+    def export(self, out_dir: str | Path, tokenizer=None) -> None:
+        """The student as a Hugging Face folder (+ tokenizer and chat template); every rank must call it."""
+        ckpt.export(self, Path(out_dir), tokenizer)
