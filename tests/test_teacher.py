@@ -155,17 +155,27 @@ def test_plan_micro_batches_respects_the_budget():
 
 @pytest.mark.gpu
 def test_two_phase_frees_the_gpu():
-    model = tiny_model(hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64)
+    shape = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64)
+    streams = make_streams(8)
+    (torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")).sum().item()  # cuBLAS workspace
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
+    model = tiny_model(**shape)
     teacher = HFTeacher(model, device="cuda")
-    scores = teacher.score(make_streams(8), mode="hidden")
-    assert next(model.parameters()).device.type == "cpu"
+    first = teacher.score(streams, mode="hidden")
+    assert all(t.device.type == "cpu" for t in model.state_dict().values())
     assert torch.cuda.memory_allocated() == before
-    assert all(s.hidden is not None and s.hidden.device.type == "cpu" for s in scores)
-    cpu = HFTeacher(tiny_model(hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64), device="cpu")
-    for a, b in zip(scores, cpu.score(make_streams(8), mode="hidden")):
+    assert all(s.hidden is not None and s.hidden.device.type == "cpu" for s in first)
+    second = teacher.score(streams, mode="hidden")  # weights survive the round trip
+    assert [s.logprobs for s in first] == [s.logprobs for s in second]
+    assert torch.cuda.memory_allocated() == before
+    on_cpu = HFTeacher(tiny_model(**shape), device="cpu").score(streams, mode="hidden")
+    for a, b in zip(first, on_cpu):
         assert a.logprobs == pytest.approx(b.logprobs, abs=2e-3)
+    cuda_model = tiny_model(**shape).cuda()  # a teacher handed over on the GPU is offloaded too
+    HFTeacher(cuda_model, device="cuda").score(streams)
+    assert all(t.device.type == "cpu" for t in cuda_model.state_dict().values())
+    assert torch.cuda.memory_allocated() == before
 
 
 # --- tokenizer / vocabulary compatibility ---------------------------------------------------

@@ -7,7 +7,9 @@
 `score` moves the teacher to its device, runs it over the whole batch in micro-batches of at
 most `max_tokens_per_batch` (padded) tokens, keeps on CPU only what the loss needs and, with
 `offload_after_score` (the default), moves the teacher back to CPU and empties the CUDA cache,
-so teacher and student never occupy the GPU at once.
+so teacher and student never occupy the GPU at once. The teacher's weights are constant: on
+CUDA they live in pinned host memory, `load` copies them in at PCIe speed and `offload` just
+drops the device copy.
 
 Micro-batches are right-padded: a padded position comes after every real one, is masked out of
 attention and is never read, so padding counts as nothing. Streams are sorted by length
@@ -16,7 +18,8 @@ so little padding is formed.
 Logits are never built for the batch: the decoder's final hidden states are gathered at the
 positions that predict response tokens (position p predicts token p+1, so response token i is
 predicted by position prompt_len + i - 1) and the lm_head is applied `head_chunk` rows at a
-time, in fp32 (`head_fp32`), as `log_softmax(logits / temperature)`. In HIDDEN mode those
+time, in fp32 (`head_fp32`; from bf16/fp16 inputs on CUDA through TF32 matmuls, which is exact
+for them), as `log_softmax(logits / temperature)`. In HIDDEN mode those
 hidden rows themselves are kept (R x H per stream, about H/V of the memory of logits: 4096 /
 151,936 = 2.7% for a Qwen3-8B teacher) and the loss recomputes teacher logits chunk by chunk
 with `head_weight()`.
@@ -27,6 +30,7 @@ the lm_head, N = response positions gathered, K = top-k.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,6 +42,18 @@ from agentopd.types import TokenStream
 
 # Config fields that make logits differ from lm_head(hidden); HFTeacher refuses them.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+@contextmanager
+def _tf32_matmuls(enabled: bool):
+    """TF32 for fp32 matmuls while scoring. Exact for bf16/fp16 weights and activations (TF32's
+    10-bit mantissa holds them; products accumulate in fp32), and ~8x faster than IEEE fp32."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled or old
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def plan_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -103,6 +119,7 @@ class HFTeacher:
         self.head_chunk = head_chunk
         self.head_fp32 = head_fp32
         self.offload_after_score = offload_after_score
+        self._host: dict[int, torch.Tensor] = {}  # id(parameter or buffer) -> its pinned CPU copy
         plan_micro_batches([], max_tokens_per_batch)  # validates the budget
 
     @property
@@ -124,15 +141,41 @@ class HFTeacher:
             weight_VH = weight_VH[:num_rows]
         return weight_VH.to("cpu")
 
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every parameter and buffer once (tied weights are one tensor)."""
+        seen: dict[int, torch.Tensor] = {}
+        for module in self.model.modules():
+            for t in (*module._parameters.values(), *module._buffers.values()):
+                if t is not None:
+                    seen.setdefault(id(t), t)
+        return list(seen.values())
+
     def load(self) -> None:
-        """Phase 1: put the teacher on its device."""
-        self.model.to(self.device)
+        """Phase 1: put the teacher on its device. On CUDA the weights are copied from pinned
+        host copies made once (the teacher's weights never change), so this runs at PCIe speed."""
+        if self.device.type != "cuda":
+            self.model.to(self.device)
+            return
+        for t in self._tensors():
+            if t.device.type == "cuda" and self.device.index in (None, t.device.index):
+                continue
+            if t.device.type == "cpu" and id(t) not in self._host:
+                self._host[id(t)] = t.data if t.data.is_pinned() else t.data.pin_memory()
+            t.data = self._host.get(id(t), t.data).to(self.device, non_blocking=True)
 
     def offload(self) -> None:
-        """Phase 2: move the teacher off the accelerator and free its cached memory."""
-        self.model.to("cpu")
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        """Phase 2: drop the device copy (weights point back at their pinned host copies; nothing
+        is copied back but what was never on the host) and release CUDA's cached memory."""
+        if self.device.type != "cuda":
+            return
+        for t in self._tensors():
+            if t.device.type == "cuda":
+                if id(t) not in self._host:
+                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    host.copy_(t.data)
+                    self._host[id(t)] = host
+                t.data = self._host[id(t)]
+        torch.cuda.empty_cache()
 
     @torch.inference_mode()
     def score(self, streams: list[TokenStream], *, mode: TeacherMode | str = TeacherMode.LOGPROBS) -> list[TeacherScores]:
@@ -147,11 +190,13 @@ class HFTeacher:
         try:
             out: list[TeacherScores | None] = [None] * len(streams)
             weight_VH = self.model.get_output_embeddings().weight
+            half = weight_VH.dtype in (torch.bfloat16, torch.float16)
             if self.head_fp32:
                 weight_VH = weight_VH.float()
-            for group in plan_micro_batches([len(s.token_ids) for s in streams], self.max_tokens_per_batch):
-                for i, scores in zip(group, self._score_group([streams[i] for i in group], mode, weight_VH)):
-                    out[i] = scores
+            with _tf32_matmuls(self.head_fp32 and half and self.device.type == "cuda"):
+                for group in plan_micro_batches([len(s.token_ids) for s in streams], self.max_tokens_per_batch):
+                    for i, scores in zip(group, self._score_group([streams[i] for i in group], mode, weight_VH)):
+                        out[i] = scores
             assert all(s is not None for s in out)
             return out  # type: ignore[return-value]
         finally:
