@@ -16,7 +16,8 @@ Memory is the peak *extra* memory of one forward+backward over the inputs alread
     CUDA  torch.cuda.max_memory_allocated() - memory_allocated() before (one process).
     CPU   torch has no CPU allocator statistics and tracemalloc does not see its buffers, so
           every (impl, loss, shape) runs in a fresh subprocess: peak = ru_maxrss after one
-          forward+backward - resident set size just before it (inputs allocated, nothing run).
+          forward+backward - resident set size just before it (inputs allocated, a 16-token
+          warm-up run so code pages and thread pools are already resident).
           glibc returns these large blocks to the OS, so RSS follows live tensors.
 Time is the best of --repeats runs (after one warm-up on CUDA); tokens/s = N / time. Ratios
 are computed between rows of the same run.
@@ -144,6 +145,12 @@ def run_case(c: Case) -> Result:
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
         else:
+            # a 16-token warm-up pages in the code and thread pools a first op touches (else counted
+            # as peak); its own peak is far below the measured one, so ru_maxrss is not affected
+            m = min(16, c.n)
+            small = [t[:m].detach().requires_grad_(t.requires_grad) for t in (h, th)]
+            _step_fn(c, small[0], w, small[1], tw)()
+            w.grad = None
             before = _rss_bytes()
         times = []
         for i in range(c.repeats):
