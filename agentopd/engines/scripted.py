@@ -1,0 +1,68 @@
+"""ScriptedEngine: plays fixed assistant turns (e.g. an env's oracle) through the Engine protocol.
+
+Demonstrations for supervised fine-tuning (the embedded default's bootstrap, `objective=sft`
+on reference solutions) go through the very same agent loop and token-stream assembly as
+sampled episodes: this engine answers each request of an episode with that episode's next
+scripted turn, tokenized as the canonical hermes text plus the stop token, logprob 0.0.
+
+    engine = ScriptedEngine(tokenizer)
+    engine.script("train-000000-00000", oracle_actions)      # list of assistant action dicts
+    episodes = Rollout(env_factory, engine, tokenizer).run_sync(specs)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from agentopd.chat import encode
+from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
+
+
+def action_text(action: dict[str, Any]) -> str:
+    """The canonical hermes text of an assistant action (content, then one block per tool call)."""
+    from agentopd.rollout import assistant_turn_text
+
+    return assistant_turn_text(action.get("content") or "", action.get("tool_calls") or [])
+
+
+class ScriptedEngine:
+    """Returns pre-set turns per episode id; an episode without a script is an error."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_token: str = "<|im_end|>"):
+        self.tokenizer = tokenizer
+        stop = tokenizer.convert_tokens_to_ids(stop_token)
+        if not isinstance(stop, int) or stop == tokenizer.unk_token_id:
+            raise ValueError(f"the tokenizer has no stop token {stop_token!r}")
+        self.stop_id = stop
+        self._scripts: dict[str, deque[list[int]]] = {}
+
+    def script(self, episode_id: str, actions: Sequence[dict[str, Any]]) -> None:
+        """Script assistant actions (dicts) as canonical text, each ended by the stop token."""
+        self._scripts[episode_id] = deque(encode(self.tokenizer, action_text(a)) + [self.stop_id] for a in actions)
+
+    def script_texts(self, episode_id: str, texts: Sequence[str], stop: bool = True) -> None:
+        """Script raw sampled texts (malformed ones included); `stop=False` leaves turns unterminated."""
+        self._scripts[episode_id] = deque(encode(self.tokenizer, t) + ([self.stop_id] if stop else []) for t in texts)
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        turns = self._scripts.get(request.episode_id)
+        if not turns:
+            raise RuntimeError(f"no scripted turn left for episode {request.episode_id!r}")
+        ids = turns.popleft()
+        finish = FinishReason.STOP
+        if len(ids) > request.params.max_tokens:
+            ids, finish = ids[: request.params.max_tokens], FinishReason.LENGTH
+        return GenerateResult(ids, [0.0] * len(ids), finish)
+
+    def release(self, episode_id: str) -> None:
+        self._scripts.pop(episode_id, None)
+
+    async def update_weights(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError("a scripted engine has no weights")
+
+    async def close(self) -> None:
+        self._scripts.clear()

@@ -1,0 +1,288 @@
+"""The agent loop: (environment, engine) -> Episode + exact TokenStream, many episodes in flight.
+
+    rollout = Rollout(env_factory=lambda: make_env("sql_db"), engine=engine, tokenizer=tok,
+                      config=RolloutConfig(max_turns=6, temperature=1.0))
+    specs = rollout.specs_for(task_ids, n=4, step=3, seed=0)     # n samples per task, stable ids
+    episodes = rollout.run_sync(specs, on_episode=lambda spec, ep: store.add(ep, spec.episode_id))
+
+One episode: reset the env; render the prompt (StreamBuilder); then per turn: generate from
+the stream's token ids (token-in/token-out), append the sampled ids verbatim, parse tool calls;
+a malformed call becomes a parse-error observation the model sees (`Turn.parse_error`); valid
+calls (or the final answer) go to `env.step` in a worker thread so other episodes keep
+generating; observations are appended as template deltas with tool output capped in tokens.
+An episode stops on an answer (`answer`), the turn limit (`max_turns`), the context or a
+turn without room to generate (`length`), its wall-clock budget (`timeout`), or an engine/env
+failure (`error`, kept for inspection). Episodes run concurrently under `asyncio`; the engine
+batches whatever is waiting at the same moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from agentopd.chat import ContextFull, StreamBuilder, parse_assistant
+from agentopd.engines.base import Engine, FinishReason, GenerateRequest, SamplingParams
+from agentopd.env import ToolEnv
+from agentopd.types import Episode, Message, StopReason, ToolCall, Turn
+
+PARSE_ERROR_TOOL = "parse_error"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    max_turns: int = 8
+    max_context: int = 2048
+    max_new_tokens: int = 256  # per assistant turn
+    max_tool_tokens: int = 256  # tool output cap, in tokens, per tool message
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    episode_timeout_s: float = 300.0
+    concurrency: int = 64  # episodes in flight at once
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_context", "max_new_tokens", "max_tool_tokens", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.episode_timeout_s <= 0:
+            raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What to play: a task (by id), the env seed, which sample of the task, and a stable id."""
+
+    task_id: str
+    seed: int
+    episode_id: str
+    sample_index: int = 0
+    step: int = 0
+    split: str = "train"
+    policy_version: int = 0
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model_config: Any = None) -> tuple[int, ...]:
+    """Ids that end an assistant turn: the template's `<|im_end|>`, the eos token(s), and the
+    model's generation-config eos ids when known."""
+    ids: list[int] = []
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.append(im_end)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    eos = getattr(getattr(model_config, "generation_config", None), "eos_token_id", None)
+    ids.extend(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+    return tuple(dict.fromkeys(ids))
+
+
+@dataclass
+class _Live:
+    """An episode while it runs (kept outside the coroutine so a timeout can still build it)."""
+
+    spec: EpisodeSpec
+    env_name: str
+    messages: list[Message] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    builder: StreamBuilder | None = None
+    reward: float = 0.0
+    success: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def finish(self, stop: StopReason) -> Episode:
+        return Episode(
+            env=self.env_name,
+            task_id=self.spec.task_id,
+            messages=self.messages,
+            tools=self.tools,
+            turns=self.turns,
+            reward=self.reward,
+            success=self.success,
+            stop_reason=stop,
+            tokens=self.builder.build() if self.builder is not None else None,
+            step=self.spec.step,
+            sample_index=self.spec.sample_index,
+            policy_version=self.spec.policy_version,
+            info=self.info,
+        )
+
+
+class Rollout:
+    """Plays episodes of one environment with one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        env_factory: Callable[[], ToolEnv],
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerBase,
+        config: RolloutConfig = RolloutConfig(),
+        *,
+        stop_ids: Sequence[int] | None = None,
+        env_workers: int = 4,
+    ):
+        self.env_factory = env_factory
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.stop_ids = tuple(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
+        if not self.stop_ids:
+            raise ValueError("the tokenizer has no <|im_end|> or eos token: pass stop_ids")
+        self._envs: list[ToolEnv] = []  # idle env instances, reused across episodes
+        self._pool = ThreadPoolExecutor(max_workers=env_workers, thread_name_prefix="env")
+        self.env_name = ""
+
+    # ---- planning ---------------------------------------------------------------------
+    @staticmethod
+    def specs_for(
+        task_ids: Sequence[str], *, n: int = 1, step: int = 0, seed: int = 0, split: str = "train", policy_version: int = 0
+    ) -> list[EpisodeSpec]:
+        """n samples of each task; ids `<split>-<step>-<slot>` are stable, so a re-run replaces, never duplicates."""
+        specs = []
+        for i, task_id in enumerate(task_ids):
+            for k in range(n):
+                slot = i * n + k
+                specs.append(
+                    EpisodeSpec(
+                        task_id=str(task_id),
+                        seed=seed * 1_000_003 + step * 10_007 + slot,
+                        episode_id=f"{split}-{step:06d}-{slot:05d}",
+                        sample_index=k,
+                        step=step,
+                        split=split,
+                        policy_version=policy_version,
+                    )
+                )
+        return specs
+
+    # ---- running ----------------------------------------------------------------------
+    def run_sync(self, specs: Sequence[EpisodeSpec], on_episode: Callable[[EpisodeSpec, Episode], None] | None = None) -> list[Episode]:
+        return asyncio.run(self.run(specs, on_episode))
+
+    async def run(
+        self, specs: Sequence[EpisodeSpec], on_episode: Callable[[EpisodeSpec, Episode], None] | None = None
+    ) -> list[Episode]:
+        """Play every spec, `concurrency` at a time; `on_episode` is called as each one finishes."""
+        gate = asyncio.Semaphore(self.config.concurrency)
+
+        async def one(spec: EpisodeSpec) -> Episode:
+            async with gate:
+                episode = await self.play(spec)
+            if on_episode is not None:
+                on_episode(spec, episode)
+            return episode
+
+        return list(await asyncio.gather(*(one(s) for s in specs)))
+
+    async def play(self, spec: EpisodeSpec) -> Episode:
+        env = self._envs.pop() if self._envs else self.env_factory()
+        self.env_name = getattr(env, "name", type(env).__name__)
+        live = _Live(spec, self.env_name)
+        try:
+            stop = await asyncio.wait_for(self._play(env, live), self.config.episode_timeout_s)
+        except TimeoutError:
+            stop = StopReason.TIMEOUT
+            env = None  # its state is mid-step in a worker; don't reuse it
+        except (ContextFull, ValueError, RuntimeError) as e:
+            live.info["error"] = f"{type(e).__name__}: {e}"
+            stop = StopReason.ERROR
+        finally:
+            self.engine.release(spec.episode_id)
+        if env is not None:
+            self._envs.append(env)
+        return live.finish(stop)
+
+    async def _step(self, env: ToolEnv, action: dict[str, Any]) -> tuple:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, env.step, action)
+
+    async def _play(self, env: ToolEnv, live: _Live) -> StopReason:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        obs, info = await loop.run_in_executor(
+            self._pool, lambda: env.reset(seed=live.spec.seed, options={"task_id": live.spec.task_id})
+        )
+        live.tools = info.get("tools", [])
+        live.messages = [Message.from_dict(m) for m in obs]
+        live.builder = b = StreamBuilder(
+            self.tokenizer, obs, live.tools or None, max_context=cfg.max_context, max_tool_tokens=cfg.max_tool_tokens
+        )
+        params = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=self.stop_ids)
+        while True:
+            if not b.can_generate():
+                return StopReason.LENGTH
+            budget = min(cfg.max_new_tokens, b.remaining_context())
+            result = await self.engine.generate(
+                GenerateRequest(b.token_ids, SamplingParams(max_tokens=budget, **params), live.spec.episode_id)
+            )
+            if result.finish_reason == FinishReason.ABORT:
+                raise RuntimeError("the engine aborted the request")
+            raw = b.add_assistant(result.token_ids, result.logprobs, result.finish_reason == FinishReason.STOP)
+            parsed = parse_assistant(raw)
+            assistant = Message("assistant", parsed.content, list(parsed.tool_calls))
+            turn = Turn(assistant, [], raw_text=raw)
+            live.turns.append(turn)
+            live.messages.append(assistant)  # parsed; the sampled text is turn.raw_text
+            out_of_room = result.finish_reason == FinishReason.LENGTH and budget < cfg.max_new_tokens
+            if parsed.errors and not parsed.tool_calls:
+                turn.parse_error = True
+                observation = [_parse_error_message(parsed.errors)]
+            else:
+                action = {"role": "assistant", "content": parsed.content, "tool_calls": [c.to_dict() for c in parsed.tool_calls]}
+                if out_of_room:  # the turn was cut by the context, not finished: don't grade it
+                    return StopReason.LENGTH
+                obs, reward, terminated, truncated, info = await self._step(env, action)
+                turn.reward = float(reward)
+                turn.tool_errors = int(info.get("tool_errors", 0))
+                turn.tool_calls = dict(info.get("tool_calls", {}))
+                turn.tool_call_errors = dict(info.get("tool_call_errors", {}))
+                if terminated:
+                    live.reward = float(reward)
+                    live.success = bool(info.get("success", reward >= 1.0))
+                    return StopReason.ANSWER
+                observation = list(obs)
+                if parsed.errors:
+                    turn.parse_error = True
+                    observation.append(_parse_error_message(parsed.errors))
+                if truncated:
+                    return StopReason.MAX_TURNS
+            if out_of_room:
+                return StopReason.LENGTH
+            if len(live.turns) >= cfg.max_turns:
+                return StopReason.MAX_TURNS
+            try:
+                seg = b.add_observation(observation)
+            except ContextFull:
+                return StopReason.LENGTH
+            turn.observation = [Message.from_dict(m) for m in seg.messages]
+            live.messages.extend(turn.observation)
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+        self._envs.clear()
+        self._pool.shutdown(wait=True)
+
+
+def _parse_error_message(errors: Sequence[str]) -> dict[str, Any]:
+    text = "; ".join(errors)
+    return {
+        "role": "tool",
+        "name": PARSE_ERROR_TOOL,
+        "content": f"Error: could not parse your tool call: {text}. Use "
+        '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
+    }
+
+
+def assistant_turn_text(content: str, tool_calls: Sequence[ToolCall | dict] = ()) -> str:
+    """The canonical text of an assistant turn in the hermes format (what a demonstration samples)."""
+    parts = [content] if content else []
+    for c in tool_calls:
+        c = c.to_dict() if isinstance(c, ToolCall) else c
+        parts.append("<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) + "\n</tool_call>")
+    return "\n".join(parts)
