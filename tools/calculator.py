@@ -134,16 +134,18 @@ def _decimal_places(den: int) -> int | None:
 
 def _norm(v: Num) -> Num:
     """Fractions that are whole become ints; every value is checked against the bounds."""
-    if isinstance(v, Fraction):
-        if v.denominator == 1:
-            v = v.numerator
-        elif v.denominator >= LIMIT:
+    if type(v) is not int:
+        num, den = v.numerator, v.denominator
+        if den >= LIMIT:
             raise ToolError(f"a value is too small or too precise (its denominator reaches 10**{MAX_DIGITS})")
-        elif abs(v.numerator) >= LIMIT * v.denominator:
+        if den != 1:
+            if -LIMIT * den < num < LIMIT * den:
+                return v
             raise ToolError(f"a value is too large (limit 10**{MAX_DIGITS})")
-    if isinstance(v, int) and (v >= LIMIT or -v >= LIMIT):
-        raise ToolError(f"a value is too large (limit 10**{MAX_DIGITS})")
-    return v
+        v = num
+    if -LIMIT < v < LIMIT:
+        return v
+    raise ToolError(f"a value is too large (limit 10**{MAX_DIGITS})")
 
 
 def _iroot(n: int, q: int) -> int | None:
