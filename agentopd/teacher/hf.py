@@ -47,7 +47,8 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 @contextmanager
 def _tf32_matmuls(enabled: bool):
     """TF32 for fp32 matmuls while scoring. Exact for bf16/fp16 weights and activations (TF32's
-    10-bit mantissa holds them; products accumulate in fp32), and ~8x faster than IEEE fp32."""
+    10-bit mantissa holds them; products accumulate in fp32), at about bf16 speed (H200, 0.6B-shaped
+    teacher: 132k tok/s vs 130k with bf16 logits, whose logprobs were up to 0.56 off)."""
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = enabled or old
     try:
