@@ -222,8 +222,12 @@ def test_cancelled_request_does_not_disturb_others_and_engine_survives_loops(mod
     assert all(len(r.token_ids) == 15 for r in first)
 
 
-def test_make_engine_kinds(model):
+def test_make_engine_kinds(model, tmp_path):
     assert isinstance(make_engine("hf", model, max_batch_size=2), HFEngine)
+    model.save_pretrained(tmp_path)
+    req = GenerateRequest(prompts(1, seed=10)[0], SamplingParams(temperature=0, max_tokens=6))
+    from_path = run_all(make_engine("hf", str(tmp_path), dtype="float32"), [req])[0]
+    assert from_path.token_ids == run_all(HFEngine(model), [req])[0].token_ids
     with pytest.raises(ValueError, match="unknown engine kind 'tgi'"):
         make_engine("tgi", model)
     with pytest.raises(ValueError, match="token_ids is empty"):
