@@ -24,8 +24,8 @@ digits (fixed-point, or scientific notation below 1e-6 and from 1e15).
 Refusals (a `ToolError` whose message the model sees) — the tool never hangs and never
 raises anything else: empty input, more than `MAX_CHARS` characters, non-ASCII, syntax
 errors, nesting deeper than `MAX_DEPTH`, names/attributes/calls outside the whitelist,
-division or modulo by zero, and any value (intermediate or final) whose magnitude reaches
-`10**MAX_DIGITS` or whose exact denominator does. Powers are sized *before* computing, so
+division or modulo by zero, fractional powers (and sqrt) of negative numbers, and any
+value (intermediate or final) whose magnitude or exact denominator reaches `10**MAX_DIGITS`. Powers are sized *before* computing, so
 `9**9**9`, `2**(2**30)` and `10**-10**10` are refused instantly.
 """
 
@@ -234,6 +234,8 @@ class _Evaluator:
         if name == "ceil":
             return math.ceil(x)
         if name == "sqrt":
+            if x < 0:
+                raise ToolError("sqrt of a negative number is not a real number")
             return self.power(x, Fraction(1, 2))
         places = args[1] if n == 2 else 0
         if not isinstance(places, int) or abs(places) > MAX_PLACES:
@@ -270,7 +272,7 @@ class _Evaluator:
     def power(self, a: Num, e: Num) -> Num:
         if isinstance(e, Fraction):  # a fractional exponent p/q
             if a < 0:
-                raise ToolError("a negative number to a fractional power (or its sqrt) is not a real number")
+                raise ToolError("fractional powers of negative numbers are not supported")
             if a == 0:
                 if e < 0:
                     raise ToolError("division by zero (0 to a negative power)")
