@@ -219,8 +219,10 @@ class HFEngine:
         loop = asyncio.get_running_loop()
         if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
             return
-        # Requests of an ended loop can never be answered: drop them.
+        # Requests of an ended loop can never be answered: drop them (running rows at the next step).
         self._pending = deque(s for s in self._pending if s.future.get_loop() is loop)
+        for seq in self._batch.seqs if self._batch is not None else []:
+            seq.cancelled = seq.cancelled or seq.future.get_loop() is not loop
         self._wake, self._idle = asyncio.Event(), asyncio.Event()
         self._task = loop.create_task(self._run())
 
