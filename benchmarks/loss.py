@@ -9,7 +9,8 @@ gives them: student hidden states N x H_s and lm_head V x H_s (both need grad), 
 hidden states N x H_t and lm_head V x H_t (no grad). Timed work = student logits + teacher
 logits + loss + backward to the student hidden states and head.
     naive    logits_NV = h @ W^T (autograd), teacher logits under no_grad, `divergence().sum()`
-    chunked  `chunked_divergence(...)` (custom autograd function, recompute in backward)
+    chunked  `chunked_divergence(...)` (custom autograd function, recompute in backward);
+             chunked_gif: grad_in_forward=True (no recompute); _compiled: compiled=True
     liger    `LigerFusedLinearJSDLoss` (chunked torch, compiled and not) and `LigerFusedLinearJSD`
              (Triton), JSD only, CUDA only, when `liger_kernel` imports
 Memory is the peak *extra* memory of one forward+backward over the inputs already allocated:
@@ -49,7 +50,7 @@ GPU_SHAPES = "4096x151936x2048x4096,16384x151936x2048x4096"
 
 @dataclass(frozen=True)
 class Case:
-    impl: str  # naive | chunked | liger_chunked | liger_chunked_compiled | liger_triton
+    impl: str  # naive | chunked[_gif][_compiled] | liger_chunked[_compiled] | liger_triton
     kind: str
     n: int
     v: int
@@ -95,10 +96,12 @@ def _step_fn(c: Case, h, w, th, tw):
             loss = divergence(s_logits, t_logits, c.kind, beta=BETA).sum()
             loss.backward()
             return loss.detach()
-    elif c.impl == "chunked":
+    elif c.impl.startswith("chunked"):
+        opts = dict(grad_in_forward="_gif" in c.impl, compiled=c.impl.endswith("_compiled"))
+
         def step():
             loss = chunked_divergence(h, w, teacher_hidden_NH=th, teacher_head_VH=tw, kind=c.kind, beta=BETA,
-                                      chunk_size=c.chunk_size)
+                                      chunk_size=c.chunk_size, **opts)
             loss.backward()
             return loss.detach()
     elif c.impl.startswith("liger_chunked"):
@@ -118,7 +121,7 @@ def _step_fn(c: Case, h, w, th, tw):
         fn = LigerFusedLinearJSD(jsd_beta=BETA, temperature=1.0)
 
         def step():
-            loss = fn(h, w, th, tw)
+            loss = fn(h, w, th, tw, None)
             loss.backward()
             return loss.detach() * c.n
     else:
@@ -218,6 +221,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="comma list of NxVxH_sxH_t (default per device)")
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--chunk-sizes", default=None, help="comma list (default: 256,1024 on CPU, 1024,4096 on CUDA)")
+    ap.add_argument("--variants", default=None,
+                    help="chunked variants (default: chunked on CPU; chunked,chunked_gif,chunked_gif_compiled on CUDA)")
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
@@ -235,6 +240,7 @@ def main() -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or (GPU_SHAPES if cuda else CPU_SHAPES)).split(",")]
     chunks = [int(x) for x in (args.chunk_sizes or ("1024,4096" if cuda else "256,1024")).split(",")]
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    variants = (args.variants or ("chunked,chunked_gif,chunked_gif_compiled" if cuda else "chunked")).split(",")
     repeats = args.repeats or (3 if cuda else 2)
     liger = False
     if cuda and not args.no_liger:
@@ -246,7 +252,7 @@ def main() -> None:
     results = []
     for n, v, h_s, h_t in shapes:
         for kind in args.kinds.split(","):
-            impls = [("naive", 0)] + [("chunked", cs) for cs in chunks]
+            impls = [("naive", 0)] + [(var, cs) for var in variants for cs in chunks]
             if liger and kind == "jsd":
                 impls += [("liger_chunked_compiled", 1024), ("liger_chunked", 1024), ("liger_triton", 0)]
             for impl, cs in impls:

@@ -14,7 +14,9 @@ head, bias; the teacher tensors are inputs too). Its backward recomputes each ch
 logits, gets d loss / d logits_CV (closed form for the three divergences, a chunk-local
 autograd pass otherwise) and accumulates
     grad_h[chunk] = g_CV @ W,   grad_W += g_CV^T @ h_C,   grad_b += sum_c g_CV
-so the peak extra memory is O(C x V + V x H), independent of N. Accumulation is in fp32
+so the peak extra memory is O(C x V + V x H), independent of N. (`grad_in_forward=True` does
+the same sweep once, in forward, and keeps grad_h / grad_W for backward instead of the
+inputs: no recompute, still never N x V.) Accumulation is in fp32
 (fp64 for fp64 inputs) even when hidden states and heads are bf16; the matmuls run in the
 inputs' dtype. Costs one extra pair of logit matmuls per chunk (the recompute).
 
@@ -23,6 +25,7 @@ Legend: N tokens, C chunk tokens, H student hidden, H_t teacher hidden, V vocab,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,45 +61,69 @@ def _logits(hidden_CH: Tensor, head_VH: Tensor, bias_V: Tensor | None, dt: torch
     return F.linear(hidden_CH, head_VH, bias_V).to(dt)
 
 
+def _sweep(hidden_NH, head_VH, bias_V, chunk_fn: ChunkFn, chunk_size: int, needs, grad_scale=None):
+    """One pass over the chunks: the loss sum and, for the inputs in `needs`, its gradients
+    (times `grad_scale`), accumulated in the accumulation dtype and returned in the inputs' dtypes."""
+    dt = acc_dtype(hidden_NH.dtype)
+    need_h, need_w, need_b = needs
+    any_grad = need_h or need_w or need_b
+    total = torch.zeros((), dtype=dt, device=hidden_NH.device)
+    grad_h = torch.zeros_like(hidden_NH) if need_h else None
+    grad_w = torch.zeros(head_VH.shape, dtype=dt, device=head_VH.device) if need_w else None
+    grad_b = torch.zeros(head_VH.shape[0], dtype=dt, device=head_VH.device) if need_b else None
+    for sl in _chunks(hidden_NH.shape[0], chunk_size):
+        loss_C, g_CV = chunk_fn(_logits(hidden_NH[sl], head_VH, bias_V, dt), sl, any_grad)
+        total += loss_C.sum()
+        if not any_grad:
+            continue
+        assert g_CV is not None and g_CV.dtype == dt
+        if grad_scale is not None:
+            g_CV = g_CV.mul_(grad_scale.to(dt))
+        if grad_b is not None:
+            grad_b += g_CV.sum(0)
+        g_CV = g_CV.to(head_VH.dtype)
+        if grad_h is not None:
+            grad_h[sl] = g_CV @ head_VH
+        if grad_w is not None:
+            if g_CV.dtype == dt:
+                grad_w.addmm_(g_CV.T, hidden_NH[sl])
+            else:  # bf16 product per chunk, accumulated in fp32 (no fp32 copy of it)
+                grad_w += g_CV.T @ hidden_NH[sl]
+    grad_w = grad_w.to(head_VH.dtype) if grad_w is not None else None
+    grad_b = grad_b.to(bias_V.dtype) if grad_b is not None else None
+    return total, grad_h, grad_w, grad_b
+
+
 class _ChunkedHeadLoss(torch.autograd.Function):
-    """sum over chunks of chunk_fn(hidden_C @ head^T + bias); see the module docstring."""
+    """sum over chunks of chunk_fn(hidden_C @ head^T + bias); see the module docstring.
+
+    Default: forward saves the inputs only and backward recomputes every chunk. With
+    grad_in_forward, forward computes the gradients in the same pass and saves those instead
+    (N x H + V x H, never N x V): no recompute, more memory held until backward.
+    """
 
     @staticmethod
-    def forward(ctx, hidden_NH, head_VH, bias_V, chunk_fn: ChunkFn, chunk_size: int):
-        dt = acc_dtype(hidden_NH.dtype)
-        total = torch.zeros((), dtype=dt, device=hidden_NH.device)
-        for sl in _chunks(hidden_NH.shape[0], chunk_size):
-            loss_C, _ = chunk_fn(_logits(hidden_NH[sl], head_VH, bias_V, dt), sl, False)
-            total += loss_C.sum()
-        ctx.save_for_backward(hidden_NH, head_VH, bias_V)
-        ctx.chunk_fn, ctx.chunk_size = chunk_fn, chunk_size
+    def forward(ctx, hidden_NH, head_VH, bias_V, chunk_fn: ChunkFn, chunk_size: int, grad_in_forward: bool):
+        needs = tuple(ctx.needs_input_grad[:3])
+        ctx.fused = grad_in_forward and any(needs)
+        if ctx.fused:
+            total, *grads = _sweep(hidden_NH, head_VH, bias_V, chunk_fn, chunk_size, needs)
+            ctx.save_for_backward(*grads)
+        else:
+            total = _sweep(hidden_NH, head_VH, bias_V, chunk_fn, chunk_size, (False, False, False))[0]
+            ctx.save_for_backward(hidden_NH, head_VH, bias_V)
+            ctx.chunk_fn, ctx.chunk_size = chunk_fn, chunk_size
         return total
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden_NH, head_VH, bias_V = ctx.saved_tensors
-        dt = acc_dtype(hidden_NH.dtype)
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.zeros_like(hidden_NH) if need_h else None
-        grad_w = torch.zeros(head_VH.shape, dtype=dt, device=head_VH.device) if need_w else None
-        grad_b = torch.zeros(head_VH.shape[0], dtype=dt, device=head_VH.device) if need_b else None
-        for sl in _chunks(hidden_NH.shape[0], ctx.chunk_size):
-            _, g_CV = ctx.chunk_fn(_logits(hidden_NH[sl], head_VH, bias_V, dt), sl, True)
-            assert g_CV is not None and g_CV.dtype == dt
-            g_CV = g_CV.mul_(grad_out.to(dt))
-            if grad_b is not None:
-                grad_b += g_CV.sum(0)
-            g_CV = g_CV.to(head_VH.dtype)
-            if grad_h is not None:
-                grad_h[sl] = g_CV @ head_VH
-            if grad_w is not None:
-                if g_CV.dtype == dt:
-                    grad_w.addmm_(g_CV.T, hidden_NH[sl])
-                else:  # bf16 product per chunk, accumulated in fp32 (no fp32 copy of it)
-                    grad_w += g_CV.T @ hidden_NH[sl]
-        grad_w = grad_w.to(head_VH.dtype) if grad_w is not None else None
-        grad_b = grad_b.to(bias_V.dtype) if grad_b is not None else None
-        return grad_h, grad_w, grad_b, None, None
+        if ctx.fused:
+            grads = [g * grad_out.to(g.dtype) if g is not None else None for g in ctx.saved_tensors]
+        else:
+            hidden_NH, head_VH, bias_V = ctx.saved_tensors
+            _, *grads = _sweep(hidden_NH, head_VH, bias_V, ctx.chunk_fn, ctx.chunk_size,
+                               tuple(ctx.needs_input_grad[:3]), grad_scale=grad_out)
+        return (*grads, None, None, None)
 
 
 def chunked_head_loss(
@@ -106,6 +133,7 @@ def chunked_head_loss(
     *,
     chunk_size: int = 1024,
     student_head_bias_V: Tensor | None = None,
+    grad_in_forward: bool = False,
 ) -> Tensor:
     """Generic entry point: SUM over chunks of `chunk_fn` applied to the student logits."""
     if student_hidden_NH.dim() != 2 or student_head_VH.dim() != 2:
@@ -118,7 +146,7 @@ def chunked_head_loss(
             f"student_hidden H={student_hidden_NH.shape[1]} != student_head H={student_head_VH.shape[1]}"
         )
     return _ChunkedHeadLoss.apply(
-        student_hidden_NH, student_head_VH, student_head_bias_V, chunk_fn, chunk_size
+        student_hidden_NH, student_head_VH, student_head_bias_V, chunk_fn, chunk_size, grad_in_forward
     )
 
 
@@ -195,6 +223,11 @@ def _autograd_chunk_fn(per_token: Callable[[Tensor, slice], Tensor], weights_N: 
     return fn
 
 
+@functools.cache
+def _compiled_divergence_and_grad():
+    return torch.compile(divergence_and_grad, dynamic=False)
+
+
 def _divergence_chunk_fn(
     teacher: _TeacherSource,
     kind: Divergence | str,
@@ -202,8 +235,10 @@ def _divergence_chunk_fn(
     temperature: float,
     weights_N: Tensor | None,
     support_k: int | None,
+    compiled: bool = False,
 ) -> ChunkFn:
     kind = resolve_kind(kind, beta)
+    math_fn = _compiled_divergence_and_grad() if compiled else divergence_and_grad
     check_temperature(temperature)
     if support_k is not None:
         return _autograd_chunk_fn(
@@ -214,7 +249,7 @@ def _divergence_chunk_fn(
         )
 
     def fn(z_CV: Tensor, sl: slice, need_grad: bool):
-        div_C, g_CV = divergence_and_grad(  # consumes both fresh logits buffers
+        div_C, g_CV = math_fn(  # consumes both fresh logits buffers
             z_CV.div_(temperature), teacher.logits(sl, z_CV.dtype).div_(temperature), kind, beta, need_grad
         )
         if g_CV is not None:
@@ -230,11 +265,11 @@ def _check_weights(weights_N: Tensor | None, n: int) -> None:
 
 
 def _divergence_args(student_hidden_NH, student_head_VH, teacher_hidden_NH, teacher_head_VH,
-                     teacher_logits_NV, kind, beta, temperature, weights_N, support_k) -> ChunkFn:
+                     teacher_logits_NV, kind, beta, temperature, weights_N, support_k, compiled=False) -> ChunkFn:
     n, v = student_hidden_NH.shape[0], student_head_VH.shape[0]
     _check_weights(weights_N, n)
     teacher = _TeacherSource.build(n, v, teacher_hidden_NH, teacher_head_VH, teacher_logits_NV)
-    return _divergence_chunk_fn(teacher, kind, beta, temperature, weights_N, support_k)
+    return _divergence_chunk_fn(teacher, kind, beta, temperature, weights_N, support_k, compiled)
 
 
 def chunked_divergence(
@@ -251,6 +286,8 @@ def chunked_divergence(
     chunk_size: int = 1024,
     student_head_bias_V: Tensor | None = None,
     support_k: int | None = None,
+    grad_in_forward: bool = False,
+    compiled: bool = False,
 ) -> Tensor:
     """sum_n weights_n * div_n, chunked over tokens, bounded memory in forward and backward.
 
@@ -258,11 +295,17 @@ def chunked_divergence(
     summed. `support_k` switches to support-symmetric truncation on the union of the
     teacher's and the student's top-k (see `topk.support_union_topk`). Gradients flow to
     the student hidden states, head and bias, never to the teacher.
+
+    Speed options (same values and gradients, tested): `grad_in_forward` computes the
+    gradients during the forward pass and keeps them (N x H + V x H) for backward instead of
+    recomputing every chunk's logits (saves the recompute matmuls, ~1.6x faster on GPU);
+    `compiled` runs the per-chunk softmax/divergence math through `torch.compile` (fuses the
+    ~15 elementwise passes over each C x V chunk; meant for CUDA).
     """
     chunk_fn = _divergence_args(student_hidden_NH, student_head_VH, teacher_hidden_NH, teacher_head_VH,
-                                teacher_logits_NV, kind, beta, temperature, weights_N, support_k)
-    return chunked_head_loss(student_hidden_NH, student_head_VH, chunk_fn,
-                             chunk_size=chunk_size, student_head_bias_V=student_head_bias_V)
+                                teacher_logits_NV, kind, beta, temperature, weights_N, support_k, compiled)
+    return chunked_head_loss(student_hidden_NH, student_head_VH, chunk_fn, chunk_size=chunk_size,
+                             student_head_bias_V=student_head_bias_V, grad_in_forward=grad_in_forward)
 
 
 def chunked_divergence_per_token(
