@@ -32,10 +32,10 @@ import re
 import typing
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, model_validator
 
 _YAML_SCALARS = (str, int, float, bool, type(None))
 # YAML 1.2 floats PyYAML (YAML 1.1) reads as strings: "1e-6", "2E3", "1.e5".
@@ -76,15 +76,123 @@ class RunConfig(Section):
 
     seed: int = Field(0, description="seed for task sampling, rollouts and initialisation")
     steps: int = Field(100, ge=0, description="training steps")
+    objective: Literal["opd", "sft", "grpo"] = Field("opd", description="opd | sft (teacher episodes) | grpo (reward only)")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    checkpoint_every: int = Field(10, ge=0, description="steps between resumable checkpoints (0 = only at the end)")
+    backend: Literal["local"] = Field("local", description="local (one process)")
+
+
+class StudentConfig(Section):
+    """`student`: the model being trained (`builtin` = the env's embedded student)."""
+
+    path: str = "builtin"
+
+
+class TeacherConfig(Section):
+    """`teacher`: the model that scores the student's tokens (`builtin` = the env's embedded teacher)."""
+
+    path: str = "builtin"
+
+
+class EngineConfig(Section):
+    """`engine`: what generates the student's episodes."""
+
+    kind: Literal["hf", "vllm"] = "hf"
+    max_batch_size: int = Field(64, ge=1)
+
+
+class EvalConfig(Section):
+    """`eval`: periodic held-out evaluation (greedy by default)."""
+
+    every: int = Field(5, ge=0, description="steps between evals (0 = only before and after)")
+    num_tasks: int = Field(100, ge=1, description="held-out tasks per eval")
+    teacher: bool = Field(True, description="also evaluate the teacher on the same tasks (before training)")
+    temperature: float = Field(0.0, ge=0)
+
+
+class LogConfig(Section):
+    """`log`: where metrics go besides metrics.jsonl."""
+
+    tensorboard: bool = True
+    wandb: bool = False
+    mlflow: bool = False
+
+
+class DataclassSection(Section):
+    """A section mirroring a dataclass of the code; the dataclass's own checks run on validation."""
+
+    _dataclass: ClassVar[type]
+
+    @model_validator(mode="after")
+    def _check_with_dataclass(self) -> DataclassSection:
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(self._dataclass)}
+        self._dataclass(**{k: v for k, v in self.model_dump().items() if k in names})  # raises ValueError naming the key
+        return self
+
+    def build(self) -> Any:
+        """The dataclass instance this section describes."""
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(self._dataclass)}
+        return self._dataclass(**{k: v for k, v in self.model_dump().items() if k in names})
+
+
+def _section_of(dataclass_type: type, name: str, extra: dict[str, Any] | None = None) -> type[Section]:
+    """A config section with the fields (types, defaults) of a dataclass the code already has."""
+    import dataclasses
+
+    hints = typing.get_type_hints(dataclass_type)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(dataclass_type):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        fields[f.name] = (hints[f.name], default)
+    fields.update(extra or {})
+    model = create_model(name, __base__=DataclassSection, __doc__=dataclass_type.__doc__, **fields)
+    model._dataclass = dataclass_type
+    return model
+
+
+def _rollout_section() -> type[Section]:
+    from agentopd.rollout import RolloutConfig as Rollout
+
+    extra = {"tasks_per_step": (int, Field(16, ge=1)), "n": (int, Field(4, ge=1, description="episodes per task"))}
+    return _section_of(Rollout, "RolloutSection", extra)
+
+
+def _trainer_section() -> type[Section]:
+    from agentopd.trainer.config import TrainerConfig as Trainer
+
+    return _section_of(Trainer, "TrainerSection")
+
+
+RolloutSection = _rollout_section()
+TrainerSection = _trainer_section()
 
 
 class Config(Section):
     """The whole config. New sections are new fields with a default factory."""
 
-    SHORTHANDS: ClassVar[dict[str, str]] = {"env": "env.name"}  # `key=value` meaning `dotted.key=value`
+    SHORTHANDS: ClassVar[dict[str, str]] = {  # `key=value` meaning `dotted.key=value`
+        "env": "env.name",
+        "student": "student.path",
+        "teacher": "teacher.path",
+        "engine": "engine.kind",
+        "objective": "run.objective",
+        "steps": "run.steps",
+        "backend": "run.backend",
+    }
 
     env: EnvConfig
     run: RunConfig = Field(default_factory=RunConfig)
+    student: StudentConfig = Field(default_factory=StudentConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)  # type: ignore[valid-type]
+    trainer: TrainerSection = Field(default_factory=TrainerSection)  # type: ignore[valid-type]
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """The fully resolved config as YAML; also written to `path` when given."""

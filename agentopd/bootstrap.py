@@ -1,0 +1,246 @@
+"""The embedded default: a tokenizer, a teacher and a weaker student built locally, cached.
+
+    models = bootstrap("sql_db")            # builds once under $AGENTOPD_HOME, then reuses
+    models.teacher_dir, models.student_dir  # Hugging Face folders (model + tokenizer + chat template)
+    models.report                           # how they were made and how well they do
+
+Nothing is downloaded. Steps, each cached:
+1. One tokenizer for every built-in env (`$AGENTOPD_HOME/tokenizer`): byte-level BPE trained
+   on the envs' own oracle conversations (`agentopd.corpus`), so any built-in teacher can score
+   any built-in student.
+2. Demonstrations: the env's oracle solutions of training tasks, played through the real
+   agent loop (ScriptedEngine), so they are token streams exactly like sampled ones.
+3. Teacher: a small Qwen3-architecture model trained by SFT on the demonstrations until it
+   solves held-out (eval-split) tasks, or its step budget runs out; its success is reported.
+4. Student: a smaller Qwen3 model, briefly SFT-trained on the same demonstrations, so it has
+   the format and solves some tasks but not most — the starting point distillation improves.
+`bootstrap(env, force=True)` (CLI: `agentopd bootstrap --env NAME --force`) rebuilds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+
+from agentopd.batch import TrainSample
+from agentopd.chat import build_tokenizer
+from agentopd.corpus import env_corpus
+from agentopd.engines.scripted import ScriptedEngine
+from agentopd.evaluate import evaluate
+from agentopd.registry import make_env
+from agentopd.rollout import Rollout, RolloutConfig
+
+BUILTIN_ENVS = ("sql_db", "calculator", "math")
+Progress = Callable[[str, float, dict[str, Any]], None]  # (phase, fraction done, info)
+
+
+def agentopd_home() -> Path:
+    return Path(os.environ.get("AGENTOPD_HOME") or Path.home() / ".cache" / "agentopd")
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    hidden: int
+    layers: int
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate_mult: int = 3
+
+    def config(self, tokenizer: PreTrainedTokenizerBase, max_positions: int = 4096) -> Qwen3Config:
+        return Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=self.hidden,
+            intermediate_size=self.hidden * self.intermediate_mult,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            head_dim=self.hidden // self.heads,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=True,
+            rope_theta=10000.0,
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
+
+@dataclass(frozen=True)
+class SFTPlan:
+    """How one model is trained on demonstrations."""
+
+    size: ModelSize
+    max_steps: int
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    target_success: float | None = None  # stop early once held-out success reaches it (teacher)
+    eval_every: int = 50
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class BootstrapSpec:
+    teacher: SFTPlan = SFTPlan(ModelSize(hidden=128, layers=3), max_steps=300, target_success=0.9)
+    student: SFTPlan = SFTPlan(ModelSize(hidden=96, layers=2), max_steps=40, seed=1)
+    tokenizer_vocab: int = 1000
+    corpus_tasks_per_env: int = 1500
+    demonstrations: int = 2000
+    eval_tasks: int = 100
+    max_context: int = 2048
+
+
+TINY_SPEC = BootstrapSpec(  # for tests: seconds, not minutes
+    teacher=SFTPlan(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1), max_steps=6, batch_size=8, eval_every=3),
+    student=SFTPlan(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1), max_steps=2, batch_size=8, seed=1),
+    tokenizer_vocab=600,
+    corpus_tasks_per_env=60,
+    demonstrations=64,
+    eval_tasks=16,
+)
+
+
+@dataclass
+class BuiltinModels:
+    env: str
+    teacher_dir: Path
+    student_dir: Path
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def _atomic_dir(final: Path, build: Callable[[Path], None]) -> None:
+    """Build into a temp folder beside `final`, then rename: a crash never leaves half a model."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        build(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def ensure_tokenizer(spec: BootstrapSpec = BootstrapSpec(), force: bool = False, home: Path | None = None) -> PreTrainedTokenizerBase:
+    """The shared tokenizer of the built-in envs (built once)."""
+    path = (home or agentopd_home()) / "tokenizer"
+    if force or not (path / "tokenizer.json").exists():
+        texts = env_corpus(BUILTIN_ENVS, spec.corpus_tasks_per_env)
+        tok = build_tokenizer(texts, vocab_size=spec.tokenizer_vocab)
+        _atomic_dir(path, tok.save_pretrained)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def demonstrations(env_name: str, tokenizer: PreTrainedTokenizerBase, num: int, max_context: int, seed: int = 0) -> list[TrainSample]:
+    """Oracle solutions of `num` training tasks as token streams (mask 1 on the assistant turns)."""
+    env = make_env(env_name)
+    rng = random.Random(seed)
+    task_ids = [t.id for t in env.tasks]
+    rng.shuffle(task_ids)
+    task_ids = task_ids[:num]
+    engine = ScriptedEngine(tokenizer)
+    specs = Rollout.specs_for(task_ids, n=1, split="demo")
+    for spec in specs:
+        engine.script(spec.episode_id, env.oracle(env.tasks[env.task_index(options={"task_id": spec.task_id})]))
+    rollout = Rollout(lambda: make_env(env_name), engine, tokenizer, RolloutConfig(max_context=max_context, max_new_tokens=max_context))
+    episodes = rollout.run_sync(specs)
+    rollout.close()
+    bad = [e for e in episodes if not e.success]
+    if bad:
+        raise RuntimeError(f"{len(bad)} oracle demonstrations of {env_name} failed (first: task {bad[0].task_id}, {bad[0].stop_reason})")
+    return [TrainSample.from_stream(e.tokens) for e in episodes]
+
+
+def sft(
+    model: Qwen3ForCausalLM,
+    samples: list[TrainSample],
+    plan: SFTPlan,
+    *,
+    evaluate_fn: Callable[[Qwen3ForCausalLM], float] | None = None,
+    progress: Progress | None = None,
+    name: str = "sft",
+) -> dict[str, Any]:
+    """Supervised fine-tuning on demonstrations with the project's trainer (loss=sft)."""
+    from agentopd.trainer import Trainer, TrainerConfig
+
+    cfg = TrainerConfig(
+        loss="sft", lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=plan.warmup_steps,
+        total_steps=plan.max_steps, schedule="cosine", min_lr_ratio=0.1, grad_clip=1.0, seed=plan.seed,
+        micro_batch_tokens=16384,
+    )  # fmt: skip
+    trainer = Trainer(model, cfg, device="cpu")
+    rng = random.Random(plan.seed)
+    history: list[dict[str, float]] = []
+    t0 = time.perf_counter()
+    success = None
+    for step in range(1, plan.max_steps + 1):
+        metrics = trainer.train_step(rng.sample(samples, min(plan.batch_size, len(samples))))
+        if progress:
+            progress(name, step / plan.max_steps, {"step": step, "loss": metrics["loss"]})
+        if evaluate_fn is not None and (step % plan.eval_every == 0 or step == plan.max_steps):
+            success = evaluate_fn(trainer.hf)
+            history.append({"step": step, "loss": metrics["loss"], "success": success, "seconds": time.perf_counter() - t0})
+            if plan.target_success is not None and success >= plan.target_success:
+                break
+    return {"steps": step, "seconds": round(time.perf_counter() - t0, 1), "final_loss": metrics["loss"], "history": history, "success": success}
+
+
+def bootstrap(
+    env_name: str,
+    *,
+    force: bool = False,
+    spec: BootstrapSpec = BootstrapSpec(),
+    home: Path | None = None,
+    progress: Progress | None = None,
+) -> BuiltinModels:
+    """The built-in teacher and student of a built-in env (built on first use, then cached)."""
+    if env_name not in BUILTIN_ENVS:
+        raise ValueError(f"no built-in models for env {env_name!r}: built-in envs are {list(BUILTIN_ENVS)}; pass student=PATH teacher=PATH")
+    home = home or agentopd_home()
+    root = home / "models" / env_name
+    teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
+    if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
+        return BuiltinModels(env_name, teacher_dir, student_dir, json.loads(report_path.read_text()))
+
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    tok = ensure_tokenizer(spec, home=home)
+    if progress:
+        progress("demonstrations", 0.0, {})
+    demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context)
+
+    def success_of(model: Qwen3ForCausalLM) -> float:
+        model.eval()
+        r = evaluate(model, tok, env_name, split="eval", num_tasks=spec.eval_tasks, rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context))
+        model.train()
+        return r.success_rate
+
+    report: dict[str, Any] = {"env": env_name, "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}
+    for role, plan, out in (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir)):
+        torch.manual_seed(plan.seed)
+        model = Qwen3ForCausalLM(plan.size.config(tok, spec.max_context))
+        train = sft(model, demos, plan, evaluate_fn=success_of if role == "teacher" else None, progress=progress, name=role)
+        model.eval()
+        train["success"] = success_of(model) if train["success"] is None or role == "student" else train["success"]
+        train["parameters"] = sum(p.numel() for p in model.parameters())
+
+        def save(path: Path, model=model) -> None:
+            model.save_pretrained(path)
+            tok.save_pretrained(path)
+
+        _atomic_dir(out, save)
+        report[role] = train
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    report_path.write_text(json.dumps(report, indent=2))
+    return BuiltinModels(env_name, teacher_dir, student_dir, report)

@@ -1,0 +1,145 @@
+"""Evaluation: play a model on an environment's tasks and summarise success, turns and errors.
+
+    result = evaluate(model_or_path, tokenizer, "sql_db", split="eval", num_tasks=100)
+    result.success_rate, result.mean_turns, result.tool_error_rate, result.parse_error_rate
+
+Greedy by default (temperature 0), so a figure is reproducible; `n > 1` with a temperature gives
+pass@n style figures (`pass_at_n`: a task counts once any of its n samples succeeds).
+The same function serves the runner's periodic evals, the bootstrap's reports and `agentopd eval`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from agentopd.engines.base import Engine
+from agentopd.env import ToolEnv
+from agentopd.registry import make_env
+from agentopd.rollout import Rollout, RolloutConfig
+from agentopd.types import Episode
+
+
+@dataclass
+class EvalResult:
+    env: str
+    split: str
+    num_tasks: int
+    n: int
+    success_rate: float
+    pass_at_n: float
+    mean_reward: float
+    mean_turns: float
+    tool_error_rate: float  # tool errors per tool call
+    parse_error_rate: float  # turns with a malformed tool call per turn
+    stop_reasons: dict[str, int] = field(default_factory=dict)
+    episodes: list[Episode] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("episodes")
+        return d
+
+
+def summarise(env: str, split: str, n: int, episodes: list[Episode]) -> EvalResult:
+    by_task: dict[str, bool] = {}
+    for e in episodes:
+        by_task[e.task_id] = by_task.get(e.task_id, False) or e.success
+    turns = [t for e in episodes for t in e.turns]
+    calls = sum(sum(t.tool_calls.values()) for t in turns)
+    tool_errors = sum(sum(t.tool_call_errors.values()) for t in turns)
+    stops: dict[str, int] = {}
+    for e in episodes:
+        stops[str(e.stop_reason)] = stops.get(str(e.stop_reason), 0) + 1
+    k = max(len(episodes), 1)
+    return EvalResult(
+        env=env,
+        split=split,
+        num_tasks=len(by_task),
+        n=n,
+        success_rate=sum(e.success for e in episodes) / k,
+        pass_at_n=sum(by_task.values()) / max(len(by_task), 1),
+        mean_reward=sum(e.reward for e in episodes) / k,
+        mean_turns=sum(e.num_turns for e in episodes) / k,
+        tool_error_rate=tool_errors / calls if calls else 0.0,
+        parse_error_rate=sum(t.parse_error for t in turns) / max(len(turns), 1),
+        stop_reasons=stops,
+        episodes=episodes,
+    )
+
+
+def eval_task_ids(env: ToolEnv, num_tasks: int | None) -> list[str]:
+    """The first `num_tasks` tasks of the env (a fixed, reproducible eval set)."""
+    tasks = env.tasks if num_tasks is None else env.tasks[:num_tasks]
+    return [t.id for t in tasks]
+
+
+async def evaluate_async(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    env_factory: Callable[[], ToolEnv],
+    *,
+    env_name: str,
+    split: str = "eval",
+    num_tasks: int | None = 100,
+    n: int = 1,
+    rollout: RolloutConfig = RolloutConfig(temperature=0.0),
+    step: int = 0,
+    seed: int = 0,
+    on_episode: Callable | None = None,
+) -> EvalResult:
+    env = env_factory()
+    task_ids = eval_task_ids(env, num_tasks)
+    env.close()
+    ro = Rollout(env_factory, engine, tokenizer, rollout)
+    specs = Rollout.specs_for(task_ids, n=n, step=step, seed=seed, split=split)
+    try:
+        episodes = await ro.run(specs, on_episode)
+    finally:
+        ro.close()
+    return summarise(env_name, split, n, episodes)
+
+
+def evaluate(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    env_name: str,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    split: str = "eval",
+    num_tasks: int | None = 100,
+    n: int = 1,
+    rollout: RolloutConfig = RolloutConfig(temperature=0.0),
+    engine_kwargs: dict[str, Any] | None = None,
+) -> EvalResult:
+    """Evaluate a model (PreTrainedModel or path) with the transformers engine."""
+    from agentopd.engines.hf import HFEngine
+
+    kwargs = dict(env_kwargs or {})
+    if "split" in _env_params(env_name):
+        kwargs.setdefault("split", split)
+    engine = HFEngine(model, **(engine_kwargs or {}))
+
+    async def go() -> EvalResult:
+        try:
+            return await evaluate_async(
+                engine, tokenizer, lambda: make_env(env_name, **kwargs), env_name=env_name, split=split,
+                num_tasks=num_tasks, n=n, rollout=rollout,
+            )  # fmt: skip
+        finally:
+            await engine.close()
+
+    return asyncio.run(go())
+
+
+def _env_params(env_name: str) -> set[str]:
+    import inspect
+
+    from agentopd.registry import plugins, ENV_GROUP
+
+    obj = plugins(ENV_GROUP)[env_name].obj
+    return set(inspect.signature(obj).parameters)

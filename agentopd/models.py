@@ -1,0 +1,45 @@
+"""Which student and teacher a run uses, and where they run.
+
+    student, teacher = resolve_models(cfg, progress)     # paths (built-in models bootstrapped on demand)
+    device, dtype = pick_device(cfg.run.device)          # cuda + bf16 when available, else cpu + fp32
+
+`builtin` (the default) means the embedded models of the env (agentopd.bootstrap); anything
+else is a local Hugging Face folder or a hub id, loaded with AutoModelForCausalLM / AutoTokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+BUILTIN = "builtin"
+
+
+def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"run.device={device!r} but no CUDA device is available")
+    d = torch.device(device)
+    return d, (torch.bfloat16 if d.type == "cuda" else torch.float32)
+
+
+def resolve_model(spec: str, env_name: str, role: str, progress=None) -> Path | str:
+    """A model reference (`builtin`, `builtin:student`, a folder, a hub id) as something from_pretrained takes."""
+    if spec in (BUILTIN, f"{BUILTIN}:{role}") or spec.startswith(f"{BUILTIN}:"):
+        from agentopd.bootstrap import bootstrap
+
+        which = spec.split(":", 1)[1] if ":" in spec else role
+        if which not in ("student", "teacher"):
+            raise ValueError(f"{role}={spec!r}: say builtin, builtin:student or builtin:teacher")
+        models = bootstrap(env_name, progress=progress)
+        return models.student_dir if which == "student" else models.teacher_dir
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ValueError(f"{role}={spec!r} is a folder without config.json: not a Hugging Face model folder")
+        return path
+    if spec.startswith((".", "/", "~")):
+        raise ValueError(f"{role}={spec!r}: no such folder")
+    return spec  # a hub id: from_pretrained resolves it (needs a hub the user can reach)

@@ -1,0 +1,72 @@
+"""What a run shows on the terminal: rich progress bars per phase and one line per step.
+
+    progress = RunProgress()
+    with progress.phase("rollout", total=64) as advance:
+        ... advance() per finished episode ...
+    progress.step_line(3, 30, metrics)      # step 3/30  loss 0.41  kl 0.22  success 38%  1.2k tok/s
+    progress.note("eval @ step 5: ...")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+
+class RunProgress:
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self._bars = Progress(
+            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=self.console, transient=True,
+        )  # fmt: skip
+        self._started = False
+        self._bootstrap_task = None
+
+    def _start(self) -> None:
+        if not self._started:
+            self._bars.start()
+            self._started = True
+
+    @contextmanager
+    def phase(self, name: str, total: int | None) -> Iterator[Callable[[], None]]:
+        self._start()
+        task = self._bars.add_task(name, total=total)
+        try:
+            yield lambda: self._bars.advance(task)
+        finally:
+            self._bars.remove_task(task)
+
+    def bootstrap_callback(self, phase: str, fraction: float, info: dict[str, Any]) -> None:
+        """Progress of the embedded default's build (agentopd.bootstrap's `progress`)."""
+        self._start()
+        desc = f"bootstrap: {phase}" + (f" loss {info['loss']:.3f}" if "loss" in info else "")
+        if self._bootstrap_task is None:
+            self._bootstrap_task = self._bars.add_task(desc, total=100)
+        self._bars.update(self._bootstrap_task, description=desc, completed=int(fraction * 100))
+        if phase == "student" and fraction >= 1.0:
+            self._bars.remove_task(self._bootstrap_task)
+            self._bootstrap_task = None
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+    def step_line(self, step: int, steps: int, m: dict[str, Any]) -> None:
+        def f(key: str, fmt: str) -> str:
+            v = m.get(key)
+            return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+        self.console.print(
+            f"step {step}/{steps}  loss {f('loss', '.4f')}  kl {f('kl/mean', '.4f')}  "
+            f"success {f('success_rate', '.0%')}  rollout {f('perf/rollout_tokens_per_s', ',.0f')} tok/s  "
+            f"train {f('perf/train_tokens_per_s', ',.0f')} tok/s"
+        )
+
+    def close(self) -> None:
+        if self._started:
+            self._bars.stop()
+            self._started = False
