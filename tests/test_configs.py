@@ -64,7 +64,7 @@ def test_env_kwargs_are_checked_against_the_env_signature(demo_plugin):
     "override, message",
     [
         ("run.sed=1", r"unknown key run\.sed \(value 1\); run accepts: run\.seed, run\.steps"),
-        ("trainer.lr=1e-6", r"unknown key trainer \(value \{'lr': 1e-06\}\); the config accepts: env, run"),
+        ("trainer.lrr=1e-6", r"unknown key trainer.lrr \(value 1e-06\); trainer accepts: trainer.lr, "),
         ("run.seed=abc", r"bad value for run\.seed: 'abc'"),
         ("run.steps=-1", r"bad value for run\.steps: -1"),
         ("run=3", r"bad value for run: 3"),
