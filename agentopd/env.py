@@ -142,8 +142,8 @@ class ToolEnv(gymnasium.Env):
         self.turn = 0
         self._done = False
         tools = self.tools()
-        if tools != getattr(self, "_tool_list", None):  # schemas are built once per set of tools
-            self._tool_list, self._tools = tools, {tool_name(t): t for t in tools}
+        if tools != getattr(self, "_schema_tools", None):  # schemas are built once per set of tools
+            self._schema_tools, self._tools = tools, {tool_name(t): t for t in tools}
             self._schemas = [tool_schema(t) for t in tools]
         info = {"tools": _copy_json(self._schemas), "task_id": self.task.id, "tool_errors": 0}
         return self.initial_messages(self.task), info
