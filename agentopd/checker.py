@@ -18,6 +18,10 @@ Checks, in order (each one a named `Check` with pass / fail / skip and a detail 
                        arguments, strings, None, hostile strings) raise nothing and come back as
                        tool messages starting with "Error:", counted in `info["tool_errors"]`,
                        none slower than `max_step_s`
+    hostile_values     every hostile string (SQL injection, `9**9**9`, 10,000 characters,
+                       control and non-ASCII characters, ...) as each string argument of each
+                       tool, correctly typed: nothing raises, each reply is a tool message,
+                       none slower than `max_step_s` (whether it is an error is the env's call)
     close_twice        `close()` twice raises nothing
 
 An env instance passed in is closed at the end.
@@ -106,6 +110,7 @@ def check_env(
         ("determinism", lambda: _determinism(env, seeds, fresh)),
         ("oracle", lambda: _oracle(env, oracle_tasks)),
         ("fuzz", lambda: _fuzz(env, fuzz_steps, max_step_s)),
+        ("hostile_values", lambda: _hostile_values(env, max_step_s)),
         ("close_twice", lambda: _close_twice(env)),
     ]
     for name, run in steps:
@@ -376,6 +381,35 @@ def _fuzz(env: gymnasium.Env, n: int, max_step_s: float) -> str:
             episodes += 1
     _expect(worst <= max_step_s, f"the slowest bad action took {worst:.2f} s (limit {max_step_s} s)")
     return f"{n} bad actions over {episodes} episodes -> {errors} 'Error:' tool messages; slowest step {worst * 1e3:.1f} ms"
+
+
+def _hostile_values(env: gymnasium.Env, max_step_s: float) -> str:
+    _, info = env.reset(seed=0)
+    calls = []
+    for schema in info["tools"]:
+        fn = schema["function"]
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        base = {p: _JSON_VALUES[s["type"]][0] for p, s in props.items() if s.get("type") in _JSON_VALUES}
+        calls += [
+            {"name": fn["name"], "arguments": {**base, p: text}}
+            for p, s in props.items() if s.get("type") == "string" for text in HOSTILE_STRINGS
+        ]
+    if not calls:
+        raise _Skip("no tool takes a string argument")
+    worst, errors = 0.0, 0
+    for i, call in enumerate(calls):
+        t0 = time.perf_counter()
+        try:
+            obs, _, terminated, truncated, _ = env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+        except Exception as e:
+            raise CheckFailed(f"{call!r:.200} raised {type(e).__name__}: {e}") from None
+        worst = max(worst, time.perf_counter() - t0)
+        _expect(not terminated and len(obs) == 1 and _is_messages(obs, ("tool",)), f"{call!r:.200} got {obs!r:.200}")
+        errors += obs[0]["content"].startswith("Error:")
+        if truncated:
+            env.reset(seed=i + 1)
+    _expect(worst <= max_step_s, f"the slowest hostile call took {worst:.2f} s (limit {max_step_s} s)")
+    return f"{len(calls)} calls, {errors} refused with 'Error:'; slowest step {worst * 1e3:.1f} ms"
 
 
 def _close_twice(env: gymnasium.Env) -> str:

@@ -16,6 +16,9 @@ def test_every_registered_env_passes_the_checker(name):
     assert {c.name for c in report.checks if c.status is Status.PASS} >= {
         "gymnasium", "reset_types", "step_types", "determinism", "oracle", "fuzz", "close_twice"
     }, report.summary()
+    has_tools = bool(registry.make_env(name).reset(seed=0)[1]["tools"])
+    hostile = next(c for c in report.checks if c.name == "hostile_values")
+    assert hostile.status is (Status.PASS if has_tools else Status.SKIP), report.summary()
 
 
 def test_a_plugin_env_passes_the_checker(demo_plugin):
