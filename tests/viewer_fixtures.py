@@ -230,8 +230,10 @@ def long_episode(tok: Any, turns: int = 20, tokens: int = 8000, seed: int = 1) -
     text = " ".join(rng.choice(words) for _ in range(per_turn * 2))
     pairs: list[tuple[str, list[str] | None]] = []
     for k in range(turns):
-        result = "\n".join(f"{i} | {rng.choice(words)} | {rng.randrange(10_000)}" for i in range(per_turn // 12))
-        pairs.append((text, [result] if k < turns - 1 else None))
+        lines: list[str] = []
+        while len(encode(tok, "\n".join(lines))) < per_turn // 2 - 12:  # ~12 template tokens around it
+            lines.append(f"{len(lines)} | {rng.choice(words)} | {rng.randrange(10_000)}")
+        pairs.append((text, ["\n".join(lines)] if k < turns - 1 else None))
     return make_episode(
         tok, rng, step=0, turns=pairs, question="long episode", reward=1.0, max_assistant_tokens=per_turn // 2
     )

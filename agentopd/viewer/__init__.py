@@ -28,7 +28,9 @@ from fastapi.exception_handlers import http_exception_handler, request_validatio
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.datastructures import MutableHeaders
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentopd.viewer import api, pages
 from agentopd.viewer.runs import RunCatalog
@@ -46,6 +48,27 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
+
+
+class SecurityHeaders:
+    """Pure ASGI middleware adding SECURITY_HEADERS to every response (no body buffering)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for k, v in SECURITY_HEADERS.items():
+                    headers.setdefault(k, v)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def create_app(path: str | Path, allowed_hosts: list[str] | None = None) -> FastAPI:
@@ -66,12 +89,7 @@ def create_app(path: str | Path, allowed_hosts: list[str] | None = None) -> Fast
     if allowed_hosts is not None:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
 
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next) -> Response:
-        response = await call_next(request)
-        for k, v in SECURITY_HEADERS.items():
-            response.headers.setdefault(k, v)
-        return response
+    app.add_middleware(SecurityHeaders)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -144,15 +144,15 @@ def _diverging(v: float, vmax: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def kl_heatmap(rows: list[dict[str, Any]]) -> Heatmap | None:
+def kl_heatmap(rows: list[dict[str, Any]], width: int = 1100, height: int = 240) -> Heatmap | None:
     turns = sorted({int(m.group(1)) for r in rows for k in r if (m := _TURN_KEY.match(k))})
     if not turns:
         return None
     steps = [r for r in rows if any(f"kl/turn_{t}" in r for t in turns)]
     size = max(1, math.ceil(len(steps) / MAX_COLUMNS))
     buckets = [steps[i : i + size] for i in range(0, len(steps), size)]
-    grid_w = W - PAD_L - PAD_R
-    grid_h = H - PAD_T - PAD_B
+    grid_w = width - PAD_L - PAD_R
+    grid_h = height - PAD_T - PAD_B
     cw, ch = grid_w / len(buckets), grid_h / len(turns)
     values: list[tuple[int, int, float, str]] = []
     for ci, bucket in enumerate(buckets):
@@ -181,7 +181,8 @@ def kl_heatmap(rows: list[dict[str, Any]]) -> Heatmap | None:
     for ci in sorted({0, len(buckets) // 2, len(buckets) - 1}):
         x_ticks.append((round(PAD_L + (ci + 0.5) * cw, 1), f"{buckets[ci][0]['step']}"))
     legend = [(_diverging(f * vmax, vmax), _fmt(f * vmax)) for f in (-1, -0.5, 0, 0.5, 1)] if vmax else []
-    return Heatmap("per-turn KL (kl/turn_k): steps x turns", cells, row_labels, x_ticks, vmax, legend=legend)
+    title = "per-turn KL (kl/turn_k): steps x turns"
+    return Heatmap(title, cells, row_labels, x_ticks, vmax, width=width, height=height, legend=legend)
 
 
 @dataclass

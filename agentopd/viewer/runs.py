@@ -19,6 +19,7 @@ are re-read when the file's size or mtime changes, and tokenizers are loaded laz
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -144,6 +145,10 @@ def load_decoder(run_dir: Path) -> TokenDecoder | None:
 
             tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
             decoder: TokenDecoder | None = TokenDecoder(tok, f"{run_dir.name}/{d.name}")
+            # transformers brings ~10^6 long-lived objects; a full cyclic-GC pass over them takes
+            # ~0.3 s and lands inside whichever request crosses the threshold. Freeze what exists
+            # now (modules, the tokenizer) so later full collections skip it.
+            gc.freeze()
         except Exception as e:  # noqa: BLE001 - any broken tokenizer folder means "show ids"
             log.warning("tokenizer in %s failed to load: %s", d, e)
             decoder = None
