@@ -108,7 +108,8 @@ def markdown(results: list[Result], pinning: str, seconds: float) -> str:
         "# Environment throughput",
         "",
         f"`python benchmarks/env_throughput.py --seconds {seconds:g} --write` on {platform.processor() or platform.machine()},"
-        f" Python {platform.python_version()}, {pinning}. Oracle actions; steps/s counts step() and reset() time.",
+        f" Python {platform.python_version()}, {pinning}, {os.cpu_count()} CPUs with load average {_load()}"
+        " (a shared machine reads low). Oracle actions; steps/s counts step() and reset() time.",
         "",
         "| env | episodes | steps/ep | steps/s | step()-only/s | episodes/s | target | ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -120,6 +121,10 @@ def markdown(results: list[Result], pinning: str, seconds: float) -> str:
             f" {r.episodes_per_s:,.0f} | {f'{target:,.0f}' if target else '-'} | {f'{r.steps_per_s / target:.2f}x' if target else '-'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "unknown"
 
 
 def main() -> None:
