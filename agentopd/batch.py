@@ -1,29 +1,37 @@
-"""Training samples and packed micro-batches (no padding) for the trainer.
+"""Training samples and packed micro-batches for the trainer.
 
 One `TrainSample` is one episode ready for a train step: its token stream (DESIGN 3.1), the
-sampler's logprobs, what the teacher said about it, and its reward. `pack` concatenates
-samples into micro-batches of at most `max_tokens` tokens each — one row, no padding —
-with position ids that restart at 0 for every sequence:
+sampler's logprobs, what the teacher said about it, and its reward. `pack` puts samples back
+to back into micro-batches of at most `max_tokens` computed tokens, with position ids that
+restart at 0 for every sequence:
 
     samples = [TrainSample.from_stream(s, teacher_logprobs=t.logprobs, reward=r) for ...]
-    for mb in pack(samples, max_tokens=4096):
-        hidden_1TH = model.model(input_ids=mb.input_ids_1T, position_ids=mb.position_ids_1T,
+    for mb in pack(samples, max_tokens=8192, row_tokens=longest):
+        hidden_BTH = model.model(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT,
                                  use_cache=False).last_hidden_state
-        hidden_NH = hidden_1TH[0, mb.loss_index_N]   # rows that predict a student token
+        hidden_NH = hidden_BTH[mb.loss_mask_BT]       # rows that predict a student token
 
 Attention does not cross sequences: with `attention_mask=None`, no cache and position ids
-that restart, transformers (>= 4.56 / 5.x `masking_utils.find_packed_sequence_indices`)
-detects the packed layout and builds a block-diagonal causal mask (sdpa/eager, CPU and GPU);
+that restart, transformers (5.x `masking_utils.find_packed_sequence_indices`) detects the
+packed layout per row and builds a block-diagonal causal mask (sdpa/eager, CPU and GPU);
 flash-attention derives `cu_seqlens` from the same position ids. `tests/test_batch.py`
 checks that packed per-token logprobs equal separate forwards.
+
+Two layouts (the trainer picks by attention kernel):
+  - one row per micro-batch (`row_tokens=None`): no padding at all; right for flash-attention
+    varlen, whose cost follows the sequences;
+  - several rows of ~`row_tokens` (`row_tokens=R`): sequences first-fit into rows, each row
+    padded to the micro-batch's longest; right for sdpa/eager, whose dense block-diagonal mask
+    costs B x T^2 (one 4096-token row is ~30x slower on CPU than 32 rows of 128).
 
 Alignment: position t predicts token t+1. Response token r of a sample (token
 `prompt_len + r`) is predicted at position `prompt_len + r - 1`; the loss is taken at the
 positions whose next token is a student token (response_mask 1). Per-loss-token values are
-stored gathered, in position order ("N" rows), so they line up with `hidden_1TH[0, loss_index_N]`.
+stored gathered in row-major position order ("N" rows), so they line up with
+`hidden_BTH[mb.loss_mask_BT]`.
 
-Legend: T = packed tokens of a micro-batch, N = loss (student) tokens in it, S = sequences
-in it, H_t = teacher hidden size, K = teacher top-k.
+Legend: B = rows of a micro-batch, T = row length, N = loss (student) tokens in it,
+H_t = teacher hidden size, K = teacher top-k.
 """
 
 from __future__ import annotations
@@ -116,14 +124,18 @@ class TrainSample:
 
 @dataclass
 class MicroBatch:
-    """Samples packed into one row of T tokens; per-loss-token values gathered as N rows."""
+    """Samples packed into B rows of T tokens; per-loss-token values gathered as N rows.
 
-    input_ids_1T: torch.Tensor  # long
-    position_ids_1T: torch.Tensor  # long, restart at 0 per sequence
-    cu_seqlens_S1: torch.Tensor  # int32, (S+1,): sequence boundaries in the row
-    loss_mask_1T: torch.Tensor  # bool: the next token is a student token
-    targets_1T: torch.Tensor  # long: the next token (0 after a sequence's last token)
-    loss_index_N: torch.Tensor  # long: positions where loss_mask_1T is True, ascending
+    A row holds whole sequences back to back; a row shorter than T ends in padding that forms a
+    sequence of its own (positions 0, 1, ...), so it never attends to or is attended by real
+    tokens and carries no loss. Loss rows (N) are in row-major position order.
+    """
+
+    input_ids_BT: torch.Tensor  # long
+    position_ids_BT: torch.Tensor  # long, restart at 0 per sequence
+    loss_mask_BT: torch.Tensor  # bool: the next token is a student token
+    targets_BT: torch.Tensor  # long: the next token (0 after a sequence's last token and on padding)
+    seq_lens: list[list[int]]  # per row: the lengths of its sequences (padding not included)
     targets_N: torch.Tensor  # long: the student token predicted at each loss position
     old_logprobs_N: torch.Tensor  # float32: sampler logprob of that token
     weights_N: torch.Tensor  # float32: the episode's weight
@@ -136,11 +148,17 @@ class MicroBatch:
 
     @property
     def num_tokens(self) -> int:
-        return self.input_ids_1T.shape[1]
+        """Real (non-padding) tokens."""
+        return sum(sum(lens) for lens in self.seq_lens)
+
+    @property
+    def num_slots(self) -> int:
+        """B * T: tokens the forward pass computes, padding included."""
+        return self.input_ids_BT.numel()
 
     @property
     def num_loss_tokens(self) -> int:
-        return self.loss_index_N.shape[0]
+        return self.targets_N.shape[0]
 
     def to(self, device: torch.device | str) -> MicroBatch:
         """A copy with every tensor on `device` (non-blocking where possible)."""
@@ -150,63 +168,93 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def _group(samples: list[TrainSample], max_tokens: int) -> list[list[int]]:
-    """Greedy in input order: fill a micro-batch until the next sample would exceed the budget."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    for i, s in enumerate(samples):
-        if current and used + s.num_tokens > max_tokens:
-            groups.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += s.num_tokens
-    if current:
-        groups.append(current)
+def _rows(samples: list[TrainSample], row_tokens: int | None, max_tokens: int) -> list[list[int]]:
+    """Sample indices per row. row_tokens None: greedy in input order up to max_tokens per row;
+    else first-fit decreasing into rows of row_tokens (a longer sample gets a row of its own)."""
+    rows: list[list[int]] = []
+    used: list[int] = []
+    if row_tokens is None:
+        for i, s in enumerate(samples):
+            if rows and used[-1] + s.num_tokens <= max_tokens:
+                rows[-1].append(i)
+                used[-1] += s.num_tokens
+            else:
+                rows.append([i])
+                used.append(s.num_tokens)
+        return rows
+    for i in sorted(range(len(samples)), key=lambda i: -samples[i].num_tokens):
+        n = samples[i].num_tokens
+        slot = next((r for r, u in enumerate(used) if u + n <= row_tokens), None)
+        if slot is None:
+            rows.append([i])
+            used.append(n)
+        else:
+            rows[slot].append(i)
+            used[slot] += n
+    return rows
+
+
+def _group_rows(samples: list[TrainSample], rows: list[list[int]], max_tokens: int) -> list[list[list[int]]]:
+    """Consecutive rows per micro-batch while rows x (longest row) stays within max_tokens."""
+    groups: list[list[list[int]]] = []
+    width = 0
+    for row in rows:
+        n = sum(samples[i].num_tokens for i in row)
+        if groups and (len(groups[-1]) + 1) * max(width, n) <= max_tokens:
+            groups[-1].append(row)
+            width = max(width, n)
+        else:
+            groups.append([row])
+            width = n
     return groups
 
 
-def _collate(samples: list[TrainSample], indices: list[int]) -> MicroBatch:
-    ids, pos, lmask, tgt, seqlens = [], [], [], [], [0]
-    old, tlp, w, adv, sidx, topk_ids, topk_lp, hidden_rows = [], [], [], [], [], [], [], []
-    parts = [samples[i] for i in indices]
+def _collate(samples: list[TrainSample], rows: list[list[int]]) -> MicroBatch:
+    parts = [samples[i] for row in rows for i in row]
     has_tlp = all(s.teacher_logprobs is not None for s in parts)
     has_topk = all(s.teacher_topk_ids is not None for s in parts)
     has_hidden = all(s.teacher_hidden is not None for s in parts)
-    for i, s in zip(indices, parts):
-        L, P = s.num_tokens, s.prompt_len
-        ids.extend(s.token_ids)
-        pos.extend(range(L))
-        tgt.extend(s.token_ids[1:] + [0])
-        mask = [False] * (P - 1) + [bool(m) for m in s.response_mask] + [False]
-        assert len(mask) == L, (len(mask), L)
-        lmask.extend(mask)
-        seqlens.append(seqlens[-1] + L)
-        rows = [r for r, m in enumerate(s.response_mask) if m]
-        old.extend(s.old_logprobs[r] for r in rows)
-        w.extend([s.weight] * len(rows))
-        adv.extend([s.advantage] * len(rows))
-        sidx.extend([i] * len(rows))
-        if has_tlp:
-            tlp.extend(s.teacher_logprobs[r] for r in rows)
-        if has_topk:
-            topk_ids.extend(s.teacher_topk_ids[r] for r in rows)
-            topk_lp.extend(s.teacher_topk_logprobs[r] for r in rows)
-        if has_hidden:
-            hidden_rows.append(s.teacher_hidden[torch.tensor(rows, dtype=torch.long)])
-    loss_mask_1T = torch.tensor([lmask], dtype=torch.bool)
-    targets_1T = torch.tensor([tgt], dtype=torch.long)
-    loss_index_N = loss_mask_1T[0].nonzero().squeeze(-1)
-    k = len(topk_ids[0]) if topk_ids else 0
-    n = len(topk_ids)
+    width = max(sum(samples[i].num_tokens for i in row) for row in rows)
+    ids_rows, pos_rows, mask_rows, tgt_rows, seq_lens = [], [], [], [], []
+    old, tlp, w, adv, sidx, topk_ids, topk_lp, hidden_rows = [], [], [], [], [], [], [], []
+    for row in rows:
+        ids, pos, lmask, tgt, lens = [], [], [], [], []
+        for i in row:
+            s = samples[i]
+            L, P = s.num_tokens, s.prompt_len
+            ids.extend(s.token_ids)
+            pos.extend(range(L))
+            tgt.extend(s.token_ids[1:] + [0])
+            lmask.extend([False] * (P - 1) + [bool(m) for m in s.response_mask] + [False])
+            lens.append(L)
+            picked = [r for r, m in enumerate(s.response_mask) if m]
+            old.extend(s.old_logprobs[r] for r in picked)
+            w.extend([s.weight] * len(picked))
+            adv.extend([s.advantage] * len(picked))
+            sidx.extend([i] * len(picked))
+            if has_tlp:
+                tlp.extend(s.teacher_logprobs[r] for r in picked)
+            if has_topk:
+                topk_ids.extend(s.teacher_topk_ids[r] for r in picked)
+                topk_lp.extend(s.teacher_topk_logprobs[r] for r in picked)
+            if has_hidden:
+                hidden_rows.append(s.teacher_hidden[torch.tensor(picked, dtype=torch.long)])
+        pad = width - len(ids)
+        ids_rows.append(ids + [0] * pad)
+        pos_rows.append(pos + list(range(pad)))  # padding: a sequence of its own
+        mask_rows.append(lmask + [False] * pad)
+        tgt_rows.append(tgt + [0] * pad)
+        seq_lens.append(lens)
+    loss_mask_BT = torch.tensor(mask_rows, dtype=torch.bool)
+    targets_BT = torch.tensor(tgt_rows, dtype=torch.long)
+    n, k = len(topk_ids), (len(topk_ids[0]) if topk_ids else 0)
     return MicroBatch(
-        input_ids_1T=torch.tensor([ids], dtype=torch.long),
-        position_ids_1T=torch.tensor([pos], dtype=torch.long),
-        cu_seqlens_S1=torch.tensor(seqlens, dtype=torch.int32),
-        loss_mask_1T=loss_mask_1T,
-        targets_1T=targets_1T,
-        loss_index_N=loss_index_N,
-        targets_N=targets_1T[0, loss_index_N],
+        input_ids_BT=torch.tensor(ids_rows, dtype=torch.long),
+        position_ids_BT=torch.tensor(pos_rows, dtype=torch.long),
+        loss_mask_BT=loss_mask_BT,
+        targets_BT=targets_BT,
+        seq_lens=seq_lens,
+        targets_N=targets_BT[loss_mask_BT],
         old_logprobs_N=torch.tensor(old, dtype=torch.float32),
         weights_N=torch.tensor(w, dtype=torch.float32),
         advantages_N=torch.tensor(adv, dtype=torch.float32),
@@ -218,18 +266,28 @@ def _collate(samples: list[TrainSample], indices: list[int]) -> MicroBatch:
     )
 
 
-def pack(samples: list[TrainSample], max_tokens: int) -> list[MicroBatch]:
-    """Pack samples, in order, into micro-batches of at most `max_tokens` tokens (no padding).
+def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[MicroBatch]:
+    """Pack samples into micro-batches of at most `max_tokens` computed tokens (B x T).
 
-    A sample longer than the budget gets a micro-batch of its own. Teacher fields are packed
-    when every sample of a micro-batch has them (they are None otherwise).
+    row_tokens=None: one row per micro-batch, samples in input order, no padding at all — for
+    attention kernels whose cost follows the sequences (flash-attention varlen from position ids).
+    row_tokens=R: rows of up to R tokens filled first-fit decreasing, padded to the micro-batch's
+    longest row — for sdpa/eager, whose block-diagonal mask costs B x T^2: use R ~ the longest sample.
+    A sample longer than the budget gets a micro-batch of its own. Teacher fields are packed when
+    every sample of a micro-batch has them (they are None otherwise).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    return [_collate(samples, g) for g in _group(samples, max_tokens)]
+    if row_tokens is not None and row_tokens < 1:
+        raise ValueError(f"row_tokens must be >= 1 or None, got {row_tokens}")
+    if not samples:
+        return []
+    rows = _rows(samples, row_tokens, max_tokens)
+    groups = [[row] for row in rows] if row_tokens is None else _group_rows(samples, rows, max_tokens)
+    return [_collate(samples, g) for g in groups]
 
 
 def dummy_micro_batch(token_id: int = 0) -> MicroBatch:
     """A one-token micro-batch with no loss tokens: lets a rank with fewer micro-batches keep
     step with the FSDP collectives of the others (its forward/backward contributes zero)."""
-    return _collate([TrainSample(token_ids=[token_id], prompt_len=1, response_mask=[], old_logprobs=[])], [0])
+    return _collate([TrainSample(token_ids=[token_id], prompt_len=1, response_mask=[], old_logprobs=[])], [[0]])

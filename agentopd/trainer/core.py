@@ -51,13 +51,13 @@ class _Student(nn.Module):
         self.hf = hf
 
     def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None):
-        hidden_1TH = self.hf.model(
-            input_ids=mb.input_ids_1T, position_ids=mb.position_ids_1T, use_cache=False
+        hidden_BTH = self.hf.model(
+            input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, use_cache=False
         ).last_hidden_state
         head_VH = self.hf.lm_head.weight
-        hidden_NH = hidden_1TH[0, mb.loss_index_N]
+        hidden_NH = hidden_BTH[mb.loss_mask_BT]
         if mb.num_loss_tokens == 0:  # still touch every parameter so every rank reduces the same grads
-            return (hidden_1TH.sum() + head_VH.sum()) * 0.0, {}
+            return (hidden_BTH.sum() + head_VH.sum()) * 0.0, {}
         return micro_batch_loss(hidden_NH, head_VH, mb, cfg, teacher_head_VH=teacher_head_VH)
 
 
@@ -178,11 +178,16 @@ class Trainer:
         t0 = time.perf_counter()
         cfg = self.cfg
         samples = self._episode_terms(samples)
-        micro_batches = pack(samples, cfg.micro_batch_tokens) if samples else []
+        micro_batches = pack(samples, cfg.micro_batch_tokens, row_tokens=self._row_tokens(samples))
         counts = torch.tensor(
-            [sum(s.num_student_tokens for s in samples), sum(s.num_tokens for s in samples)], dtype=torch.float64
+            [
+                sum(s.num_student_tokens for s in samples),
+                sum(s.num_tokens for s in samples),
+                sum(mb.num_slots for mb in micro_batches),
+            ],
+            dtype=torch.float64,
         )
-        n_student, n_tokens = self._all_reduce(counts.to(self._comm_device)).tolist()
+        n_student, n_tokens, n_slots = self._all_reduce(counts.to(self._comm_device)).tolist()
         n_micro = torch.tensor([len(micro_batches)], device=self._comm_device)
         n_micro = int(self._all_reduce(n_micro, dist.ReduceOp.MAX if self.distributed else None).item())
         if teacher_head_VH is not None:
@@ -222,10 +227,18 @@ class Trainer:
             "train/student_tokens": n_student,
             "train/tokens": n_tokens,
             "train/micro_batches": float(n_micro),
+            "train/padding_ratio": 1.0 - n_tokens / max(n_slots, 1.0),
             "perf/train_step_s": elapsed,
             "perf/train_tokens_per_s": n_tokens / elapsed,
         }
         return metrics
+
+    def _row_tokens(self, samples: list[TrainSample]) -> int | None:
+        """Flash-attention kernels take one packed row (varlen); dense-mask kernels (sdpa, eager)
+        get rows about as long as the longest sample (batch.py: their cost is B x T^2)."""
+        if "flash" in str(self.hf.config._attn_implementation):
+            return None
+        return max((s.num_tokens for s in samples), default=1)
 
     def _reduce_stats(self, sums: dict[str, torch.Tensor], n_student: float) -> dict[str, float]:
         """Global statistics: sums / global student tokens, pg means / pg weight, maxima (objective.py)."""
