@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentopd import registry
@@ -80,7 +81,8 @@ def measure(name: str, seconds: float, warmup_episodes: int = 20) -> Result:
             n += 1
             if terminated or truncated:
                 break
-        assert reward == 1.0, f"{name}: the oracle failed on seed {seed} (reward {reward})"
+        if reward != 1.0:
+            raise ValueError(f"{name}: the oracle failed on seed {seed} (reward {reward}); run `agentopd check-env {name}`")
         seed += 1
         if seed <= warmup_episodes:  # first episodes warm caches (schemas, SQLite pages)
             continue
@@ -138,10 +140,14 @@ def main() -> None:
     names = args.envs or [*[b for b in BUILTINS if b in registry.envs()], *sorted(set(registry.envs()) - set(BUILTINS))]
     for p in registry.errors():
         if p.group == registry.ENV_GROUP:
-            console.print(f"[yellow]skipped {p.name} ({p.package}): {p.error}[/]")
+            console.print(f"[yellow]skipped {p.name} ({p.package}): {escape(p.error or '')}[/]")
     results = []
     for name in names:
-        results.append(measure(name, args.seconds))
+        try:
+            results.append(measure(name, args.seconds))
+        except ValueError as e:  # an env whose oracle fails, or bad kwargs: say so, measure the rest
+            console.print(f"[yellow]skipped {escape(str(e))}[/]")
+            continue
         console.print(f"{name}: {results[-1].steps_per_s:,.0f} steps/s")
     console.print(table(results))
     console.print(pinning)
