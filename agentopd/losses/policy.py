@@ -84,7 +84,7 @@ def policy_gradient_loss(
 
     stats (detached 0-d tensors, weighted by weights_N): "clip_fraction" (share of tokens whose
     clipped or capped branch is active, i.e. whose gradient is altered), "ratio_mean",
-    "ratio_max", "tokens" (weight sum).
+    "ratio_max" (over tokens of weight > 0), "tokens" (weight sum). A zero weight masks a token.
     """
     mode = _enum(PGMode, mode, "mode")
     if not logprobs_N.shape == old_logprobs_N.shape == advantages_N.shape:
@@ -119,7 +119,7 @@ def policy_gradient_loss(
         stats = {
             "clip_fraction": (altered_N.to(w_N.dtype) * w_N).sum() / denom,
             "ratio_mean": (ratio_N * w_N).sum() / denom,
-            "ratio_max": ratio_N.max() if ratio_N.numel() else ratio_N.new_zeros(()),
+            "ratio_max": ratio_N[w_N > 0].max() if bool((w_N > 0).any()) else ratio_N.new_zeros(()),
             "tokens": tokens,
         }
     return loss, stats
