@@ -279,3 +279,11 @@ def test_compiled_chunk_math_matches_eager():
     assert abs(out.item() - ref.item()) < 1e-4 * max(1.0, abs(ref.item()))
     assert all((a - b).abs().max() < 1e-5 for a, b in zip(g, ref_g))
 
+
+
+def test_empty_micro_batch_gives_zero_and_zero_gradient():
+    h = torch.zeros(0, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(20, 8, dtype=torch.float64, requires_grad=True)
+    out = L.chunked_divergence(h, w, teacher_logits_NV=torch.zeros(0, 20, dtype=torch.float64), kind="jsd")
+    out.backward()
+    assert out.item() == 0.0 and w.grad.abs().sum().item() == 0.0
