@@ -48,6 +48,22 @@ def test_is_loss_gradient_is_the_reverse_kl_gradient_on_policy():
     assert abs(stats["ratio_mean"].item() - 1) < 1e-12 and stats["clip_fraction"].item() == 0
 
 
+def test_k3_as_advantage_gives_reverse_minus_forward_kl_gradient():
+    """Documented caution: E_s[k3 grad log p_s] = grad KL(s||t) - grad KL(t||s) (exact expectation)."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(7, generator=g, dtype=torch.float64).requires_grad_(True)
+    t_lp = torch.log_softmax(torch.randn(7, generator=g, dtype=torch.float64) * 2, -1)
+    s_lp = torch.log_softmax(logits, -1)
+    rkl = (s_lp.exp() * (s_lp - t_lp)).sum()
+    fkl = (t_lp.exp() * (t_lp - s_lp)).sum()
+    expected = torch.autograd.grad(rkl - fkl, logits, retain_graph=True)[0]
+    p = s_lp.exp().detach()
+    adv = L.opd_advantages(t_lp, s_lp.detach(), "k3")  # one entry per vocabulary item, weighted by p below
+    loss, _ = L.policy_gradient_loss(s_lp, s_lp.detach(), adv, weights_N=p, mode="is")
+    (grad,) = torch.autograd.grad(loss, logits)
+    torch.testing.assert_close(grad, expected)
+
+
 @pytest.mark.parametrize("adv", [1.0, -1.0])
 def test_ppo_clip_boundaries(adv):
     eps, eps_high = 0.2, 0.3

@@ -10,6 +10,12 @@ from one sample x ~ p_s, with log r = log p_t(x) - log p_s(x) (Schulman's k1 / k
 The distillation advantage is the negative estimate evaluated with the *sampler's*
 logprobs: A = -(k(teacher, sampler)); k1 gives A = log p_t(x) - log p_old(x).
 
+Caution (tested): only k1 as an advantage gives the reverse-KL gradient,
+E_s[k1 grad log p_s] = grad KL(p_s || p_t). Using k3 as the advantage drops the
+(1 - r) grad log p_s term of its own derivative, and E_s[k3 grad log p_s] =
+grad KL(p_s || p_t) - grad KL(p_t || p_s): it *ascends* the forward KL. Use k3 for
+estimates and diagnostics (>= 0, low variance), k1 for training.
+
 Policy-gradient losses (SUMS over tokens, weighted; ratio = exp(logp - logp_old)):
     "is"        L = -sum_n w_n * min(ratio_n, is_cap) * A_n, gradient
                 -sum w * min(ratio, cap) * A * grad logp (truncated importance sampling;
