@@ -3,22 +3,28 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentopd.batch import TrainSample
 
+try:
+    import pytest
+except ImportError:  # tests/_gpu_check.py on a machine without pytest
+    pytest = None
+
 VOCAB = 128
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
+def _one_thread():
     """Tiny models on a busy 2-core machine: intra-op threads only add contention (10x slower)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+one_thread = pytest.fixture(autouse=True, scope="module")(_one_thread) if pytest else None
 
 
 def tiny_config(tie: bool = True, attn: str = "sdpa") -> Qwen3Config:

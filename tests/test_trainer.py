@@ -75,7 +75,7 @@ def test_lr_schedule_and_config_errors():
     with pytest.raises(ValueError, match="trainer.lr"):
         TrainerConfig(lr=0)
     with pytest.raises(ValueError, match="cpu_offload"):
-        Trainer(tiny_model(), TrainerConfig(cpu_offload=True))
+        Trainer(tiny_model(), TrainerConfig(cpu_offload=True))  # needs FSDP2 on CUDA
 
 
 @pytest.mark.parametrize("kind", list(LossKind))
@@ -111,12 +111,19 @@ def test_fsdp_world_1_matches_plain(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
         sharded = scenario(TrainerConfig(**CFG, loss="sft"), str(tmp_path / "fsdp"))
+        options = {}  # activation checkpointing: same numbers; bf16 compute: close
+        for name, extra in {"ac": {"activation_checkpointing": True}, "bf16": {"mixed_precision": "bf16"}}.items():
+            trainer = Trainer(tiny_model(), TrainerConfig(**CFG | extra, loss="sft"))
+            options[name] = [trainer.train_step(batch(s))["loss"] for s in range(3)]
     finally:
         dist.destroy_process_group()
     assert sharded["losses"] == pytest.approx(plain["losses"], abs=1e-6)
     init = tiny_model().state_dict()
     for k in init:
         torch.testing.assert_close(sharded["params_1"][k] - init[k], plain["params_1"][k] - init[k], atol=1e-8, rtol=0)
+    assert options["ac"] == pytest.approx(plain["losses"][:3], abs=1e-6)
+    assert options["bf16"] == pytest.approx(plain["losses"][:3], abs=2e-2)
+    assert options["bf16"] != pytest.approx(plain["losses"][:3], abs=1e-7)  # bf16 really was used
     assert sharded["resumed_losses"] == sharded["losses"]  # resume under FSDP: bit-identical
     assert plain["resumed_losses"] == plain["losses"]  # resume in one process: bit-identical
     assert sharded["step"] == STEPS

@@ -50,12 +50,17 @@ class _Student(nn.Module):
         super().__init__()
         self.hf = hf
 
-    def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None):
-        hidden_BTH = self.hf.model(
-            input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, use_cache=False
-        ).last_hidden_state
+    def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None, autocast_dtype=None):
+        # autocast (plain bf16 mode) covers the decoder only: the losses pick their own fp32 accumulation
+        device_type = mb.input_ids_BT.device.type
+        with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            hidden_BTH = self.hf.model(
+                input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, use_cache=False
+            ).last_hidden_state
         head_VH = self.hf.lm_head.weight
         hidden_NH = hidden_BTH[mb.loss_mask_BT]
+        if autocast_dtype is not None:  # the loss matmuls in bf16 too (fp32 accumulation inside the losses)
+            hidden_NH, head_VH = hidden_NH.to(autocast_dtype), head_VH.to(autocast_dtype)
         if mb.num_loss_tokens == 0:  # still touch every parameter so every rank reduces the same grads
             return (hidden_BTH.sum() + head_VH.sum()) * 0.0, {}
         return micro_batch_loss(hidden_NH, head_VH, mb, cfg, teacher_head_VH=teacher_head_VH)
@@ -83,13 +88,19 @@ class Trainer:
             self.precision = Precision.BF16 if self.device.type == "cuda" else Precision.FP32
         else:
             self.precision = cfg.mixed_precision
-        if cfg.cpu_offload and not self.distributed:
-            raise ValueError("trainer.cpu_offload=True needs torch.distributed (FSDP2); run under torchrun")
+        if cfg.cpu_offload and (not self.distributed or self.device.type != "cuda"):
+            raise ValueError(
+                "trainer.cpu_offload=True needs FSDP2 on a CUDA device (torchrun; it pins host memory), "
+                f"got distributed={self.distributed}, device={self.device}"
+            )
         torch.manual_seed(cfg.seed + self.rank)
 
         hf = _load(model).float()  # fp32 master weights; bf16 is a compute policy
         if cfg.activation_checkpointing:
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.2x
+                hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         hf.train()
         self.hf = hf
         self.student = _Student(hf)
@@ -202,18 +213,14 @@ class Trainer:
         for i in range(n_micro):
             mb = micro_batches[i] if i < len(micro_batches) else dummy_micro_batch()
             mb = mb.to(self.device)
-            with self._autocast():
-                loss_sum, stats = self.student(mb, cfg, teacher_head_VH)
+            loss_sum, stats = self.student(mb, cfg, teacher_head_VH, self._autocast_dtype)
             (loss_sum * scale).backward()
             sums["loss"] += loss_sum.detach().double().cpu()
             for k, v in stats.items():
                 v = v.detach().double().cpu()
                 sums[k] = torch.maximum(sums[k], v) if k in MAXIMA and k in sums else sums[k] + v
 
-        params = [p for p in self.student.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = self._clip_grad_norm(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -232,6 +239,22 @@ class Trainer:
             "perf/train_tokens_per_s": n_tokens / elapsed,
         }
         return metrics
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        """Global grad norm (pre-clip), and grads scaled to at most max_norm. Under FSDP2 every parameter
+        is a Shard(0) DTensor: the squared norms of the local shards sum (all_reduce) to the global one —
+        done by hand because the shards may live on CPU (cpu_offload) while the collective is NCCL."""
+        params = [p for p in self.student.parameters() if p.grad is not None]
+        if not self.distributed:
+            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grads = [p.grad.to_local() for p in params]
+        sq = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
+        total = self._all_reduce(sq.to(self._comm_device)).sqrt()
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef.to(g.device, g.dtype))
+        return float(total)
 
     def _row_tokens(self, samples: list[TrainSample]) -> int | None:
         """Flash-attention kernels take one packed row (varlen); dense-mask kernels (sdpa, eager)
@@ -265,10 +288,10 @@ class Trainer:
         """Where small collective tensors live: the GPU under NCCL, CPU under gloo / no process group."""
         return self.device if self.distributed and self.device.type == "cuda" else torch.device("cpu")
 
-    def _autocast(self):
-        if not self.distributed and self.precision == Precision.BF16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return torch.autocast(self.device.type, enabled=False)
+    @property
+    def _autocast_dtype(self) -> torch.dtype | None:
+        """bf16 without FSDP is autocast over fp32 weights; under FSDP the MixedPrecisionPolicy does it."""
+        return torch.bfloat16 if not self.distributed and self.precision == Precision.BF16 else None
 
     # ---- weights out and back in ---------------------------------------------------------------
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
