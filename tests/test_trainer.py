@@ -250,7 +250,8 @@ def test_each_loss_moves_the_student_toward_the_teacher(kind, steps, batch_size,
 
     def on_policy_kl():  # reverse KL on fresh student samples (fixed seed)
         g = torch.Generator().manual_seed(123)
-        return _reverse_kl(trainer.hf, teacher, _sample(trainer.hf, torch.randint(0, VOCAB, (64, 4), generator=g), 12, g), 4)
+        ids_BT = _sample(trainer.hf, torch.randint(0, VOCAB, (64, 4), generator=g), 12, g)
+        return _reverse_kl(trainer.hf, teacher, ids_BT, 4)
 
     before = on_policy_kl()
     g = torch.Generator().manual_seed(1)

@@ -77,7 +77,7 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer state on CPU)
     mixed_precision: Precision = Precision.AUTO
-    seed: int = 0
+    seed: int = 0  # the Trainer seeds torch's RNG with seed + rank when built (as HF Trainer does)
 
     def __post_init__(self) -> None:
         for name, enum in (("loss", LossKind), ("schedule", Schedule), ("pg_mode", PGMode)):

@@ -209,15 +209,15 @@ class Trainer:
 
         # FSDP averages gradients over ranks; scale so the result is sum / global count
         scale = self.world_size / n_student
-        sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64, device=self.device))
         for i in range(n_micro):
             mb = micro_batches[i] if i < len(micro_batches) else dummy_micro_batch()
             mb = mb.to(self.device)
             loss_sum, stats = self.student(mb, cfg, teacher_head_VH, self._autocast_dtype)
             (loss_sum * scale).backward()
-            sums["loss"] += loss_sum.detach().double().cpu()
+            sums["loss"] += loss_sum.detach().double()
             for k, v in stats.items():
-                v = v.detach().double().cpu()
+                v = v.detach().double().to(self.device)
                 sums[k] = torch.maximum(sums[k], v) if k in MAXIMA and k in sums else sums[k] + v
 
         grad_norm = self._clip_grad_norm(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
@@ -248,8 +248,10 @@ class Trainer:
         if not self.distributed:
             return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         grads = [p.grad.to_local() for p in params]
-        sq = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
-        total = self._all_reduce(sq.to(self._comm_device)).sqrt()
+        sq = torch.zeros((), device=self._comm_device)
+        for g in grads:
+            sq += g.detach().float().pow(2).sum().to(self._comm_device)
+        total = self._all_reduce(sq).sqrt()
         coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
         if coef < 1.0:
             for g in grads:
