@@ -39,6 +39,7 @@ def scenario(cfg: TrainerConfig, ckpt_dir: str, rank: int = 0, world: int = 1) -
     for step in range(3):
         out["resumed_losses"].append(trainer.train_step(batch(step, rank, world))["loss"])
     trainer.save_checkpoint(ckpt_dir, extra={"next_step": 3})
+    out["params_3"] = trainer.state_dict_for_engine()
     del trainer
     trainer = Trainer(tiny_model(seed=99), cfg)  # different weights: the load must replace them
     extra = trainer.load_checkpoint(ckpt_dir)

@@ -13,7 +13,14 @@ from _dist_worker import STEPS, batch, scenario
 from _tiny import VOCAB, make_samples, one_thread, tiny_model  # noqa: F401  (one_thread: autouse fixture)
 
 from agentopd.batch import TrainSample
-from agentopd.trainer import LossKind, Trainer, TrainerConfig, chunked_token_logprobs, lr_factor
+from agentopd.trainer import (
+    LossKind,
+    Trainer,
+    TrainerConfig,
+    chunked_token_logprobs,
+    export_checkpoint,
+    lr_factor,
+)
 
 # eps=1: Adam's first update is -lr * g / (|g| + 1), a monotonic map of the gradient, so equal
 # parameter deltas after one step mean equal gradients (plain eps=1e-8 turns ~1e-9 gradient noise
@@ -180,6 +187,15 @@ def test_state_dict_for_engine_and_export_reload(tmp_path):
         trainer.hf.eval()
         torch.testing.assert_close(reloaded(ids).logits, trainer.hf(ids, use_cache=False).logits, atol=0, rtol=0)
     assert ids.shape[1] == 4
+    # a checkpoint directory exports to the same folder contents (CLI `agentopd export`)
+    trainer.save_checkpoint(tmp_path / "ckpt", extra={})
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "from_ckpt", _tokenizer())
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "from_ckpt").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, reloaded(ids).logits, atol=0, rtol=0)
+    assert (tmp_path / "from_ckpt" / "chat_template.jinja").is_file()
+    with pytest.raises(ValueError, match="not a trainer checkpoint"):
+        export_checkpoint(tmp_path / "final", tmp_path / "x")
 
 
 # ---- end to end: each distillation loss moves a student toward a tiny teacher --------------------

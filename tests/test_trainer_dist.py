@@ -6,11 +6,12 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
 from _dist_worker import run, scenario
 from _tiny import one_thread, tiny_model  # noqa: F401  (one_thread: autouse fixture)
 from test_trainer import CFG
 
-from agentopd.trainer import TrainerConfig
+from agentopd.trainer import TrainerConfig, export_checkpoint
 
 # every global-batch term on: reward weights, TCAD weights and GRPO advantages per group
 # (groups span both ranks), sampled-token k1 policy gradient
@@ -40,3 +41,8 @@ def test_two_ranks_match_one_process(tmp_path):
     for k, v in two["params_6"].items():
         assert torch.equal(two["resumed_params_6"][k], v), k
     assert two["step"] == 6
+    # the 2-rank sharded checkpoint exported in this one process == the weights it was saved from
+    export_checkpoint(tmp_path / "ckpt2", tmp_path / "hf")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    for k, v in two["params_3"].items():
+        assert torch.equal(reloaded[k], v), k

@@ -9,6 +9,7 @@ logprobs), `objective` (loss per micro-batch), `core` (Trainer), `checkpoint` (D
 engine state dict, HF export).
 """
 
+from agentopd.trainer.checkpoint import export_checkpoint
 from agentopd.trainer.config import LossKind, PGMode, Precision, Schedule, TrainerConfig, lr_factor
 from agentopd.trainer.core import Trainer
 from agentopd.trainer.logprob import chunked_token_logprobs
@@ -21,5 +22,6 @@ __all__ = [
     "Trainer",
     "TrainerConfig",
     "chunked_token_logprobs",
+    "export_checkpoint",
     "lr_factor",
 ]

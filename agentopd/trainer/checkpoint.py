@@ -3,7 +3,11 @@
 Layout of a checkpoint directory (every rank calls save/load; works sharded or plain):
     dcp/               torch.distributed.checkpoint of {"model", "optim"} (sharded, reshardable)
     meta.json          step, scheduler state, world size and the caller's `extra` (JSON)
+    config.json        the student's model config (export_checkpoint rebuilds the model from it)
     rng_rank<r>.pt     torch / CUDA / python `random` / numpy RNG states of rank r
+
+`export_checkpoint(ckpt_dir, out_dir, tokenizer)` turns such a directory into a Hugging Face folder
+in one process, whatever world size wrote it (`agentopd export`).
 
 Resuming with the same world size restores everything bit for bit; with another world size the
 model and optimizer are resharded by DCP and the RNG files of missing ranks are skipped.
@@ -72,6 +76,7 @@ def save(trainer: Trainer, directory: Path, extra: dict[str, Any]) -> None:
         dcp.save(_app_state(trainer), checkpoint_id=str(directory / "dcp"))
     torch.save(_rng_state(), directory / f"rng_rank{trainer.rank}.pt")
     if trainer.rank == 0:
+        trainer.hf.config.to_json_file(directory / "config.json")  # self-describing: export_checkpoint needs it
         meta = {
             "step": trainer.step,
             "scheduler": trainer.scheduler.state_dict(),
@@ -139,3 +144,23 @@ def export(trainer: Trainer, out_dir: Path, tokenizer=None) -> None:
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)
     _barrier(trainer)
+
+
+def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, tokenizer=None) -> None:
+    """A trainer checkpoint (any world size) as a Hugging Face folder, in this one process."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
+    if not (ckpt_dir / "meta.json").is_file() or not (ckpt_dir / "config.json").is_file():
+        raise ValueError(f"{ckpt_dir} is not a trainer checkpoint (needs meta.json and config.json)")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt_dir), dtype=torch.float32)
+    state = {"model": get_model_state_dict(model)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, checkpoint_id=str(ckpt_dir / "dcp"))  # only the model's keys; the optimizer stays on disk
+    set_model_state_dict(model, state["model"])
+    model.tie_weights()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
