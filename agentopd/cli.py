@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -127,6 +128,162 @@ def check_env_command(
         err_console.print(f"[bold red]{len(report.failed)} check(s) failed:[/] {', '.join(c.name for c in report.failed)}")
         raise typer.Exit(1)
     console.print(f"[green]{report.env}: all checks passed[/]")
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+@command("run")
+def run_command(
+    env: Annotated[str, typer.Option("--env", help="env name(s): sql_db, calculator, ... (see `agentopd envs`)")],
+    overrides: Overrides = None,
+    config: Annotated[Path | None, typer.Option("--config", help="a YAML config replacing configs/<env>.yaml")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="default: runs/<env>-<timestamp>")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="continue the run in --run-dir from its last checkpoint")] = False,
+) -> None:
+    """The main job: on-policy distillation of the student on the env (DESIGN 3.4)."""
+    import time
+
+    from agentopd.config import load_config
+
+    if resume and run_dir is None:
+        raise ValueError("--resume needs --run-dir (the run to continue)")
+    if resume and config is None:  # continue with the run's own resolved config (overrides still apply)
+        config = run_dir / "config.yaml"
+        if not config.exists():
+            raise ValueError(f"--resume: {run_dir} is not a run directory (no config.yaml)")
+    cfg = load_config(env, config_file=config, overrides=overrides or [])
+    if run_dir is None:
+        run_dir = Path("runs") / f"{env.replace(',', '+')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise ValueError(f"{run_dir} already holds a run: pass --resume to continue it, or another --run-dir")
+    _quiet_transformers()
+    from agentopd.runner import Runner
+
+    console.print(f"run directory: [bold]{run_dir}[/]")
+    try:
+        summary = Runner(cfg, run_dir, console=err_console).run(resume=resume)
+    except KeyboardInterrupt:  # a second Ctrl-C during the checkpoint
+        raise typer.Exit(130) from None
+    if summary.interrupted:
+        raise typer.Exit(130)
+    table = _table(f"{cfg.env.name}: held-out success ({summary.seconds / 60:.1f} min this session)", "model", "step", "success", "mean turns", "tool error rate")
+    first, last = (summary.evals[0], summary.evals[-1]) if summary.evals else ({}, {})
+    for label, rec in (("student before", first), ("student after", last)):
+        if rec:
+            table.add_row(label, str(rec["step"]), f"{rec['eval/success_rate']:.1%}", f"{rec['eval/mean_turns']:.2f}", f"{rec['eval/tool_error_rate']:.1%}")
+    if "eval/teacher_success_rate" in first:
+        table.add_row("teacher", str(first["step"]), f"{first['eval/teacher_success_rate']:.1%}", "", "")
+    console.print(table)
+    console.print(f"final student: {run_dir / 'final'}   view: agentopd view {run_dir}")
+
+
+@command("eval")
+def eval_command(
+    env: Annotated[str, typer.Option("--env", help="env name")],
+    model: Annotated[str, typer.Option("--model", help="a model folder, a hub id, builtin:student or builtin:teacher")],
+    overrides: Overrides = None,
+    tasks: Annotated[Path | None, typer.Option("--tasks", help="a task file (JSONL) for the env")] = None,
+    split: Annotated[str, typer.Option(help="train | eval | all (generated tasks)")] = "eval",
+    num_tasks: Annotated[int | None, typer.Option("--num-tasks", help="first N tasks (default: all)")] = None,
+    n: Annotated[int, typer.Option("--n", help="samples per task (pass@n)")] = 1,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="0 = off")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """Success rate, mean turns, tool-error and parse-error rates of a model on an env."""
+    import json
+
+    from agentopd.config import load_config
+
+    extra = [f"env.tasks={tasks}"] if tasks else []
+    cfg = load_config(env, overrides=[*extra, *(overrides or [])])
+    _quiet_transformers()
+    from transformers import AutoTokenizer
+
+    from agentopd.evaluate import evaluate
+    from agentopd.models import pick_device, resolve_model
+    from agentopd.rollout import RolloutConfig
+
+    if n > 1 and temperature == 0:
+        raise ValueError("--n > 1 with --temperature 0 gives n identical samples: set --temperature")
+    path = resolve_model(model, cfg.env.name, "student")
+    device, dtype = pick_device(cfg.run.device)
+    kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "split"}
+    rollout = RolloutConfig(**{**cfg.rollout.build().__dict__, "temperature": temperature, "top_p": top_p, "top_k": top_k})
+    r = evaluate(str(path), AutoTokenizer.from_pretrained(path), cfg.env.name, env_kwargs=kwargs, split=split,
+                 num_tasks=num_tasks, n=n, rollout=rollout, engine_kwargs={"device": device, "dtype": dtype})  # fmt: skip
+    if as_json:
+        print(json.dumps(r.summary(), indent=2))
+        return
+    table = _table(f"eval {cfg.env.name} ({split}, {r.num_tasks} tasks x {n})", "model", "success", f"pass@{n}", "mean turns", "tool error rate", "parse error rate")
+    table.add_row(str(model), f"{r.success_rate:.1%}", f"{r.pass_at_n:.1%}", f"{r.mean_turns:.2f}", f"{r.tool_error_rate:.1%}", f"{r.parse_error_rate:.1%}")
+    console.print(table)
+
+
+@command("bootstrap")
+def bootstrap_command(
+    env: Annotated[str, typer.Option("--env", help="a built-in env")],
+    force: Annotated[bool, typer.Option("--force", help="rebuild even if cached")] = False,
+) -> None:
+    """Build (or show) the embedded default teacher and student of a built-in env."""
+    _quiet_transformers()
+    from agentopd.bootstrap import agentopd_home, bootstrap
+    from agentopd.progress import RunProgress
+
+    progress = RunProgress(err_console)
+    models = bootstrap(env, force=force, progress=progress.bootstrap_callback)
+    progress.close()
+    r = models.report
+    table = _table(f"built-in models for {env} (cache: {agentopd_home()})", "model", "parameters", "held-out success", "SFT steps", "seconds", "folder")
+    for role, folder in (("teacher", models.teacher_dir), ("student", models.student_dir)):
+        m = r[role]
+        table.add_row(role, f"{m['parameters']:,}", f"{m['success']:.1%}", str(m["steps"]), str(m["seconds"]), str(folder))
+    console.print(table)
+
+
+@command("export")
+def export_command(
+    checkpoint_dir: Annotated[Path, typer.Argument(help="runs/<name>/checkpoints/step_NNNNNN")],
+    out_dir: Annotated[Path, typer.Argument(help="where to write the Hugging Face folder")],
+) -> None:
+    """Write a training checkpoint as a Hugging Face folder (model, tokenizer, chat template)."""
+    _quiet_transformers()
+    from agentopd.runner import export_checkpoint
+
+    export_checkpoint(checkpoint_dir, out_dir)
+    console.print(f"wrote {out_dir} (load with AutoModelForCausalLM.from_pretrained)")
+
+
+@command("check-tokens")
+def check_tokens_command(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (with trajectories.db)")],
+    limit: Annotated[int | None, typer.Option(help="check only the first N episodes")] = None,
+) -> None:
+    """The drift checker over every stored episode; exit 1 when any drifts."""
+    _quiet_transformers()
+    from agentopd.drift_run import check_run
+
+    report = check_run(run_dir, limit=limit, console=console)
+    if report.drifted:
+        raise typer.Exit(1)
+
+
+@command("view")
+def view_command(
+    path: Annotated[Path, typer.Argument(help="a run directory or a folder of run directories")],
+    host: Annotated[str, typer.Option(help="address to bind (default: this machine only)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port")] = 8000,
+) -> None:
+    """Replay trajectories in a browser (read-only)."""
+    from agentopd.viewer import serve
+
+    serve(path, host=host, port=port)
 
 
 def main() -> None:

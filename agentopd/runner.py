@@ -94,6 +94,7 @@ class Runner:
             self.student_ref = resolve_model(cfg.student.path, self.env_name, "student", self.progress.bootstrap_callback)
             self.teacher_ref = resolve_model(cfg.teacher.path, self.env_name, "teacher", self.progress.bootstrap_callback)
         self.tokenizer = AutoTokenizer.from_pretrained(self.student_ref)
+        self.tokenizer.save_pretrained(self.run_dir / "tokenizer")  # for the viewer, check-tokens and export
         teacher_tok = AutoTokenizer.from_pretrained(self.teacher_ref)
         self.trainer_cfg = cfg.trainer.build()
         if cfg.run.objective == "grpo":
@@ -142,6 +143,8 @@ class Runner:
             self.store.delete_after(start)
             self.log.truncate_after(start)
             asyncio.run(self.engine.update_weights(self.trainer.state_dict_for_engine()))
+            if start >= self.cfg.run.steps:
+                raise ValueError(f"--resume: {self.run_dir} already finished its {self.cfg.run.steps} steps (raise steps= to train on)")
             self.progress.note(f"resumed from {ckpt.name}: continuing at step {start + 1}")
         interrupted = False
         try:
@@ -290,3 +293,17 @@ class Runner:
         self.trainer.save_checkpoint(path, extra={"step": step, "evals": summary.evals})
         if self.trainer.rank == 0:
             (path / "DONE").write_text(str(step))
+
+
+
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:
+    """A checkpoint of a run (`<run>/checkpoints/step_N`) as a Hugging Face folder with the run's tokenizer."""
+    from agentopd.trainer import export_checkpoint as export_trainer_checkpoint
+
+    ckpt = Path(checkpoint_dir)
+    if not (ckpt / "DONE").exists():
+        raise ValueError(f"{ckpt} is not a finished checkpoint of a run (no DONE marker)")
+    tokenizer_dir = ckpt.parent.parent / "tokenizer"
+    if not (tokenizer_dir / "tokenizer_config.json").exists():
+        raise ValueError(f"{ckpt.parent.parent} has no tokenizer/ folder: is {ckpt} inside a run directory?")
+    export_trainer_checkpoint(ckpt, out_dir, AutoTokenizer.from_pretrained(tokenizer_dir))

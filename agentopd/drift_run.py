@@ -1,0 +1,61 @@
+"""`agentopd check-tokens RUN_DIR`: the drift checker (agentopd.chat.drift) over every stored episode.
+
+    report = check_run("runs/sql_db-20261126-101500")
+    report.checked, report.drifted, report.lines     # drifted episodes are listed with positions and context
+
+The run's tokenizer is the one saved in `<run>/tokenizer/` when the run started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from agentopd.chat import check_stored_episode, format_report
+from agentopd.store import Store
+
+
+@dataclass
+class RunDriftReport:
+    checked: int = 0
+    drifted: int = 0
+    info: int = 0
+    lines: list[str] = field(default_factory=list)
+
+
+def run_tokenizer(run_dir: Path):
+    for sub in ("tokenizer", "final"):
+        if (run_dir / sub / "tokenizer_config.json").exists():
+            return AutoTokenizer.from_pretrained(run_dir / sub)
+    raise ValueError(f"{run_dir} has no tokenizer/ (or final/) folder: is it a run directory?")
+
+
+def check_run(run_dir: str | Path, *, limit: int | None = None, console: Any = None) -> RunDriftReport:
+    run_dir = Path(run_dir)
+    db = run_dir / "trajectories.db"
+    if not db.exists():
+        raise ValueError(f"{run_dir} has no trajectories.db")
+    tok = run_tokenizer(run_dir)
+    store = Store(db, readonly=True)
+    report = RunDriftReport()
+    for episode_id, ep in store.iter_episodes():
+        if limit is not None and report.checked >= limit:
+            break
+        r = check_stored_episode(tok, ep)
+        report.checked += 1
+        report.info += len(r.info)
+        if r.drift:
+            report.drifted += 1
+            text = format_report(r, name=episode_id)
+            report.lines.append(text)
+            if console is not None:
+                console.print(text, markup=False)
+    store.close()
+    summary = f"{report.checked} episodes checked: {report.drifted} drifted, {report.info} info findings"
+    report.lines.append(summary)
+    if console is not None:
+        console.print(summary)
+    return report
