@@ -189,6 +189,12 @@ class Store:
                 table.create(EPISODE_COLUMNS, pk="id")
                 table.create_index(["step"])
                 table.create_index(["split", "step"])
+            # covers every filter of the viewer's episode list, so a page never reads whole rows
+            table.create_index(
+                ["step", "id", "split", "env", "success", "reward", "num_turns", "stop_reason"],
+                index_name="episodes_list",
+                if_not_exists=True,
+            )
 
     @property
     def table(self) -> sqlite_utils.db.Table:

@@ -138,6 +138,8 @@ class Column:
 class SqlDatabase:
     """SQL tools over one SQLite file, opened read-only (see the module docstring)."""
 
+    TOOLS = ("sql_query", "list_tables", "describe_table")  # what the model may call (`query` is for the env)
+
     def __init__(
         self,
         path: str | Path,

@@ -9,10 +9,22 @@ logprobs), `objective` (loss per micro-batch), `core` (Trainer), `checkpoint` (D
 engine state dict, HF export).
 """
 
-from agentopd.trainer.checkpoint import export_checkpoint
 from agentopd.trainer.config import LossKind, PGMode, Precision, Schedule, TrainerConfig, lr_factor
-from agentopd.trainer.core import Trainer
-from agentopd.trainer.logprob import chunked_token_logprobs
+
+_LAZY = {  # torch-heavy parts load on first use, so configs and the CLI stay quick to import
+    "Trainer": "agentopd.trainer.core",
+    "export_checkpoint": "agentopd.trainer.checkpoint",
+    "chunked_token_logprobs": "agentopd.trainer.logprob",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentopd.trainer' has no attribute {name!r}")
+
 
 __all__ = [
     "LossKind",
