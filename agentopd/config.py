@@ -50,7 +50,10 @@ class Section(BaseModel):
 
 
 class EnvConfig(BaseModel):
-    """`env`: which environment and its constructor kwargs (free-form, checked against its signature)."""
+    """`env`: which environment and its constructor kwargs (free-form, checked against its signature).
+
+    A mixed run (`--env sql_db,calculator`) has the comma-joined source names here and no
+    kwargs; its sources, kwargs and weights are the `envs` section (see `EnvEntry`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -61,14 +64,37 @@ class EnvConfig(BaseModel):
         """The kwargs for `agentopd.make_env(self.name, **kwargs)`."""
         return dict(self.model_extra or {})
 
+    @property
+    def mixed(self) -> bool:
+        return "," in self.name
+
     @model_validator(mode="after")
     def _check_kwargs(self) -> EnvConfig:
         from agentopd.registry import env_factory  # late: the registry loads env modules
 
+        if self.mixed:
+            if self.kwargs:
+                key = sorted(self.kwargs)[0]
+                raise ValueError(f"env.{key}: a mixed run ({self.name}) takes env kwargs per source, e.g. envs.<source>.{key}")
+            return self
         factory = env_factory(self.name)
         for key, value in resolve_kwargs(factory, self.kwargs, prefix="env").items():
             setattr(self, key, value)
         return self
+
+
+class EnvEntry(BaseModel):
+    """One source of a mixed run, `envs.<source>`: an env (`name`, default: the source's own key),
+    its sampling `weight` and its constructor kwargs (checked like `env`'s)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    weight: float = Field(1.0, gt=0, description="share of each step's tasks (normalised over the sources)")
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
 
 class RunConfig(Section):
@@ -79,7 +105,7 @@ class RunConfig(Section):
     objective: Literal["opd", "sft", "grpo"] = Field("opd", description="opd | sft (teacher episodes) | grpo (reward only)")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     checkpoint_every: int = Field(10, ge=0, description="steps between resumable checkpoints (0 = only at the end)")
-    backend: Literal["local"] = Field("local", description="local (one process)")
+    backend: Literal["local", "ray"] = Field("local", description="local (one process) | ray (actors: agentopd.backends.ray)")
 
 
 class StudentConfig(Section):
@@ -116,6 +142,46 @@ class LogConfig(Section):
     tensorboard: bool = True
     wandb: bool = False
     mlflow: bool = False
+
+
+class RayConfig(Section):
+    """`ray`: where the actors of `run.backend=ray` run and what each role gets (agentopd.backends.ray)."""
+
+    address: str | None = Field(None, description="cluster address; null = $RAY_ADDRESS, else a local ray.init()")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local cluster started by the run (null = all)")
+    rollout_workers: int = Field(2, ge=1, description="rollout actors (engine + env instances each)")
+    cpus_per_rollout_worker: float = Field(1.0, ge=0)
+    gpus_per_rollout_worker: float = Field(0.0, ge=0)
+    teacher_replicas: int = Field(1, ge=1, description="scoring actors per teacher")
+    cpus_per_teacher: float = Field(1.0, ge=0)
+    gpus_per_teacher: float = Field(0.0, ge=0)
+    trainer_workers: int = Field(1, ge=1, description="ranks of the trainer's torch.distributed group (FSDP2)")
+    cpus_per_trainer_worker: float = Field(1.0, ge=0)
+    gpus_per_trainer_worker: float = Field(0.0, ge=0)
+    episodes_per_call: int = Field(8, ge=1, description="episodes per rollout work item (what is re-run when an actor dies)")
+    max_restarts: int = Field(3, ge=0, description="replacements of dead rollout/teacher actors before the run fails")
+    threads_per_actor: int = Field(1, ge=1, description="torch intra-op threads in each actor")
+
+
+class AsyncConfig(Section):
+    """`async`: overlap rollout of the next steps with training (run.backend=ray)."""
+
+    enabled: bool = False
+    max_staleness: int = Field(1, ge=0, description="largest allowed (trainer version - episode's policy version)")
+    stale: Literal["drop", "regenerate"] = Field("drop", description="what happens to an episode past the bound")
+
+
+class MixConfig(Section):
+    """`mix`: mixed environments and multi-teacher routing (agentopd.mixing). Written at the top
+    level as `envs:`, `teachers:`, `teacher_key:` (or `--env a,b`); stored here."""
+
+    LIFTED: ClassVar[tuple[str, ...]] = ("envs", "teachers", "teacher_key")
+
+    envs: dict[str, EnvEntry] = Field(default_factory=dict, description="sources of a mixed run: name -> env, weight, kwargs")
+    teachers: dict[str, str] = Field(
+        default_factory=dict, description="teacher name -> model (folder, hub id, builtin, builtin:<env>); empty = teacher.path"
+    )
+    teacher_key: Literal["env", "data_source"] = Field("env", description="episode field matched against the teacher names")
 
 
 class DataclassSection(Section):
@@ -183,6 +249,7 @@ class Config(Section):
         "steps": "run.steps",
         "backend": "run.backend",
     }
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
     env: EnvConfig
     run: RunConfig = Field(default_factory=RunConfig)
@@ -193,10 +260,51 @@ class Config(Section):
     trainer: TrainerSection = Field(default_factory=TrainerSection)  # type: ignore[valid-type]
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    mix: MixConfig = Field(default_factory=lambda: MixConfig())
+    ray: RayConfig = Field(default_factory=RayConfig)
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_mix_keys(cls, data: Any) -> Any:
+        """Top-level `envs:`, `teachers:`, `teacher_key:` (the documented spelling) live in `mix`;
+        `envs:` without `env:` names the run after its sources."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        mix = dict(data.get("mix") or {}) if isinstance(data.get("mix", {}), dict) else data.get("mix")
+        for key in MixConfig.LIFTED:
+            if key in data:
+                if isinstance(mix, dict) and key in mix:
+                    raise ValueError(f"{key} is given twice: top-level and as mix.{key}")
+                if isinstance(mix, dict):
+                    mix[key] = data.pop(key)
+        if mix:
+            data["mix"] = mix
+        envs = mix.get("envs") if isinstance(mix, dict) else None
+        if isinstance(envs, dict) and envs and "env" not in data:
+            data["env"] = {"name": ",".join(envs)}
+        return data
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> Config:
+        from agentopd.registry import env_factory
+
+        envs = self.mix.envs
+        if self.env.mixed or envs:
+            if ",".join(envs) != self.env.name:
+                raise ValueError(f"env.name {self.env.name!r} must be the sources of envs joined by commas ({','.join(envs)!r})")
+            for key, entry in envs.items():
+                if not _KEY_RE.fullmatch(key):
+                    raise ValueError(f"envs.{key}: a source name must be a plain key (letters, digits, _ and -)")
+                entry.name = entry.name or key
+                for k, v in resolve_kwargs(env_factory(entry.name), entry.kwargs, prefix=f"envs.{key}").items():
+                    setattr(entry, k, v)
+        return self
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """The fully resolved config as YAML; also written to `path` when given."""
-        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+        text = yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True)
         if path is not None:
             Path(path).write_text(text)
         return text
@@ -331,6 +439,27 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def mixed_preset(env_names: str) -> dict[str, Any]:
+    """`sql_db,calculator`: each env's preset `env` section becomes a source of `envs` (weight 1);
+    the other sections come from the presets merged in order (a later one fills what is unset)."""
+    names = [n.strip() for n in env_names.split(",")]
+    if any(not n for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"--env {env_names!r}: give distinct env names separated by commas, e.g. sql_db,calculator")
+    data: dict[str, Any] = {"envs": {}}
+    for name in names:
+        preset = read_yaml(preset_dir() / f"{name}.yaml") if (preset_dir() / f"{name}.yaml").is_file() else {}
+        env = dict(preset.pop("env", None) or {})
+        env.pop("name", None)
+        data["envs"][name] = {"name": name, "weight": 1.0, **env}
+        for section, values in preset.items():
+            if isinstance(values, dict):
+                data[section] = {**values, **data.get(section, {})}
+            else:
+                data.setdefault(section, values)
+    data["env"] = {"name": ",".join(names)}
+    return data
+
+
 def validate(data: dict[str, Any]) -> Config:
     """Build a Config from a nested dict; every problem becomes one ValueError naming its dotted key."""
     try:
@@ -346,13 +475,15 @@ def load_config(env_name: str | None, config_file: str | Path | None = None, ove
         file_env = (data.get("env") or {}).get("name") if isinstance(data.get("env"), dict) else None
         if env_name is not None and file_env is not None and file_env != env_name:
             raise ValueError(f"config file {str(config_file)!r} is for env {file_env!r}, but the env asked for is {env_name!r}")
+    elif env_name is not None and "," in env_name:
+        data = mixed_preset(env_name)
     elif env_name is not None and (preset_dir() / f"{env_name}.yaml").is_file():
         data = read_yaml(preset_dir() / f"{env_name}.yaml")
     elif env_name is not None:
         data = {}
     else:
         raise ValueError("no env given: pass an env name or a config file with env.name")
-    if env_name is not None:
+    if env_name is not None and not (isinstance(data.get("envs"), dict) and data["envs"] and "env" not in data):
         data.setdefault("env", {})
         if isinstance(data["env"], dict):
             data["env"].setdefault("name", env_name)

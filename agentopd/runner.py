@@ -18,29 +18,30 @@ trains on the teacher's episodes (sequence-level KD) with the same budget of stu
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
+from agentopd.backends import make_backend
+from agentopd.backends.stages import STUDENT, RunContext
 from agentopd.batch import TrainSample
 from agentopd.diagnostics import step_metrics
-from agentopd.engines import make_engine
-from agentopd.evaluate import EvalResult, evaluate_async
+from agentopd.evaluate import EvalResult, summarise
 from agentopd.metrics_log import MetricsLog
-from agentopd.models import pick_device, resolve_model
+from agentopd.mixing import Mixture, Planned, Router, resolve_student
+from agentopd.models import pick_device
 from agentopd.progress import RunProgress
-from agentopd.registry import make_env
-from agentopd.rollout import Rollout, RolloutConfig
+from agentopd.rollout import RolloutConfig
 from agentopd.store import Store
-from agentopd.teacher import HFTeacher, TeacherMode, check_compatible
-from agentopd.trainer import LossKind, Trainer
+from agentopd.teacher import TeacherMode, check_compatible
+from agentopd.trainer import LossKind
+from agentopd.types import Episode
 
 CHECKPOINTS = "checkpoints"
 
@@ -75,27 +76,17 @@ class Runner:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.progress = RunProgress(console)
-        self.env_name = cfg.env.name
-        self.env_kwargs = cfg.env.kwargs
+        self.env_name = cfg.env.name  # the run's label: one env, or the sources of a mixed run joined by commas
+        self._pending: dict[int, Any] = {}  # async mode: step -> rollout handle already submitted
 
     # ---- set-up ---------------------------------------------------------------------------
-    def _env_factory(self, split: str):
-        kwargs = dict(self.env_kwargs)
-        if "split" in kwargs or split != "train":
-            kwargs["split"] = split
-        return lambda: make_env(self.env_name, **kwargs)
-
     def _setup(self) -> None:
         cfg = self.cfg
         self.device, self.dtype = pick_device(cfg.run.device)
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
-        with self.progress.phase("bootstrap", total=None):
-            self.student_ref = resolve_model(cfg.student.path, self.env_name, "student", self.progress.bootstrap_callback)
-            self.teacher_ref = resolve_model(cfg.teacher.path, self.env_name, "teacher", self.progress.bootstrap_callback)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.student_ref)
-        self.tokenizer.save_pretrained(self.run_dir / "tokenizer")  # for the viewer, check-tokens and export
-        teacher_tok = AutoTokenizer.from_pretrained(self.teacher_ref)
+        self.mixture = Mixture.from_config(cfg)
+        self.router = Router.from_config(cfg, self.mixture)  # a task without a teacher fails here, before any model
         self.trainer_cfg = cfg.trainer.build()
         if cfg.run.objective == "grpo":
             self.trainer_cfg.loss = LossKind.GRPO
@@ -103,27 +94,24 @@ class Runner:
             self.trainer_cfg.loss = LossKind.SFT
         self.trainer_cfg.total_steps = max(cfg.run.steps, 1)
         self.trainer_cfg.temperature = cfg.rollout.temperature or 1.0
-        student = AutoModelForCausalLM.from_pretrained(self.student_ref, dtype=torch.float32)
-        self.teacher = HFTeacher(self.teacher_ref, device=self.device, dtype=self.dtype, temperature=self.trainer_cfg.temperature)
-        check_compatible(self.tokenizer, teacher_tok, student.config, self.teacher.config)
-        engine_model = copy.deepcopy(student).to(self.dtype) if cfg.engine.kind == "hf" else str(self.student_ref)
-        self.trainer = Trainer(student, self.trainer_cfg, device=self.device)
-        engine_kwargs = {"max_batch_size": cfg.engine.max_batch_size, "seed": cfg.run.seed}
-        if cfg.engine.kind == "hf":
-            engine_kwargs["device"] = self.device
-        self.engine = make_engine(cfg.engine.kind, engine_model, **engine_kwargs)
+        self.mode = teacher_mode(self.trainer_cfg.loss)
+        if self.mode is TeacherMode.HIDDEN and len(self.router.refs) > 1 and cfg.run.objective == "opd":
+            raise ValueError(f"trainer.loss={self.trainer_cfg.loss} uses one teacher's lm_head: with several teachers use sampled_k1, sampled_k3 or topk_forward_kl")
+        with self.progress.phase("bootstrap", total=None):
+            student_ref = resolve_student(cfg, self.mixture, self.progress.bootstrap_callback)
+            teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
+        self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
+        self.tokenizer.save_pretrained(self.run_dir / "tokenizer")  # for the viewer, check-tokens and export
+        student_config = AutoConfig.from_pretrained(student_ref)
+        for name, ref in teacher_refs.items():
+            check_compatible(self.tokenizer, AutoTokenizer.from_pretrained(ref), student_config, AutoConfig.from_pretrained(ref))
         self.rollout_cfg = cfg.rollout.build()
         self.eval_rollout_cfg = RolloutConfig(**{**self.rollout_cfg.__dict__, "temperature": cfg.eval.temperature})
-        self.train_env = self._env_factory("train")()
+        self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype)
+        self.backend = make_backend(cfg)
+        self.backend.setup(self.ctx, self.tokenizer)
         self.store = Store(self.run_dir / "trajectories.db")
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow, run_name=self.run_dir.name)
-        self._teacher_engine = None
-
-    def _tasks_for_step(self, step: int) -> list[str]:
-        """The training tasks of a step: a pure function of (seed, step), so resume replays the same data."""
-        rng = random.Random(self.cfg.run.seed * 1_000_003 + step)
-        ids = [t.id for t in self.train_env.tasks]
-        return rng.sample(ids, min(self.cfg.rollout.tasks_per_step, len(ids)))
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self, resume: bool = False) -> RunSummary:
@@ -137,12 +125,12 @@ class Runner:
             ckpt = latest_checkpoint(self.run_dir)
             if ckpt is None:
                 raise ValueError(f"--resume: no finished checkpoint under {self.run_dir / CHECKPOINTS}")
-            extra = self.trainer.load_checkpoint(ckpt)
+            extra = self.backend.load_checkpoint(ckpt)
             start = int(extra["step"])
             summary.evals = extra.get("evals", [])
             self.store.delete_after(start)
             self.log.truncate_after(start)
-            asyncio.run(self.engine.update_weights(self.trainer.state_dict_for_engine()))
+            self.backend.sync_weights()
             if start >= self.cfg.run.steps:
                 raise ValueError(f"--resume: {self.run_dir} already finished its {self.cfg.run.steps} steps (raise steps= to train on)")
             self.progress.note(f"resumed from {ckpt.name}: continuing at step {start + 1}")
@@ -170,48 +158,119 @@ class Runner:
             self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
         finally:
             self.log.close()
-        if not interrupted:
-            self._checkpoint(self.cfg.run.steps, summary)
-            self.trainer.export(self.run_dir / "final", self.tokenizer)
-        summary.interrupted = interrupted
-        summary.seconds = time.perf_counter() - t0
-        self.progress.close()
-        asyncio.run(self.engine.close())
+        try:
+            if not interrupted:
+                self._checkpoint(self.cfg.run.steps, summary)
+                self.backend.export(self.run_dir / "final", self.tokenizer)
+        finally:
+            summary.interrupted = interrupted
+            summary.seconds = time.perf_counter() - t0
+            self.progress.close()
+            self.backend.close()
         return summary
+
+    # ---- one step -------------------------------------------------------------------------
+    def _plan(self, step: int) -> list[Planned]:
+        cfg = self.cfg
+        return self.mixture.plan(step, tasks_per_step=cfg.rollout.tasks_per_step, n=cfg.rollout.n, seed=cfg.run.seed,
+                                 policy_version=self.backend.policy_version)  # fmt: skip
+
+    def _submit(self, step: int) -> Any:
+        planned = self._plan(step)
+        if self.cfg.run.objective == "sft":  # sequence-level KD: each task's teacher plays it
+            return [(self.backend.submit_rollout(group, self.rollout_cfg, who), group) for who, group in self._by_teacher(planned).items()]
+        return [(self.backend.submit_rollout(planned, self.rollout_cfg, STUDENT), planned)]
+
+    def _by_teacher(self, planned: Sequence[Planned], split: str = "train") -> dict[str, list[Planned]]:
+        out: dict[str, list[Planned]] = {}
+        for p in planned:
+            out.setdefault(self.router.teacher_of(p, split), []).append(p)
+        return out
+
+    def _collect(self, handles: Any, on_episode) -> tuple[list[Planned], list[Episode]]:
+        planned, episodes = [], []
+        for handle, group in handles:
+            episodes += self.backend.collect(handle, on_episode)
+            planned += group
+        return planned, episodes
+
+    def _rollout(self, step: int, advance) -> tuple[list[Planned], list[Episode], dict[str, float]]:
+        """This step's episodes (stored as they arrive); in async mode the next steps' rollouts are submitted first."""
+        cfg = self.cfg
+        handles = self._pending.pop(step, None) or self._submit(step)
+        if cfg.async_.enabled:
+            for ahead in range(step + 1, min(step + max(cfg.async_.max_staleness, 1), cfg.run.steps) + 1):
+                if ahead not in self._pending:
+                    self._pending[ahead] = self._submit(ahead)
+
+        def on_episode(p: Planned, ep: Episode) -> None:
+            self.store.add(ep, p.spec.episode_id, split="train", teacher=self._teacher_name(p))
+            advance()
+
+        planned, episodes = self._collect(handles, on_episode)
+        stats: dict[str, float] = {}
+        if cfg.async_.enabled:
+            planned, episodes, stats = self._bound_staleness(planned, episodes, on_episode)
+        return planned, episodes, stats
+
+    def _bound_staleness(self, planned, episodes, on_episode):
+        """Episodes older than async.max_staleness policy versions are dropped or re-generated now."""
+        cfg = self.cfg.async_
+        version = self.backend.policy_version
+        staleness = [version - e.policy_version for e in episodes]
+        stale = [i for i, s in enumerate(staleness) if s > cfg.max_staleness]
+        stats = {"async/staleness_mean": sum(staleness) / max(len(staleness), 1), "async/staleness_max": float(max(staleness, default=0)),
+                 "async/dropped": 0.0, "async/regenerated": 0.0}  # fmt: skip
+        if not stale:
+            return planned, episodes, stats
+        if cfg.stale == "regenerate":
+            redo = [Planned(planned[i].source, _with_version(planned[i].spec, version)) for i in stale]
+            fresh = self._collect([(self.backend.submit_rollout(redo, self.rollout_cfg, STUDENT), redo)], on_episode)[1]
+            for i, ep in zip(stale, fresh):
+                episodes[i] = ep
+            stats["async/regenerated"] = float(len(stale))
+            return planned, episodes, stats
+        keep = [i for i in range(len(episodes)) if i not in set(stale)]
+        for i in stale:  # still in the store (the viewer shows them), marked as not trained on
+            episodes[i].info["dropped_stale"] = staleness[i]
+            self.store.add(episodes[i], planned[i].spec.episode_id, split="train", teacher=self._teacher_name(planned[i]))
+        stats["async/dropped"] = float(len(stale))
+        return [planned[i] for i in keep], [episodes[i] for i in keep], stats
+
+    def _teacher_name(self, p: Planned) -> str | None:
+        return None if self.router.single else self.router.teacher_of(p)
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         objective = cfg.run.objective
-        task_ids = self._tasks_for_step(step)
-        specs = Rollout.specs_for(task_ids, n=cfg.rollout.n, step=step, seed=cfg.run.seed, policy_version=self.trainer.step)
-        engine = self._teacher_rollout_engine() if objective == "sft" else self.engine
         t = time.perf_counter()
-        rollout = Rollout(self._env_factory("train"), engine, self.tokenizer, self.rollout_cfg)
-        with self.progress.phase("rollout", total=len(specs)) as advance:
-            def on_episode(spec, ep):
-                self.store.add(ep, spec.episode_id, split="train")
-                advance()
-
-            episodes = asyncio.run(rollout.run(specs, on_episode))
-        rollout.close()
+        with self.progress.phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
+            planned, episodes, async_stats = self._rollout(step, advance)
         rollout_s = time.perf_counter() - t
         gen_tokens = sum(e.tokens.num_llm_tokens for e in episodes if e.tokens)
 
         streams = [e.tokens for e in episodes]
+        teacher_of = [self.router.teacher_of(p) for p in planned]
         t = time.perf_counter()
-        scores = None
-        if objective != "grpo":
-            mode = teacher_mode(self.trainer_cfg.loss)
+        scores: list[Any] | None = None
+        if objective != "grpo" and episodes:
+            by_teacher: dict[str, list[int]] = {}
+            for i, name in enumerate(teacher_of):
+                by_teacher.setdefault(name, []).append(i)
             with self.progress.phase("teacher", total=None):
-                scores = self.teacher.score(streams, mode=mode)
-            for (spec, ep, sc) in zip(specs, episodes, scores):
+                routed = self.backend.score({n: [streams[i] for i in idx] for n, idx in by_teacher.items()}, self.mode)
+            scores = [None] * len(episodes)
+            for name, idx in by_teacher.items():
+                for i, sc in zip(idx, routed[name]):
+                    scores[i] = sc
+            for p, ep, sc in zip(planned, episodes, scores):
                 ep.teacher_logprobs = sc.logprobs
-                self.store.set_teacher_logprobs(spec.episode_id, sc.logprobs, ep.tokens)
+                self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
         teacher_s = time.perf_counter() - t
 
-        group = {tid: i for i, tid in enumerate(dict.fromkeys(task_ids))}
+        group = {tid: i for i, tid in enumerate(dict.fromkeys((p.source, p.spec.task_id) for p in planned))}
         samples = []
-        for i, ep in enumerate(episodes):
+        for i, (p, ep) in enumerate(zip(planned, episodes)):
             sc = scores[i] if scores is not None else None
             samples.append(
                 TrainSample.from_stream(
@@ -221,19 +280,26 @@ class Runner:
                     teacher_topk_logprobs=sc.topk_logprobs if sc else None,
                     teacher_hidden=sc.hidden if sc else None,
                     reward=ep.reward,
-                    group_id=group[ep.task_id],
+                    group_id=group[p.source, ep.task_id],
                 )
             )
-        head = self.teacher.head_weight() if scores is not None and scores[0].hidden is not None else None
+        head = self.backend.teacher_head(teacher_of[0]) if scores and scores[0].hidden is not None else None
         with self.progress.phase("train", total=None):
-            train = self.trainer.train_step([s for s in samples if s.num_student_tokens > 0], teacher_head_VH=head)
+            train = self.backend.train([s for s in samples if s.num_student_tokens > 0], head)
         t = time.perf_counter()
         if objective != "sft":
-            asyncio.run(self.engine.update_weights(self.trainer.state_dict_for_engine()))
+            self.backend.sync_weights()
         sync_s = time.perf_counter() - t
 
         metrics = dict(train)
-        metrics |= step_metrics(episodes, tool_names=sorted({t['function']['name'] for e in episodes for t in e.tools}))
+        if episodes:
+            teacher_keys = None if self.router.single or scores is None else teacher_of
+            metrics |= step_metrics(episodes, tool_names=sorted({t['function']['name'] for e in episodes for t in e.tools}), teacher_keys=teacher_keys)
+            if self.mixture.mixed:
+                for source in self.mixture.sources:
+                    mine = [e for p, e in zip(planned, episodes) if p.source == source]
+                    if mine:
+                        metrics[f"success_rate/{source}"] = sum(e.success for e in mine) / len(mine)
         metrics |= {
             "perf/rollout_s": rollout_s,
             "perf/teacher_s": teacher_s,
@@ -242,41 +308,46 @@ class Runner:
             "perf/teacher_tokens_per_s": sum(len(s.token_ids) for s in streams) / teacher_s if teacher_s else 0.0,
             "episodes": len(episodes),
         }
+        metrics |= async_stats | self.backend.stats()
         return metrics
-
-    def _teacher_rollout_engine(self):
-        """For objective=sft: the teacher plays the episodes (sequence-level KD)."""
-        if self._teacher_engine is None:
-            model = AutoModelForCausalLM.from_pretrained(self.teacher_ref, dtype=self.dtype)
-            self._teacher_engine = make_engine("hf", model, device=self.device, max_batch_size=self.cfg.engine.max_batch_size, seed=self.cfg.run.seed)
-        return self._teacher_engine
 
     # ---- eval and checkpoints -------------------------------------------------------------
     _teacher_result: EvalResult | None = None
 
-    def _eval(self, step: int, *, with_teacher: bool, summary: RunSummary, metrics: dict | None = None) -> EvalResult:
-        cfg = self.cfg
-        env_factory = self._env_factory("eval")
+    def _play_eval(self, step: int, who_by_plan: bool, on_episode=None) -> tuple[list[Planned], list[Episode]]:
+        planned = self.mixture.eval_plan(step, num_tasks=self.cfg.eval.num_tasks, seed=self.cfg.run.seed)
+        if who_by_plan:
+            groups = self._by_teacher(planned, split="eval")
+            handles = [(self.backend.submit_rollout(g, self.eval_rollout_cfg, who), g) for who, g in groups.items()]
+        else:
+            handles = [(self.backend.submit_rollout(planned, self.eval_rollout_cfg, STUDENT), planned)]
+        return self._collect(handles, on_episode)
 
-        def store_eval(spec, ep):
-            self.store.add(ep, spec.episode_id, split="eval")
+    def _summarise(self, planned: list[Planned], episodes: list[Episode], prefix: str) -> tuple[EvalResult, dict[str, float]]:
+        result = summarise(self.env_name, "eval", 1, episodes)
+        per_source = {}
+        if self.mixture.mixed:
+            for source in self.mixture.sources:
+                mine = [e for p, e in zip(planned, episodes) if p.source == source]
+                per_source[f"{prefix}/{source}/success_rate"] = summarise(source, "eval", 1, mine).success_rate if mine else 0.0
+        return result, per_source
+
+    def _eval(self, step: int, *, with_teacher: bool, summary: RunSummary, metrics: dict | None = None) -> EvalResult:
+        def store_eval(p: Planned, ep: Episode) -> None:
+            self.store.add(ep, p.spec.episode_id, split="eval")
 
         with self.progress.phase("eval", total=None):
-            result = asyncio.run(
-                evaluate_async(self.engine, self.tokenizer, env_factory, env_name=self.env_name, split="eval",
-                               num_tasks=cfg.eval.num_tasks, rollout=self.eval_rollout_cfg, step=step, seed=cfg.run.seed,
-                               on_episode=store_eval)
-            )  # fmt: skip
+            planned, episodes = self._play_eval(step, False, store_eval)
+            result, per_source = self._summarise(planned, episodes, "eval")
+            teacher_per_source: dict[str, float] = {}
             if with_teacher:
-                self._teacher_result = asyncio.run(
-                    evaluate_async(self._teacher_rollout_engine(), self.tokenizer, env_factory, env_name=self.env_name,
-                                   split="eval", num_tasks=cfg.eval.num_tasks, rollout=self.eval_rollout_cfg, step=step,
-                                   seed=cfg.run.seed)
-                )  # fmt: skip
+                t_planned, t_episodes = self._play_eval(step, True)
+                self._teacher_result, teacher_per_source = self._summarise(t_planned, t_episodes, "eval/teacher")
         record = {"step": step, "eval/success_rate": result.success_rate, "eval/mean_turns": result.mean_turns,
-                  "eval/tool_error_rate": result.tool_error_rate, "eval/parse_error_rate": result.parse_error_rate}  # fmt: skip
+                  "eval/tool_error_rate": result.tool_error_rate, "eval/parse_error_rate": result.parse_error_rate, **per_source}  # fmt: skip
         if with_teacher and self._teacher_result is not None:
             record["eval/teacher_success_rate"] = self._teacher_result.success_rate
+            record |= teacher_per_source
         summary.evals.append(record)
         if metrics is not None:
             metrics.update({k: v for k, v in record.items() if k != "step"})
@@ -290,10 +361,13 @@ class Runner:
 
     def _checkpoint(self, step: int, summary: RunSummary) -> None:
         path = self.run_dir / CHECKPOINTS / f"step_{step:06d}"
-        self.trainer.save_checkpoint(path, extra={"step": step, "evals": summary.evals})
-        if self.trainer.rank == 0:
-            (path / "DONE").write_text(str(step))
+        self.backend.save_checkpoint(path, {"step": step, "evals": summary.evals})
 
+
+def _with_version(spec: Any, version: int) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(spec, policy_version=version)
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:

@@ -1,0 +1,93 @@
+"""The local backend: every stage in this process (one device; `torchrun` for FSDP over one node's GPUs).
+
+    backend = LocalBackend()
+    backend.setup(ctx, tokenizer)
+    handle = backend.submit_rollout(planned, config)      # runs when collected
+    episodes = backend.collect(handle, on_episode)
+    scores = backend.score({"teacher": streams}, mode)
+    metrics = backend.train(samples, head)
+    seconds = backend.sync_weights()
+
+Rollouts run when collected, so there is nothing to overlap: `async.enabled` needs the Ray backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentopd.backends.stages import STUDENT, OnEpisode, Players, RunContext, build_engine, build_teacher, score_routed
+from agentopd.mixing import Planned
+from agentopd.rollout import RolloutConfig
+from agentopd.types import Episode
+
+
+@dataclass
+class _Pending:
+    planned: list[Planned]
+    config: RolloutConfig
+    who: str
+
+
+class LocalBackend:
+    name = "local"
+
+    def setup(self, ctx: RunContext, tokenizer: Any) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from agentopd.trainer import Trainer
+
+        if ctx.cfg.async_.enabled:
+            raise ValueError("async.enabled=true needs run.backend=ray (the local backend runs one stage at a time)")
+        self.ctx = ctx
+        student = AutoModelForCausalLM.from_pretrained(ctx.student_ref, dtype=torch.float32)
+        self.teachers = {name: build_teacher(ctx, name) for name in ctx.teacher_refs}
+        self.student_config = student.config
+        self.players = Players(ctx, tokenizer, student_engine=build_engine(ctx, student))
+        self.trainer = Trainer(student, ctx.trainer_cfg, device=ctx.device)
+
+    @property
+    def policy_version(self) -> int:
+        return self.trainer.step
+
+    def teacher_configs(self) -> dict[str, Any]:
+        return {name: t.config for name, t in self.teachers.items()}
+
+    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> _Pending:
+        return _Pending(list(planned), config, who)
+
+    def collect(self, handle: _Pending, on_episode: OnEpisode | None = None) -> list[Episode]:
+        return self.players.play(handle.planned, handle.config, on_episode, handle.who)
+
+    def score(self, by_teacher: dict[str, list[Any]], mode: Any) -> dict[str, list[Any]]:
+        return score_routed(self.teachers, by_teacher, mode)
+
+    def teacher_head(self, name: str) -> torch.Tensor:
+        return self.teachers[name].head_weight()
+
+    def train(self, samples: list[Any], head: torch.Tensor | None) -> dict[str, float]:
+        return self.trainer.train_step(samples, teacher_head_VH=head)
+
+    def sync_weights(self) -> None:
+        self.players.update_weights(self.trainer.state_dict_for_engine())
+
+    def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
+        self.trainer.save_checkpoint(path, extra=extra)
+        if self.trainer.rank == 0:
+            (path / "DONE").write_text(str(extra["step"]))
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        return self.trainer.load_checkpoint(path)
+
+    def export(self, out_dir: Path, tokenizer: Any) -> None:
+        self.trainer.export(out_dir, tokenizer)
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        self.players.close()
