@@ -1,0 +1,248 @@
+"""The Ray backend (`run.backend=ray`): the runner's stages as Ray actors.
+
+    agentopd run --env calculator,sql_db backend=ray ray.rollout_workers=2 ray.trainer_workers=2
+    RAY_ADDRESS=ray://head:10001 agentopd run --env sql_db backend=ray    # an existing cluster
+
+Roles and resources (`ray.*`, see agentopd.config.RayConfig):
+- `rollout_workers` RolloutWorker actors, each with its own engine and env instances of every
+  source. A step's episodes are cut into work items of at most `episodes_per_call` episodes, spread
+  round-robin; the driver stores each item's episodes as it arrives.
+- `teacher_replicas` TeacherWorker actors per teacher (one pool per teacher); a teacher's streams
+  are split over its pool.
+- `trainer_workers` TrainerWorker actors forming one torch.distributed group (gloo on CPU, NCCL on
+  GPU) running the FSDP2 Trainer; each rank gets a token-balanced share of the batch.
+- Weight sync after each update: every rank gathers the full state dict (a collective), rank 0's
+  copy goes into the object store, and every rollout worker loads it from there (`perf/weight_gather_s`,
+  `perf/weight_push_s`). NCCL broadcast or CUDA IPC between GPU actors is not implemented.
+The driver owns the store, metrics and viewer files, so a run directory looks as it does locally.
+
+Async mode (`async.enabled`): the runner submits the rollouts of the next `max_staleness` steps
+before training the current one; rollout actors run calls in order, so those episodes are played
+with the weights the actor holds then and carry that version (`Episode.policy_version`). Weight
+pushes are not waited for in async mode (they queue behind the in-flight rollouts).
+
+Fault tolerance: a rollout or teacher actor that dies is replaced (up to `ray.max_restarts`
+times per run); the replacement starts from the latest weights, and the work items the dead actor
+held are played again. Episode ids are stable per step and slot, so the store replaces rows and
+never duplicates them. A trainer rank that dies ends the run (its process group cannot be
+re-formed mid-step); resume from the last checkpoint with `--resume`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker, TrainerWorker
+from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
+from agentopd.mixing import Planned
+from agentopd.rollout import RolloutConfig
+from agentopd.types import Episode
+
+
+@dataclass
+class _Item:
+    """One work item: episodes for one rollout worker."""
+
+    planned: list[Planned]
+    config: RolloutConfig
+    who: str
+    worker: int
+    ref: Any = None  # the ObjectRef of its episodes
+    actor: Any = None  # the actor it was sent to
+
+
+class RayBackend:
+    name = "ray"
+
+    def setup(self, ctx: RunContext, tokenizer: Any) -> None:
+        import ray
+
+        from agentopd.bootstrap import agentopd_home
+
+        self.ray = ray
+        self.ctx = ctx
+        rc = ctx.cfg.ray
+        self.rc = rc
+        self._owns_ray = False
+        if not ray.is_initialized():
+            address = rc.address or os.environ.get("RAY_ADDRESS")
+            ray.init(address=address, num_cpus=None if address else rc.num_cpus, log_to_driver=False)
+            self._owns_ray = True
+        self._env = {"env_vars": {"AGENTOPD_HOME": str(agentopd_home())}}
+        self.restarts = {"rollout": 0, "teacher": 0}
+        self.weights_ref, self.weights_version = None, 0
+        self._timings: dict[str, float] = {}
+        self.workers = [self._new_rollout_worker() for _ in range(rc.rollout_workers)]
+        self.teachers = {name: [self._new_teacher(name) for _ in range(rc.teacher_replicas)] for name in ctx.teacher_refs}
+        trainer_cls = ray.remote(num_cpus=rc.cpus_per_trainer_worker, num_gpus=rc.gpus_per_trainer_worker)(TrainerWorker)
+        self.trainers = [
+            trainer_cls.options(runtime_env=self._env).remote(ctx, r, rc.trainer_workers, rc.gpus_per_trainer_worker, rc.threads_per_actor)
+            for r in range(rc.trainer_workers)
+        ]
+        addr, port = ray.get(self.trainers[0].rendezvous.remote())
+        ray.get([t.init.remote(addr, port) for t in self.trainers])
+        ray.get([w.pid.remote() for w in self.workers])  # every actor up before the first step
+        self.version = 0
+
+    # ---- actors -----------------------------------------------------------------------------
+    def _new_rollout_worker(self) -> Any:
+        rc = self.rc
+        cls = self.ray.remote(num_cpus=rc.cpus_per_rollout_worker, num_gpus=rc.gpus_per_rollout_worker)(RolloutWorker)
+        return cls.options(runtime_env=self._env).remote(
+            self.ctx, rc.gpus_per_rollout_worker, rc.threads_per_actor, self.weights_ref, self.weights_version
+        )
+
+    def _new_teacher(self, name: str) -> Any:
+        rc = self.rc
+        cls = self.ray.remote(num_cpus=rc.cpus_per_teacher, num_gpus=rc.gpus_per_teacher)(TeacherWorker)
+        return cls.options(runtime_env=self._env).remote(self.ctx, name, rc.gpus_per_teacher, rc.threads_per_actor)
+
+    def _restart(self, role: str, error: Exception) -> None:
+        self.restarts[role] += 1
+        if self.restarts[role] > self.rc.max_restarts:
+            raise RuntimeError(f"{role} actors died {self.restarts[role]} times (ray.max_restarts={self.rc.max_restarts}): {error}") from error
+
+    def _replace_worker(self, i: int, dead: Any, error: Exception) -> None:
+        if self.workers[i] is dead:  # several items of one dead actor: replace it once
+            self._restart("rollout", error)
+            self.ray.kill(dead, no_restart=True)
+            self.workers[i] = self._new_rollout_worker()
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    # ---- rollout ------------------------------------------------------------------------------
+    def submit_rollout(self, planned: list[Planned], config: RolloutConfig, who: str = STUDENT) -> list[_Item]:
+        n = len(self.workers)
+        size = max(1, min(self.rc.episodes_per_call, math.ceil(len(planned) / n)))
+        items = [_Item(planned[i : i + size], config, who, (i // size) % n) for i in range(0, len(planned), size)]
+        for item in items:
+            self._submit(item)
+        return items
+
+    def _submit(self, item: _Item) -> None:
+        worker = self.workers[item.worker]
+        item.ref = worker.play.remote(item.planned, item.config, item.who)
+        item.actor = worker
+
+    def collect(self, items: list[_Item], on_episode: OnEpisode | None = None) -> list[Episode]:
+        """Episodes of every item in plan order; an item whose actor died is played again on its replacement."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        results: dict[int, list[Episode]] = {}
+        waiting = {item.ref: k for k, item in enumerate(items)}
+        while waiting:
+            ready, _ = self.ray.wait([items[k].ref for k in waiting.values()], num_returns=1)
+            k = waiting.pop(ready[0])
+            item = items[k]
+            try:
+                episodes = self.ray.get(item.ref)
+            except (ActorUnavailableError, RayActorError) as e:
+                self._replace_worker(item.worker, item.actor, e)
+                self._submit(item)
+                waiting[item.ref] = k
+                continue
+            results[k] = episodes
+            if on_episode is not None:
+                for p, ep in zip(item.planned, episodes):
+                    on_episode(p, ep)
+        return [ep for k in range(len(items)) for ep in results[k]]
+
+    # ---- teachers -----------------------------------------------------------------------------
+    def score(self, by_teacher: dict[str, list[Any]], mode: Any) -> dict[str, list[Any]]:
+        from ray.exceptions import RayActorError
+
+        jobs = []  # (teacher, replica, slice)
+        for name, streams in by_teacher.items():
+            pool = self.teachers[name]
+            size = math.ceil(len(streams) / len(pool)) if streams else 0
+            for r in range(len(pool)):
+                part = slice(r * size, min((r + 1) * size, len(streams)))
+                if part.start < part.stop:
+                    jobs.append([name, r, part, pool[r].score.remote(streams[part], mode), pool[r]])
+        out: dict[str, list[Any]] = {name: [None] * len(s) for name, s in by_teacher.items()}
+        for job in jobs:
+            name, r, part = job[:3]
+            while True:
+                try:
+                    out[name][part] = self.ray.get(job[3])
+                    break
+                except RayActorError as e:
+                    if self.teachers[name][r] is job[4]:
+                        self._restart("teacher", e)
+                        self.ray.kill(job[4], no_restart=True)
+                        self.teachers[name][r] = self._new_teacher(name)
+                    job[4] = self.teachers[name][r]
+                    job[3] = job[4].score.remote(by_teacher[name][part], mode)
+        return out
+
+    def teacher_head(self, name: str) -> torch.Tensor:
+        return self.ray.get(self.teachers[name][0].head_weight.remote())
+
+    # ---- trainer ------------------------------------------------------------------------------
+    def train(self, samples: list[Any], head: torch.Tensor | None) -> dict[str, float]:
+        shares: list[list[Any]] = [[] for _ in self.trainers]
+        load = [0] * len(self.trainers)
+        for s in sorted(samples, key=lambda s: -s.num_tokens):  # token-balanced shares
+            r = load.index(min(load))
+            shares[r].append(s)
+            load[r] += s.num_tokens
+        head_ref = self.ray.put(head) if head is not None else None
+        metrics = self.ray.get([t.train.remote(share, head_ref) for t, share in zip(self.trainers, shares)])
+        self.version += 1
+        return metrics[0]
+
+    def sync_weights(self) -> None:
+        """Trainer -> object store -> every rollout engine. Waited for unless in async mode."""
+        from ray.exceptions import RayActorError
+
+        t0 = time.perf_counter()
+        refs = [t.state_dict.remote() for t in self.trainers]  # a collective: every rank takes part
+        self.ray.wait(refs, num_returns=len(refs))
+        self.weights_ref, self.weights_version = refs[0], self.version
+        t1 = time.perf_counter()
+        pushes = [(i, w, w.update_weights.remote(self.weights_ref, self.version)) for i, w in enumerate(self.workers)]
+        if not self.ctx.cfg.async_.enabled:
+            for i, w, ref in pushes:
+                try:
+                    self.ray.get(ref)
+                except RayActorError as e:  # the replacement starts from these weights
+                    self._replace_worker(i, w, e)
+        self._timings = {"perf/weight_gather_s": t1 - t0, "perf/weight_push_s": time.perf_counter() - t1}
+
+    # ---- checkpoints and export ------------------------------------------------------------------
+    def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
+        self.ray.get([t.save.remote(str(path), extra) for t in self.trainers])
+        (path / "DONE").write_text(str(extra["step"]))
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        extras = self.ray.get([t.load.remote(str(path)) for t in self.trainers])
+        self.version = self.ray.get(self.trainers[0].step.remote())
+        return extras[0]
+
+    def export(self, out_dir: Path, tokenizer: Any) -> None:
+        tok_dir = out_dir.parent / "tokenizer"
+        if not (tok_dir / "tokenizer_config.json").exists():
+            tokenizer.save_pretrained(tok_dir)
+        self.ray.get([t.export.remote(str(out_dir), str(tok_dir)) for t in self.trainers])
+
+    def stats(self) -> dict[str, float]:
+        return {**self._timings, "ray/rollout_restarts": float(self.restarts["rollout"]), "ray/teacher_restarts": float(self.restarts["teacher"])}
+
+    def close(self) -> None:
+        try:
+            self.ray.get([t.close.remote() for t in self.trainers])
+        except Exception:  # noqa: BLE001 - a dead rank has nothing to close
+            pass
+        for actor in [*self.workers, *self.trainers, *(a for pool in self.teachers.values() for a in pool)]:
+            self.ray.kill(actor, no_restart=True)
+        if self._owns_ray:
+            self.ray.shutdown()
