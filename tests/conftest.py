@@ -51,3 +51,84 @@ def demo_plugin(plugin_site, monkeypatch) -> Path:
     registry.refresh()
     yield plugin_site
     registry.refresh()
+
+
+# --- mixed-env / Ray fixtures (tests/test_mixed_envs.py, test_ray_backend.py, test_async.py) ---
+def build_tiny_home(home: Path) -> Path:
+    """An AGENTOPD_HOME whose built-in models of calculator and sql_db (and their mixed student) are
+    tiny Qwen3 models made in a second, not trained: one peaky base model (tied embeddings scaled x12)
+    is the teacher (sharper for sql_db); every student is the same model with its final norm halved (a flatter copy),
+    so on-policy distillation has a short, reliable way down (the student re-sharpens) and KL falls
+    within a few steps at lr 5e-2."""
+    import json
+
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from agentopd.bootstrap import TINY_SPEC, ModelSize, ensure_tokenizer
+
+    tok = ensure_tokenizer(TINY_SPEC, home=home)
+    torch.manual_seed(0)
+    base = Qwen3ForCausalLM(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1).config(tok, 1024))
+    with torch.no_grad():
+        base.get_output_embeddings().weight.mul_(12.0)
+
+    def save(path: Path, norm: float) -> None:  # final-norm scale = inverse temperature of the model
+        with torch.no_grad():
+            base.model.norm.weight.fill_(norm)
+        base.save_pretrained(path)
+        tok.save_pretrained(path)
+
+    for env, sharpness in (("calculator", 1.0), ("sql_db", 1.2)):  # two different teachers
+        save(home / "models" / env / "teacher", sharpness)
+        save(home / "models" / env / "student", 0.5)
+        (home / "models" / env / "report.json").write_text(json.dumps({"env": env, "test": True}))
+    mixed = home / "models" / "mixed" / "calculator+sql_db"
+    save(mixed / "student", 0.5)
+    (mixed / "report.json").write_text(json.dumps({"envs": ["calculator", "sql_db"], "test": True}))
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_home(tmp_path_factory) -> Path:
+    """AGENTOPD_HOME with tiny built-in models of calculator, sql_db and their mixture (see build_tiny_home)."""
+    return build_tiny_home(tmp_path_factory.mktemp("tiny_home"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster (2 CPUs) for every Ray test of the session (start-up ~2-3 s)."""
+    import os
+
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+# --- the embedded default at toy sizes, and a real short run, shared by the run/viewer tests -----
+@pytest.fixture(scope="session")
+def tiny_home(tmp_path_factory) -> Path:
+    """An AGENTOPD_HOME holding built-in models of sql_db and calculator at TINY_SPEC sizes
+    (built by the real bootstrap; `agentopd run` finds them cached, as after a first run)."""
+    from agentopd.bootstrap import TINY_SPEC, bootstrap
+
+    home = tmp_path_factory.mktemp("agentopd_home")
+    for env in ("sql_db", "calculator"):
+        bootstrap(env, spec=TINY_SPEC, home=home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def real_run(tiny_home, tmp_path_factory) -> Path:
+    """A run directory made by a real 3-step `agentopd run --env sql_db` on the tiny models."""
+    run = tmp_path_factory.mktemp("real_runs") / "sql_db-real"
+    env = {**__import__("os").environ, "AGENTOPD_HOME": str(tiny_home)}
+    cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "steps=3",
+           "rollout.tasks_per_step=4", "rollout.n=2", "rollout.max_new_tokens=24", "rollout.max_turns=3",
+           "eval.num_tasks=4", "eval.every=1", "run.checkpoint_every=0", "trainer.lr=1e-3"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run

@@ -1,0 +1,110 @@
+"""The Ray backend on a local 2-CPU cluster (one cluster for the session: conftest `ray_cluster`).
+
+A short calculator + sql_db run with 2 rollout workers, 2 teachers routed by env and a trainer
+group of 2 gloo ranks completes, logs the local backend's metric keys plus per-teacher KL, and
+its KL falls; a rollout actor killed mid-run is replaced and the run still stores exactly the
+episodes asked for, each once. Models: conftest `tiny_home` (made in a second, not trained).
+"""
+
+import json
+import sqlite3
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from agentopd.cli import app
+from agentopd.config import load_config
+from agentopd.runner import Runner
+
+STEPS, TASKS, N = 8, 4, 2
+SHORT = [
+    f"steps={STEPS}", f"rollout.tasks_per_step={TASKS}", f"rollout.n={N}", "rollout.max_new_tokens=16",
+    "rollout.max_turns=2", "eval.num_tasks=2", "eval.every=0", "run.checkpoint_every=0", "trainer.lr=5e-2",
+    "trainer.schedule=constant", "log.tensorboard=false",
+]  # fmt: skip
+RAY = [
+    "backend=ray", "ray.rollout_workers=2", "ray.trainer_workers=2", "ray.cpus_per_rollout_worker=0",
+    "ray.cpus_per_teacher=0", "ray.cpus_per_trainer_worker=0", "ray.episodes_per_call=4",
+]  # fmt: skip
+TEACHERS = ["teachers.calculator=builtin:calculator", "teachers.sql_db=builtin:sql_db", "teacher_key=env"]
+RAY_ONLY = {"perf/weight_gather_s", "perf/weight_push_s", "ray/rollout_restarts", "ray/teacher_restarts"}
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train_ids(run):
+    db = sqlite3.connect(run / "trajectories.db")
+    return db.execute("select id, step, env, teacher from episodes where split='train'").fetchall()
+
+
+@pytest.fixture
+def home(tiny_home, monkeypatch):
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    return tiny_home
+
+
+def test_mixed_run_two_teachers_two_ranks(ray_cluster, home, tmp_path):
+    cli = CliRunner()
+    ray_run, local_run = tmp_path / "ray", tmp_path / "local"
+    result = cli.invoke(app, ["run", "--env", "calculator,sql_db", "--run-dir", str(ray_run), *SHORT, *TEACHERS, *RAY])
+    assert result.exit_code == 0, result.output
+    local = cli.invoke(app, ["run", "--env", "calculator,sql_db", "--run-dir", str(local_run), *SHORT, *TEACHERS, "steps=1"])
+    assert local.exit_code == 0, local.output
+
+    records = [r for r in _records(ray_run) if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    local_keys = set(next(r for r in _records(local_run) if "loss" in r))
+    ray_keys = set(records[-1])
+    assert local_keys <= ray_keys, local_keys - ray_keys
+    assert ray_keys - local_keys <= RAY_ONLY | {"eval/success_rate", "eval/mean_turns", "eval/tool_error_rate",
+                                                "eval/parse_error_rate", "eval/calculator/success_rate",
+                                                "eval/sql_db/success_rate"}  # fmt: skip
+    assert {"kl/mean/calculator", "kl/mean/sql_db"} <= local_keys
+    kl = [r["kl/mean"] for r in records]
+    assert sum(kl[-2:]) / 2 < 0.7 * sum(kl[:2]) / 2, kl  # KL falls
+    assert all(r["train/logprob_diff_sampler"] < 1e-4 for r in records)  # engines hold the trained weights
+
+    rows = _train_ids(ray_run)
+    assert len(rows) == len({r[0] for r in rows}) == STEPS * TASKS * N
+    assert all(env == teacher for _, _, env, teacher in rows)  # routed by env
+    assert {env for _, _, env, _ in rows} == {"calculator", "sql_db"}
+    assert (ray_run / "final" / "config.json").exists()
+
+
+def test_killed_rollout_actor_is_replaced_and_nothing_duplicates(ray_cluster, home, tmp_path):
+    run_dir, steps = tmp_path / "run", 4
+    cfg = load_config("calculator,sql_db", overrides=[*SHORT, *RAY, f"steps={steps}", "ray.trainer_workers=1"])
+    runner = Runner(cfg, run_dir)
+    killed = []
+
+    def kill_when_step_2_is_under_way():
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            db = run_dir / "trajectories.db"
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                    started = conn.execute("select count(*) from episodes where split='train' and step=2").fetchone()[0]
+            except sqlite3.OperationalError:  # not created yet
+                started = 0
+            if started:
+                    victim = runner.backend.workers[0]
+                    killed.append(ray_cluster.get(victim.pid.remote()))
+                    ray_cluster.kill(victim, no_restart=True)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill_when_step_2_is_under_way, daemon=True)
+    thread.start()
+    summary = runner.run()
+    thread.join(timeout=5)
+    assert killed, "the test never killed an actor"
+    assert not summary.interrupted
+    records = [r for r in _records(run_dir) if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert records[-1]["ray/rollout_restarts"] >= 1
+    rows = _train_ids(run_dir)
+    assert len(rows) == len({r[0] for r in rows}) == steps * TASKS * N
+    assert sorted({r[1] for r in rows}) == list(range(1, steps + 1))
