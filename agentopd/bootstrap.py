@@ -91,7 +91,7 @@ class SFTPlan:
 
 @dataclass(frozen=True)
 class BootstrapSpec:
-    teacher: SFTPlan = SFTPlan(ModelSize(hidden=128, layers=3), max_steps=300, target_success=0.9)
+    teacher: SFTPlan = SFTPlan(ModelSize(hidden=128, layers=2), max_steps=240, target_success=0.9, eval_every=40)
     student: SFTPlan = SFTPlan(ModelSize(hidden=96, layers=2), max_steps=40, seed=1)
     tokenizer_vocab: int = 1000
     corpus_tasks_per_env: int = 1500
@@ -106,7 +106,7 @@ TINY_SPEC = BootstrapSpec(  # for tests: seconds, not minutes
     tokenizer_vocab=600,
     corpus_tasks_per_env=60,
     demonstrations=64,
-    eval_tasks=16,
+    eval_tasks=8,
 )
 
 
@@ -122,6 +122,7 @@ def _atomic_dir(final: Path, build: Callable[[Path], None]) -> None:
     """Build into a temp folder beside `final`, then rename: a crash never leaves half a model."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is a normal folder
     try:
         build(tmp)
         if final.exists():

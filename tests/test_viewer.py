@@ -13,16 +13,22 @@ from html import unescape
 
 import pytest
 from fastapi.testclient import TestClient
-from viewer_fixtures import HOSTILE, RunFixture, add_hostile_episode, build_run
+from viewer_fixtures import HOSTILE, RunFixture, add_hostile_episode, build_run, from_real_run
 
 from agentopd.store import Store
 from agentopd.viewer import create_app, queries
 from agentopd.viewer.runs import RunCatalog, RunNotFound, connect_readonly
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> RunFixture:
-    return build_run(tmp_path_factory.mktemp("built") / "demo")
+@pytest.fixture(scope="module", params=["synthetic", "real"])
+def built(request, tmp_path_factory) -> RunFixture:
+    """The synthetic fixture run (varied on purpose: many steps, turns, errors) and a directory
+    written by a real short `agentopd run` (conftest's `real_run`), each with a hostile episode."""
+    if request.param == "synthetic":
+        return build_run(tmp_path_factory.mktemp("built") / "demo")
+    real = tmp_path_factory.mktemp("real") / "demo"
+    shutil.copytree(request.getfixturevalue("real_run"), real)
+    return from_real_run(real)
 
 
 @pytest.fixture
@@ -68,7 +74,14 @@ def test_single_run_directory(runs):
     assert c.get("/runs/other").status_code == 404
 
 
-def test_run_page_charts(client):
+def synthetic_only(fx) -> None:
+    """Checks written against the synthetic run's known shape (many turns, folded outputs)."""
+    if (fx.path / "config.yaml").exists():
+        pytest.skip("relies on the synthetic run's shape; the real run is checked by test_real_run_episode")
+
+
+def test_run_page_charts(client, runs):
+    synthetic_only(runs[1])
     html = client.get("/runs/demo").text
     assert html.count("<polyline") >= 4  # loss, kl/mean, success_rate, eval/success_rate, reward/mean
     heat_titles = re.findall(r"<title>(turn \d+, step \d+: kl [^<]+)</title>", html)
@@ -149,6 +162,7 @@ def test_match_count_is_capped(client, monkeypatch):
 
 def test_episode_json(client, runs):
     _, fx = runs
+    synthetic_only(fx)
     row = next(r for r in all_rows(fx.path) if r["id"] == fx.ids[3])
     d = client.get(f"/api/runs/demo/episodes/{fx.ids[3]}").json()
     assert d["token_ids"] == json.loads(row["token_ids"]) and d["messages"] == json.loads(row["messages"])
@@ -165,6 +179,7 @@ def test_episode_page_turns_and_token_view(client, runs):
     from transformers import AutoTokenizer
 
     _, fx = runs
+    synthetic_only(fx)
     eid = fx.ids[4]
     d = client.get(f"/api/runs/demo/episodes/{eid}").json()
     html = client.get(f"/runs/demo/episodes/{eid}").text
@@ -190,6 +205,7 @@ def test_episode_page_turns_and_token_view(client, runs):
 
 def test_token_ids_without_tokenizer(runs):
     root, fx = runs
+    synthetic_only(fx)
     shutil.rmtree(fx.path / "tokenizer")
     c = TestClient(create_app(root))
     d = c.get(f"/api/runs/demo/episodes/{fx.ids[0]}").json()
@@ -319,3 +335,25 @@ def test_metrics_with_nan_and_partial_lines(runs, client):
     rows = client.get("/api/runs/demo/metrics").json()["rows"]
     assert rows[-1]["step"] == 50 and rows[-1]["loss"] is None and rows[-1]["kl/mean"] is None
     assert client.get("/runs/demo").status_code == 200
+
+
+def test_real_run_episode(client, runs):
+    """A scored training episode of the real run: JSON, per-turn KL, token view, metrics rows."""
+    _, fx = runs
+    if not (fx.path / "config.yaml").exists():
+        pytest.skip("real run only")
+    row = next(r for r in all_rows(fx.path) if r["split"] == "train" and r["teacher_logprobs"])
+    d = client.get(f"/api/runs/demo/episodes/{row['id']}").json()
+    mask, lp, tlp, turn = (json.loads(row[k]) for k in ("response_mask", "logprobs", "teacher_logprobs", "turn_index"))
+    for k, kl in enumerate(d["turn_kl"]):
+        diffs = [a - b for m, a, b, t in zip(mask, lp, tlp, turn) if m and t == k]
+        assert kl == pytest.approx(sum(diffs) / len(diffs))
+    html = client.get(f"/runs/demo/episodes/{row['id']}").text
+    spans = re.findall(r'<span class="t ([^"]+)" title="([^"]*)"( tabindex="0")?>(.*?)</span>', html, re.S)
+    assert len(spans) == len(d["token_ids"])
+    assert len([s for s in spans if s[0].startswith("s")]) == sum(mask)
+    rows = client.get("/api/runs/demo/metrics").json()["rows"]
+    train_rows = [r for r in rows if "loss" in r]
+    assert train_rows and {"loss", "kl/mean", "kl/turn_0", "success_rate", "tool_mask/tool_ratio"} <= set(train_rows[-1])
+    html = client.get("/runs/demo").text
+    assert html.count("<polyline") >= 3

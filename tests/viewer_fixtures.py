@@ -237,3 +237,15 @@ def long_episode(tok: Any, turns: int = 20, tokens: int = 8000, seed: int = 1) -
     return make_episode(
         tok, rng, step=0, turns=pairs, question="long episode", reward=1.0, max_assistant_tokens=per_turn // 2
     )
+
+
+def from_real_run(run_dir: Path) -> RunFixture:
+    """A RunFixture over a directory written by a real `agentopd run`, plus one hostile episode."""
+    import sqlite3
+
+    hostile_id = add_hostile_episode(run_dir)
+    conn = sqlite3.connect(run_dir / "trajectories.db")
+    ids = [r[0] for r in conn.execute("SELECT id FROM episodes ORDER BY step, id")]
+    steps = conn.execute("SELECT MAX(step) FROM episodes").fetchone()[0] + 1  # as build_run: steps 0..steps-1
+    conn.close()
+    return RunFixture(run_dir, ids, hostile_id, steps)

@@ -1,0 +1,146 @@
+"""The main job through the CLI on tiny models: run directory and metric contracts (DESIGN 3.5,
+3.6), interrupt + --resume, local model folders as student/teacher, export and eval.
+
+The embedded default is built at TINY_SPEC sizes into a temporary AGENTOPD_HOME (the real
+sizes take minutes; `agentopd run` then finds them cached, exactly as after a first run).
+"""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentopd.bootstrap import TINY_SPEC
+from agentopd.cli import app
+
+SHORT = [
+    "steps=2", "rollout.tasks_per_step=3", "rollout.n=2", "rollout.max_new_tokens=24", "rollout.max_turns=3",
+    "eval.num_tasks=4", "eval.every=1", "run.checkpoint_every=1", "trainer.lr=1e-3",
+]  # fmt: skip
+METRICS = [
+    "loss", "grad_norm", "lr", "tool_mask/llm_tokens", "tool_mask/tool_tokens", "tool_mask/tool_ratio",
+    "num_turns/min", "num_turns/max", "num_turns/mean", "kl/mean", "kl/turn_0", "tool/parse_error_rate",
+    "reward/mean", "success_rate", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s",
+]  # fmt: skip
+EPISODE_COLUMNS = {
+    "id", "step", "env", "task_id", "reward", "success", "num_turns", "stop_reason", "prompt_len",
+    "token_ids", "response_mask", "logprobs", "turn_index", "teacher_logprobs", "messages",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def home(tiny_home):
+    return tiny_home
+
+
+@pytest.fixture
+def cli(home, monkeypatch):
+    monkeypatch.setenv("AGENTOPD_HOME", str(home))
+    runner = CliRunner()
+
+    def invoke(*args):
+        result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+        return result
+
+    return invoke
+
+
+@pytest.mark.parametrize("env", ["sql_db", "calculator"])
+def test_short_run_writes_the_run_directory_contract(cli, tmp_path, env):
+    run = tmp_path / "run"
+    result = cli("run", "--env", env, "--run-dir", run, *SHORT)
+    assert result.exit_code == 0, result.output
+    assert "student before" in result.output and "teacher" in result.output
+    for name in ("config.yaml", "metrics.jsonl", "trajectories.db", "tb", "checkpoints", "final"):
+        assert (run / name).exists(), name
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == [1, 2]
+    for key in METRICS:
+        assert key in records[-1], key
+    assert "eval/success_rate" in records[0] and "eval/teacher_success_rate" in records[0]
+    tools = {"sql_db": ["sql_query", "list_tables", "describe_table"], "calculator": ["calculate"]}[env]
+    for tool in tools:
+        assert f"tool/{tool}/calls" in records[-1] and f"tool/{tool}/error_rate" in records[-1]
+    db = sqlite3.connect(run / "trajectories.db")
+    cols = {r[1] for r in db.execute("pragma table_info(episodes)")}
+    assert EPISODE_COLUMNS <= cols
+    n_train = db.execute("select count(*) from episodes where split='train'").fetchone()[0]
+    assert n_train == 2 * 3 * 2
+    assert db.execute("select count(*) from episodes where split='train' and teacher_logprobs is null").fetchone()[0] == 0
+    # the exported student reloads and evaluates
+    result = cli("eval", "--env", env, "--model", run / "final", "--num-tasks", "3", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output[result.output.index("{"):])["num_tasks"] == 3
+    result = cli("check-tokens", run)
+    assert result.exit_code == 0 and " 0 drifted" in result.output
+
+
+def test_interrupt_and_resume_lose_and_duplicate_nothing(home, tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "AGENTOPD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    args = [sys.executable, "-m", "agentopd.cli", "run", "--env", "calculator", "--run-dir", str(run), *SHORT, "steps=6"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        metrics = run / "metrics.jsonl"
+        if metrics.exists() and '"step": 3' in metrics.read_text():
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "continue with --resume" in out
+    ckpts = sorted(p.name for p in (run / "checkpoints").glob("step_*") if (p / "DONE").exists())
+    assert ckpts, out
+    done = subprocess.run([*args[:3], "run", "--env", "calculator", "--run-dir", str(run), "--resume"], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    db = sqlite3.connect(run / "trajectories.db")
+    ids = [r[0] for r in db.execute("select id from episodes where split='train'")]
+    assert len(ids) == len(set(ids)) == 6 * 3 * 2
+    steps = sorted({r[0] for r in db.execute("select step from episodes where split='train'")})
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_local_model_folders_as_student_and_teacher(cli, home, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(home / "tokenizer")
+    folders = {}
+    for role, hidden in (("student", 32), ("teacher", 48)):
+        model = Qwen3ForCausalLM(TINY_SPEC.student.size.__class__(hidden=hidden, layers=1, heads=2, kv_heads=1).config(tok))
+        model.save_pretrained(tmp_path / role)
+        tok.save_pretrained(tmp_path / role)
+        folders[role] = tmp_path / role
+    run = tmp_path / "run"
+    result = cli("run", "--env", "calculator", "--run-dir", run, f"student={folders['student']}",
+                 f"teacher={folders['teacher']}", *SHORT)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    AutoModelForCausalLM.from_pretrained(run / "final")
+    result = cli("export", run / "checkpoints" / "step_000001", tmp_path / "exported")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "exported" / "chat_template.jinja").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["student=/no/such/folder"], "no such folder"),
+        (["trainer.lr=-1"], "trainer.lr must be > 0"),
+        (["rollout.nn=2"], "unknown key rollout.nn"),
+        (["--resume"], "--resume needs --run-dir"),
+    ],
+)
+def test_bad_input_is_one_line_error(cli, tmp_path, args, message):
+    result = cli("run", "--env", "calculator", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
