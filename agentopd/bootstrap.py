@@ -143,9 +143,19 @@ def ensure_tokenizer(spec: BootstrapSpec = BootstrapSpec(), force: bool = False,
     return AutoTokenizer.from_pretrained(path)
 
 
-def demonstrations(env_name: str, tokenizer: PreTrainedTokenizerBase, num: int, max_context: int, seed: int = 0) -> list[TrainSample]:
+def preset_env_kwargs(env_name: str) -> dict[str, Any]:
+    """The env kwargs of the shipped preset (configs/<env>.yaml), which the default run uses too."""
+    from agentopd.config import load_config
+
+    return {k: v for k, v in load_config(env_name).env.kwargs.items() if k != "split"}
+
+
+def demonstrations(
+    env_name: str, tokenizer: PreTrainedTokenizerBase, num: int, max_context: int, seed: int = 0, env_kwargs: dict[str, Any] | None = None
+) -> list[TrainSample]:
     """Oracle solutions of `num` training tasks as token streams (mask 1 on the assistant turns)."""
-    env = make_env(env_name)
+    env_kwargs = dict(env_kwargs or {})
+    env = make_env(env_name, **env_kwargs)
     rng = random.Random(seed)
     task_ids = [t.id for t in env.tasks]
     rng.shuffle(task_ids)
@@ -154,7 +164,7 @@ def demonstrations(env_name: str, tokenizer: PreTrainedTokenizerBase, num: int, 
     specs = Rollout.specs_for(task_ids, n=1, split="demo")
     for spec in specs:
         engine.script(spec.episode_id, env.oracle(env.tasks[env.task_index(options={"task_id": spec.task_id})]))
-    rollout = Rollout(lambda: make_env(env_name), engine, tokenizer, RolloutConfig(max_context=max_context, max_new_tokens=max_context))
+    rollout = Rollout(lambda: make_env(env_name, **env_kwargs), engine, tokenizer, RolloutConfig(max_context=max_context, max_new_tokens=max_context))
     episodes = rollout.run_sync(specs)
     rollout.close()
     bad = [e for e in episodes if not e.success]
@@ -211,23 +221,28 @@ def bootstrap(
     home = home or agentopd_home()
     root = home / "models" / env_name
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
+    env_kwargs = preset_env_kwargs(env_name)
     if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
-        return BuiltinModels(env_name, teacher_dir, student_dir, json.loads(report_path.read_text()))
+        report = json.loads(report_path.read_text())
+        if report.get("env_kwargs", {}) == json.loads(json.dumps(env_kwargs)):
+            return BuiltinModels(env_name, teacher_dir, student_dir, report)
+        # the preset's env changed since these were built: rebuild for the tasks the run will use
 
     torch.manual_seed(0)
     t0 = time.perf_counter()
     tok = ensure_tokenizer(spec, home=home)
     if progress:
         progress("demonstrations", 0.0, {})
-    demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context)
+    demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs)
 
     def success_of(model: Qwen3ForCausalLM) -> float:
         model.eval()
-        r = evaluate(model, tok, env_name, split="eval", num_tasks=spec.eval_tasks, rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context))
+        r = evaluate(model, tok, env_name, env_kwargs=env_kwargs, split="eval", num_tasks=spec.eval_tasks,
+                     rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context))  # fmt: skip
         model.train()
         return r.success_rate
 
-    report: dict[str, Any] = {"env": env_name, "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}
+    report: dict[str, Any] = {"env": env_name, "env_kwargs": env_kwargs, "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}
     for role, plan, out in (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir)):
         torch.manual_seed(plan.seed)
         model = Qwen3ForCausalLM(plan.size.config(tok, spec.max_context))

@@ -11,6 +11,7 @@ The same function serves the runner's periodic evals, the bootstrap's reports an
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -72,10 +73,14 @@ def summarise(env: str, split: str, n: int, episodes: list[Episode]) -> EvalResu
     )
 
 
-def eval_task_ids(env: ToolEnv, num_tasks: int | None) -> list[str]:
-    """The first `num_tasks` tasks of the env (a fixed, reproducible eval set)."""
-    tasks = env.tasks if num_tasks is None else env.tasks[:num_tasks]
-    return [t.id for t in tasks]
+def eval_task_ids(env: ToolEnv, num_tasks: int | None, seed: int = 0) -> list[str]:
+    """`num_tasks` of the env's tasks: a fixed seeded sample (tasks are often grouped by
+    template, so the first N would not be representative), in the env's order; all when None."""
+    ids = [t.id for t in env.tasks]
+    if num_tasks is None or num_tasks >= len(ids):
+        return ids
+    keep = set(random.Random(seed).sample(range(len(ids)), num_tasks))
+    return [x for i, x in enumerate(ids) if i in keep]
 
 
 async def evaluate_async(
@@ -93,7 +98,7 @@ async def evaluate_async(
     on_episode: Callable | None = None,
 ) -> EvalResult:
     env = env_factory()
-    task_ids = eval_task_ids(env, num_tasks)
+    task_ids = eval_task_ids(env, num_tasks, seed)
     env.close()
     ro = Rollout(env_factory, engine, tokenizer, rollout)
     specs = Rollout.specs_for(task_ids, n=n, step=step, seed=seed, split=split)

@@ -26,6 +26,8 @@ Kwargs:
     max_rows         default 50 rows shown per result, then "... N more rows"
     max_output_chars default 2000 characters per tool result
     schema_in_prompt default False: list every table's columns in the system prompt
+    difficulty       default None (all): keep only these task families of the generated set,
+                     e.g. [count, join]; user task lines (no family) are always kept
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 from agentopd.env import Action, Task, ToolEnv
 from agentopd.tool import Tool
 from envs.sql_db.database import default_db_path
-from envs.sql_db.tasks import answers_match, first_cell, generate_tasks, load_tasks_jsonl
+from envs.sql_db.tasks import Difficulty, answers_match, first_cell, generate_tasks, load_tasks_jsonl
 from tools.sql import SqlDatabase
 
 __all__ = ["SqlDbEnv", "Split", "answers_match"]
@@ -87,6 +89,7 @@ class SqlDbEnv(ToolEnv):
         max_rows: int = 50,
         max_output_chars: int = 2000,
         schema_in_prompt: bool = False,
+        difficulty: list[str] | None = None,
     ):
         try:
             self.split = Split(split)
@@ -107,6 +110,12 @@ class SqlDbEnv(ToolEnv):
         else:
             all_tasks = load_tasks_jsonl(tasks, self.db)
         chosen = [t for t in all_tasks if self.split == Split.ALL or t.data.get("split") in (None, self.split)]
+        if difficulty is not None:
+            known = {d.value for d in Difficulty}
+            unknown = sorted(set(difficulty) - known)
+            if unknown:
+                raise ValueError(f"sql_db: unknown difficulty {unknown}; choose from {sorted(known)}")
+            chosen = [t for t in chosen if t.data.get("difficulty", "user") in set(difficulty) or "difficulty" not in t.data]
         if not chosen:
             raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
         self.schema_in_prompt = bool(schema_in_prompt)
