@@ -441,7 +441,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def mixed_preset(env_names: str) -> dict[str, Any]:
     """`sql_db,calculator`: each env's preset `env` section becomes a source of `envs` (weight 1);
-    the other sections come from the presets merged in order (a later one fills what is unset)."""
+    the other sections come from the presets merged in order (a later one fills what is unset).
+    A mixed run is scored by one teacher per env, so a full-vocabulary loss from a preset (it needs
+    one teacher's lm_head) becomes `sampled_k1`; an explicit `trainer.loss=` override still wins."""
     names = [n.strip() for n in env_names.split(",")]
     if any(not n for n in names) or len(set(names)) != len(names):
         raise ValueError(f"--env {env_names!r}: give distinct env names separated by commas, e.g. sql_db,calculator")
@@ -457,6 +459,9 @@ def mixed_preset(env_names: str) -> dict[str, Any]:
             else:
                 data.setdefault(section, values)
     data["env"] = {"name": ",".join(names)}
+    trainer = data.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("loss") in ("forward_kl", "reverse_kl", "jsd"):
+        trainer["loss"] = "sampled_k1"
     return data
 
 

@@ -22,7 +22,7 @@ STEPS, TASKS, N = 8, 4, 2
 SHORT = [
     f"steps={STEPS}", f"rollout.tasks_per_step={TASKS}", f"rollout.n={N}", "rollout.max_new_tokens=16",
     "rollout.max_turns=2", "eval.num_tasks=2", "eval.every=0", "run.checkpoint_every=0", "trainer.lr=5e-2",
-    "trainer.schedule=constant", "log.tensorboard=false",
+    "log.tensorboard=false", "trainer.loss=sampled_k1", "rollout.max_context=2048",
 ]  # fmt: skip
 RAY = [
     "backend=ray", "ray.rollout_workers=2", "ray.trainer_workers=2", "ray.cpus_per_rollout_worker=0",
@@ -65,7 +65,7 @@ def test_mixed_run_two_teachers_two_ranks(ray_cluster, home, tmp_path):
                                                 "eval/sql_db/success_rate"}  # fmt: skip
     assert {"kl/mean/calculator", "kl/mean/sql_db"} <= local_keys
     kl = [r["kl/mean"] for r in records]
-    assert sum(kl[-2:]) / 2 < 0.7 * sum(kl[:2]) / 2, kl  # KL falls
+    assert sum(kl[-3:]) / 3 < 0.6 * kl[0], kl  # KL falls (cosine lr: 5e-2 down to 5e-3)
     assert all(r["train/logprob_diff_sampler"] < 1e-4 for r in records)  # engines hold the trained weights
 
     rows = _train_ids(ray_run)

@@ -30,6 +30,7 @@ re-formed mid-step); resume from the last checkpoint with `--resume`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -67,7 +68,7 @@ class RayBackend:
         from agentopd.bootstrap import agentopd_home
 
         self.ray = ray
-        self.ctx = ctx
+        self.ctx = ctx = dataclasses.replace(ctx, env_vars={"AGENTOPD_HOME": str(agentopd_home())})
         rc = ctx.cfg.ray
         self.rc = rc
         self._owns_ray = False
@@ -75,7 +76,6 @@ class RayBackend:
             address = rc.address or os.environ.get("RAY_ADDRESS")
             ray.init(address=address, num_cpus=None if address else rc.num_cpus, log_to_driver=False)
             self._owns_ray = True
-        self._env = {"env_vars": {"AGENTOPD_HOME": str(agentopd_home())}}
         self.restarts = {"rollout": 0, "teacher": 0}
         self.weights_ref, self.weights_version = None, 0
         self._timings: dict[str, float] = {}
@@ -83,7 +83,7 @@ class RayBackend:
         self.teachers = {name: [self._new_teacher(name) for _ in range(rc.teacher_replicas)] for name in ctx.teacher_refs}
         trainer_cls = ray.remote(num_cpus=rc.cpus_per_trainer_worker, num_gpus=rc.gpus_per_trainer_worker)(TrainerWorker)
         self.trainers = [
-            trainer_cls.options(runtime_env=self._env).remote(ctx, r, rc.trainer_workers, rc.gpus_per_trainer_worker, rc.threads_per_actor)
+            trainer_cls.remote(ctx, r, rc.trainer_workers, rc.gpus_per_trainer_worker, rc.threads_per_actor)
             for r in range(rc.trainer_workers)
         ]
         addr, port = ray.get(self.trainers[0].rendezvous.remote())
@@ -95,14 +95,14 @@ class RayBackend:
     def _new_rollout_worker(self) -> Any:
         rc = self.rc
         cls = self.ray.remote(num_cpus=rc.cpus_per_rollout_worker, num_gpus=rc.gpus_per_rollout_worker)(RolloutWorker)
-        return cls.options(runtime_env=self._env).remote(
+        return cls.remote(
             self.ctx, rc.gpus_per_rollout_worker, rc.threads_per_actor, self.weights_ref, self.weights_version
         )
 
     def _new_teacher(self, name: str) -> Any:
         rc = self.rc
         cls = self.ray.remote(num_cpus=rc.cpus_per_teacher, num_gpus=rc.gpus_per_teacher)(TeacherWorker)
-        return cls.options(runtime_env=self._env).remote(self.ctx, name, rc.gpus_per_teacher, rc.threads_per_actor)
+        return cls.remote(self.ctx, name, rc.gpus_per_teacher, rc.threads_per_actor)
 
     def _restart(self, role: str, error: Exception) -> None:
         self.restarts[role] += 1

@@ -25,6 +25,7 @@ from agentopd.types import Episode
 
 
 def _role_ctx(ctx: RunContext, gpus: float, threads: int) -> RunContext:
+    os.environ.update(ctx.env_vars)  # e.g. AGENTOPD_HOME, where sql_db keeps its generated database
     torch.set_num_threads(threads)
     if gpus > 0:
         return dataclasses.replace(ctx, device=torch.device("cuda"), dtype=torch.bfloat16)

@@ -41,6 +41,7 @@ class RunContext:
     rollout_cfg: RolloutConfig
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
+    env_vars: dict[str, str] = field(default_factory=dict)  # set in every actor before it builds anything (AGENTOPD_HOME)
 
 
 def build_engine(ctx: RunContext, model: Any) -> Any:
