@@ -111,19 +111,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-# --- the embedded default at toy sizes, and a real short run, shared by the run/viewer tests -----
-@pytest.fixture(scope="session")
-def tiny_home(tmp_path_factory) -> Path:
-    """An AGENTOPD_HOME holding built-in models of sql_db and calculator at TINY_SPEC sizes
-    (built by the real bootstrap; `agentopd run` finds them cached, as after a first run)."""
-    from agentopd.bootstrap import TINY_SPEC, bootstrap
-
-    home = tmp_path_factory.mktemp("agentopd_home")
-    for env in ("sql_db", "calculator"):
-        bootstrap(env, spec=TINY_SPEC, home=home)
-    return home
-
-
+# --- a real short run, shared by the run/viewer tests ---------------------------------------
 @pytest.fixture(scope="session")
 def real_run(tiny_home, tmp_path_factory) -> Path:
     """A run directory made by a real 3-step `agentopd run --env sql_db` on the tiny models."""

@@ -1,0 +1,40 @@
+"""The embedded default's builder (agentopd.bootstrap) at toy sizes: what it writes, that it
+reuses its cache, rebuilds on --force or when the preset's env changes, and refuses non-built-in envs."""
+
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentopd.bootstrap import TINY_SPEC, bootstrap
+
+
+def test_builds_caches_and_rebuilds(tmp_path, monkeypatch):
+    models = bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)
+    for role, folder in (("teacher", models.teacher_dir), ("student", models.student_dir)):
+        AutoModelForCausalLM.from_pretrained(folder)
+        assert (folder / "chat_template.jinja").exists()
+        assert 0.0 <= models.report[role]["success"] <= 1.0 and models.report[role]["parameters"] > 0
+    tok = AutoTokenizer.from_pretrained(models.student_dir)
+    shared = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+    assert tok.get_vocab() == shared.get_vocab()  # one tokenizer for every built-in env
+    report = json.loads((models.teacher_dir.parent / "report.json").read_text())
+    assert report["env_kwargs"] and report["demonstrations"] == TINY_SPEC.demonstrations
+
+    stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
+    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)  # cached: nothing rebuilt
+    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns == stamp
+    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path, force=True)
+    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
+
+    import agentopd.bootstrap as b
+
+    stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
+    monkeypatch.setattr(b, "preset_env_kwargs", lambda env: {"num_tasks": 50})  # the preset's env changed
+    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)
+    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
+
+
+def test_only_builtin_envs():
+    with pytest.raises(ValueError, match="no built-in models for env 'reverse_words'"):
+        bootstrap("reverse_words")
