@@ -222,7 +222,10 @@ def mixed_student(env_names: Sequence[str], *, spec: Any = None, home: Path | No
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from agentopd.bootstrap import BUILTIN_ENVS, BootstrapSpec, _atomic_dir, agentopd_home, bootstrap, demonstrations, ensure_tokenizer, sft
+    from agentopd.bootstrap import (
+        BUILTIN_ENVS, BootstrapSpec, _atomic_dir, agentopd_home, bootstrap, demonstrations, ensure_tokenizer,
+        preset_env_kwargs, sft,
+    )  # fmt: skip
     from agentopd.evaluate import evaluate
     from agentopd.rollout import RolloutConfig
 
@@ -234,19 +237,25 @@ def mixed_student(env_names: Sequence[str], *, spec: Any = None, home: Path | No
     home = home or agentopd_home()
     root = home / "models" / "mixed" / "+".join(names)
     out, report_path = root / "student", root / "report.json"
+    env_kwargs = {n: preset_env_kwargs(n) for n in names}  # the presets' tasks, as bootstrap() uses
     if not force and report_path.exists() and (out / "config.json").exists():
-        return out
+        cached = json.loads(report_path.read_text())
+        if cached.get("test") or cached.get("env_kwargs") == json.loads(json.dumps(env_kwargs)):
+            return out
     for name in names:
         bootstrap(name, spec=spec, home=home, progress=progress)
     t0 = time.perf_counter()
     tok = ensure_tokenizer(spec, home=home)
-    demos = [d for name in names for d in demonstrations(name, tok, spec.demonstrations, spec.max_context)]
+    demos = [d for n in names for d in demonstrations(n, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs[n])]
     torch.manual_seed(spec.student.seed)
     model = Qwen3ForCausalLM(spec.student.size.config(tok, spec.max_context))
     train = sft(model, demos, spec.student, progress=progress, name="student")
     model.eval()
     rollout = RolloutConfig(temperature=0.0, max_context=spec.max_context)
-    train["success"] = {n: evaluate(model, tok, n, split="eval", num_tasks=spec.eval_tasks, rollout=rollout).success_rate for n in names}
+    train["success"] = {
+        n: evaluate(model, tok, n, env_kwargs=env_kwargs[n], split="eval", num_tasks=spec.eval_tasks, rollout=rollout).success_rate
+        for n in names
+    }
     train["parameters"] = sum(p.numel() for p in model.parameters())
 
     def save(path: Path) -> None:
@@ -254,6 +263,6 @@ def mixed_student(env_names: Sequence[str], *, spec: Any = None, home: Path | No
         tok.save_pretrained(path)
 
     _atomic_dir(out, save)
-    report = {"envs": names, "demonstrations": len(demos), "student": train, "seconds": round(time.perf_counter() - t0, 1)}
+    report = {"envs": names, "env_kwargs": env_kwargs, "demonstrations": len(demos), "student": train, "seconds": round(time.perf_counter() - t0, 1)}
     report_path.write_text(json.dumps(report, indent=2))
     return out
