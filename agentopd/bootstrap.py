@@ -20,7 +20,6 @@ Nothing is downloaded. Steps, each cached:
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import tempfile
@@ -38,15 +37,12 @@ from agentopd.chat import build_tokenizer
 from agentopd.corpus import env_corpus
 from agentopd.engines.scripted import ScriptedEngine
 from agentopd.evaluate import evaluate
+from agentopd.paths import agentopd_home
 from agentopd.registry import make_env
 from agentopd.rollout import Rollout, RolloutConfig
 
 BUILTIN_ENVS = ("sql_db", "calculator", "math")
 Progress = Callable[[str, float, dict[str, Any]], None]  # (phase, fraction done, info)
-
-
-def agentopd_home() -> Path:
-    return Path(os.environ.get("AGENTOPD_HOME") or Path.home() / ".cache" / "agentopd")
 
 
 @dataclass(frozen=True)

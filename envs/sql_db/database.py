@@ -28,6 +28,7 @@ from pathlib import Path
 import sqlite_utils
 
 from agentopd.env import seeded_rng
+from agentopd.paths import agentopd_home
 
 DB_VERSION = 1  # bump when the generator changes: cached files are rebuilt
 DB_SEED = 20240611
@@ -78,11 +79,6 @@ STATUS_WEIGHTS = (0.75, 0.1, 0.08, 0.07)
 ORDER_YEARS = (2022, 2023, 2024)
 NUM_CUSTOMERS = 400
 NUM_ORDERS = 1500
-
-
-def agentopd_home() -> Path:
-    """$AGENTOPD_HOME, or ~/.cache/agentopd."""
-    return Path(os.environ.get("AGENTOPD_HOME") or "~/.cache/agentopd").expanduser()
 
 
 def default_db_path() -> Path:
