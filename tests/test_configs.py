@@ -16,6 +16,12 @@ def test_every_shipped_preset_loads_and_round_trips(name, tmp_path):
     assert again.to_yaml() == cfg.to_yaml()
 
 
+@pytest.mark.parametrize("path", sorted((preset_dir() / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_loads(path):
+    cfg = load_config(None, config_file=path)
+    assert cfg.env.name and cfg.to_yaml()
+
+
 def test_presets_are_found():
     assert preset_dir().is_dir()
     assert {"sql_db", "calculator", "math"} <= set(presets())
