@@ -19,6 +19,8 @@ trains on the teacher's episodes (sequence-level KD) with the same budget of stu
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -135,6 +137,7 @@ class Runner:
                 raise ValueError(f"--resume: {self.run_dir} already finished its {self.cfg.run.steps} steps (raise steps= to train on)")
             self.progress.note(f"resumed from {ckpt.name}: continuing at step {start + 1}")
         interrupted = False
+        restore = self._catch_ctrl_c()
         try:
             if start == 0:
                 summary.before = self._eval(0, with_teacher=self.cfg.eval.teacher, summary=summary)
@@ -148,15 +151,21 @@ class Runner:
                     summary.after = self._eval(step, with_teacher=False, summary=summary, metrics=metrics)
                 self.log.write(step, metrics)
                 self.progress.step_line(step, self.cfg.run.steps, metrics)
+                if self._stop_requested and step < self.cfg.run.steps:
+                    self._checkpoint(step, summary)
+                    self.progress.note(f"stopped: checkpoint at step {step}; continue with --resume")
+                    interrupted = True
+                    break
                 if self.cfg.run.checkpoint_every and step % self.cfg.run.checkpoint_every == 0:
                     self._checkpoint(step, summary)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, keep the last finished step
             interrupted = True
             last = step - 1  # the interrupted step did not finish: it is replayed on resume
             if last > start:
                 self._checkpoint(last, summary)
             self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
         finally:
+            restore()
             self.log.close()
         try:
             if not interrupted:
@@ -168,6 +177,23 @@ class Runner:
             self.progress.close()
             self.backend.close()
         return summary
+
+    _stop_requested = False
+
+    def _catch_ctrl_c(self):
+        """First Ctrl-C: finish the running step, checkpoint it, stop. A second one stops at once
+        (KeyboardInterrupt: the last finished step is checkpointed). Returns the undo."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum, frame):
+            self._stop_requested = True
+            self.progress.note("Ctrl-C: stopping after this step (Ctrl-C again to stop now)")
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        return lambda: signal.signal(signal.SIGINT, previous)
 
     # ---- one step -------------------------------------------------------------------------
     def _plan(self, step: int) -> list[Planned]:

@@ -144,3 +144,26 @@ def test_local_model_folders_as_student_and_teacher(cli, home, tmp_path):
 def test_bad_input_is_one_line_error(cli, tmp_path, args, message):
     result = cli("run", "--env", "calculator", *args)
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_second_ctrl_c_stops_at_once_and_resume_still_works(home, tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "AGENTOPD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    args = [sys.executable, "-m", "agentopd.cli", "run", "--env", "calculator", "--run-dir", str(run), *SHORT, "steps=5"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and '"step": 2' in (run / "metrics.jsonl").read_text()):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    done = subprocess.run([*args[:3], "run", "--env", "calculator", "--run-dir", str(run), "--resume"], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5]
+    db = sqlite3.connect(run / "trajectories.db")
+    ids = [r[0] for r in db.execute("select id from episodes where split='train'")]
+    assert len(ids) == len(set(ids)) == 5 * 3 * 2
