@@ -20,8 +20,9 @@ reference list of assistant actions that solves a task).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -42,6 +43,21 @@ class Task:
     question: str
     answer: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def unique_tasks(tasks: Iterable[tuple[str, Task]], source: str | Path) -> list[Task]:
+    """Tasks read from a user file, in order, given as (where, task) with `where` like "path:line".
+    A repeated id is a ValueError naming both places; a file without tasks is one too."""
+    out: list[Task] = []
+    seen: dict[str, str] = {}
+    for where, task in tasks:
+        if task.id in seen:
+            raise ValueError(f"{where}: duplicate id {task.id!r} (first at {seen[task.id]})")
+        seen[task.id] = where
+        out.append(task)
+    if not out:
+        raise ValueError(f"{source}: no tasks (the file is empty)")
+    return out
 
 
 class MessagesSpace(gymnasium.Space):

@@ -22,10 +22,11 @@ from __future__ import annotations
 import json
 import re
 from fractions import Fraction
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentopd.env import Task
+from agentopd.env import Task, unique_tasks
 from agentopd.tool import ToolError
 from tools.calculator import calculate, evaluate
 
@@ -70,8 +71,10 @@ def load_tasks(path: str | Path) -> list[Task]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"calculator: tasks file {str(path)!r} does not exist")
-    tasks: list[Task] = []
-    seen: dict[str, int] = {}
+    return unique_tasks(_read_lines(path), path)
+
+
+def _read_lines(path: Path) -> Iterator[tuple[str, Task]]:
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -81,14 +84,7 @@ def load_tasks(path: str | Path) -> list[Task]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            task = _task(row, where, lineno)
-            if task.id in seen:
-                raise ValueError(f"{where}: duplicate id {task.id!r} (first on line {seen[task.id]})")
-            seen[task.id] = lineno
-            tasks.append(task)
-    if not tasks:
-        raise ValueError(f"{path}: no tasks (the file is empty)")
-    return tasks
+            yield where, _task(row, where, lineno)
 
 
 def _task(row: Any, where: str, lineno: int) -> Task:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentopd.env import Task
+from agentopd.env import Task, unique_tasks
 
 
 def load_tasks(path: str | Path) -> list[Task]:
@@ -26,17 +26,7 @@ def load_tasks(path: str | Path) -> list[Task]:
     if not path.is_file():
         raise ValueError(f"math: tasks file {str(path)!r} does not exist")
     rows = _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
-    tasks: list[Task] = []
-    seen: dict[str, str] = {}
-    for where, label, row in rows:
-        task = _task(row, where, label)
-        if task.id in seen:
-            raise ValueError(f"{where}: duplicate id {task.id!r} (first at {seen[task.id]})")
-        seen[task.id] = where
-        tasks.append(task)
-    if not tasks:
-        raise ValueError(f"{path}: no tasks (the file is empty)")
-    return tasks
+    return unique_tasks(((where, _task(row, where, label)) for where, label, row in rows), path)
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, str, Any]]:

@@ -41,13 +41,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from agentopd.env import Task, seeded_rng
+from agentopd.env import Task, seeded_rng, unique_tasks
 from agentopd.tool import ToolError
 from envs.sql_db.database import ORDER_YEARS, STATUSES
 from tools.sql import QueryResult, SqlDatabase
@@ -341,22 +341,18 @@ def load_tasks_jsonl(path: str | Path, db: SqlDatabase) -> list[Task]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"tasks: no file at {str(path)!r}")
-    tasks, seen = [], {}
+    return unique_tasks(_read_lines(path, db), path)
+
+
+def _read_lines(path: Path, db: SqlDatabase) -> Iterator[tuple[str, Task]]:
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                task = _parse_line(line, lineno, db)
+                yield f"{path}:{lineno}", _parse_line(line, lineno, db)
             except ValueError as e:
                 raise ValueError(f"{path}:{lineno}: {e}") from None
-            if task.id in seen:
-                raise ValueError(f"{path}:{lineno}: duplicate id {task.id!r} (first on line {seen[task.id]})")
-            seen[task.id] = lineno
-            tasks.append(task)
-    if not tasks:
-        raise ValueError(f"{path}: no tasks in the file")
-    return tasks
 
 
 def _parse_line(line: str, lineno: int, db: SqlDatabase) -> Task:
