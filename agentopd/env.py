@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,22 @@ from agentopd.tool import Tool, ToolResult, invoke, tool_name, tool_schema
 
 Action = dict[str, Any]
 Messages = list[dict[str, Any]]
+
+
+class Split(StrEnum):
+    """Which tasks an env serves: generated envs hold some out for evaluation."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+    ALL = "all"
+
+    @classmethod
+    def parse(cls, value: str, env_name: str) -> Split:
+        """The split named by a kwarg; ValueError naming the env and the accepted values."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{env_name}: split must be one of {[s.value for s in cls]}, got {value!r}") from None
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,7 @@ class CalculatorEnv(ToolEnv):
         seed: int = 0,
         max_turns: int = 6,
     ):
-        try:
-            self.split = Split(split)
-        except ValueError:
-            raise ValueError(f"calculator: split must be one of {[s.value for s in Split]}, got {split!r}") from None
+        self.split = Split.parse(split, "calculator")
         if tasks is not None and str(tasks) != "":
             task_list = load_tasks(tasks)
         else:

@@ -18,20 +18,13 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from fractions import Fraction as F
 
 import numpy as np
 
-from agentopd.env import seeded_rng
+from agentopd.env import Split, seeded_rng
 
 EVAL_EVERY = 10  # 1 in 10 candidate questions is held out for eval
-
-
-class Split(StrEnum):
-    TRAIN = "train"
-    EVAL = "eval"
-    ALL = "all"
 
 
 @dataclass(frozen=True)

@@ -57,10 +57,7 @@ class MathEnv(ToolEnv):
         system_prompt: str | None = None,
         max_turns: int = 1,
     ):
-        try:
-            self.split = Split(split)
-        except ValueError:
-            raise ValueError(f"math: split must be one of {[s.value for s in Split]}, got {split!r}") from None
+        self.split = Split.parse(split, "math")
         self.answer_format = answer_format
         self.pattern = None if answer_format == BOXED else _compile(answer_format)
         self._system_prompt = system_prompt or (BOXED_PROMPT if self.pattern is None else PLAIN_PROMPT)

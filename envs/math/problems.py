@@ -15,20 +15,13 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from fractions import Fraction
 
 import numpy as np
 
-from agentopd.env import seeded_rng
+from agentopd.env import Split, seeded_rng
 
 EVAL_EVERY = 10
-
-
-class Split(StrEnum):
-    TRAIN = "train"
-    EVAL = "eval"
-    ALL = "all"
 
 
 @dataclass(frozen=True)

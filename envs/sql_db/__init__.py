@@ -32,12 +32,11 @@ Kwargs:
 
 from __future__ import annotations
 
-from enum import StrEnum
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from agentopd.env import Action, Task, ToolEnv
+from agentopd.env import Action, Split, Task, ToolEnv
 from agentopd.tool import Tool
 from envs.sql_db.database import default_db_path
 from envs.sql_db.tasks import Difficulty, answers_match, first_cell, generate_tasks, load_tasks_jsonl
@@ -49,12 +48,6 @@ SYSTEM_PROMPT = (
     "You answer questions about a SQLite database. Use the tools to query it. "
     "When you know the answer, reply with only the final value(s), comma-separated, nothing else."
 )
-
-
-class Split(StrEnum):
-    TRAIN = "train"
-    EVAL = "eval"
-    ALL = "all"
 
 
 @cache
@@ -91,10 +84,7 @@ class SqlDbEnv(ToolEnv):
         schema_in_prompt: bool = False,
         difficulty: list[str] | None = None,
     ):
-        try:
-            self.split = Split(split)
-        except ValueError:
-            raise ValueError(f"sql_db: split must be one of {[s.value for s in Split]}, got {split!r}") from None
+        self.split = Split.parse(split, "sql_db")
         if db_path is not None and tasks is None:
             raise ValueError("sql_db: db_path needs tasks=... (a JSONL file): generated tasks only fit the built-in database")
         path = Path(db_path) if db_path is not None else default_db_path()
