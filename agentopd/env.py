@@ -20,7 +20,7 @@ reference list of assistant actions that solves a task).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -60,6 +60,21 @@ class Task:
     question: str
     answer: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def jsonl_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
+    """(where, line number, parsed JSON) for every non-blank line of a user task file;
+    a line that is not JSON is a ValueError naming `path:line`."""
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            yield where, lineno, row
 
 
 def unique_tasks(tasks: Iterable[tuple[str, Task]], source: str | Path) -> list[Task]:

@@ -19,14 +19,12 @@ reads as 63). Two numbers match when |given - expected| <= 1e-6 * max(1, |expect
 
 from __future__ import annotations
 
-import json
 import re
 from fractions import Fraction
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentopd.env import Task, unique_tasks
+from agentopd.env import Task, jsonl_rows, unique_tasks
 from agentopd.tool import ToolError
 from tools.calculator import calculate, evaluate
 
@@ -71,20 +69,7 @@ def load_tasks(path: str | Path) -> list[Task]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"calculator: tasks file {str(path)!r} does not exist")
-    return unique_tasks(_read_lines(path), path)
-
-
-def _read_lines(path: Path) -> Iterator[tuple[str, Task]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            yield where, _task(row, where, lineno)
+    return unique_tasks(((where, _task(row, where, lineno)) for where, lineno, row in jsonl_rows(path)), path)
 
 
 def _task(row: Any, where: str, lineno: int) -> Task:

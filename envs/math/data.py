@@ -13,12 +13,11 @@ Anything malformed raises ValueError naming the file and line (or row) number.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentopd.env import Task, unique_tasks
+from agentopd.env import Task, jsonl_rows, unique_tasks
 
 
 def load_tasks(path: str | Path) -> list[Task]:
@@ -30,15 +29,8 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                yield where, f"line-{lineno}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    for where, lineno, row in jsonl_rows(path):
+        yield where, f"line-{lineno}", row
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, str, Any]]:
