@@ -80,6 +80,7 @@ class Runner:
         self.progress = RunProgress(console)
         self.env_name = cfg.env.name  # the run's label: one env, or the sources of a mixed run joined by commas
         self._pending: dict[int, Any] = {}  # async mode: step -> rollout handle already submitted
+        self._engine_stale = False  # objective=sft trains without syncing (the teacher plays): sync before the student plays
 
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -95,7 +96,9 @@ class Runner:
         elif cfg.run.objective == "sft":
             self.trainer_cfg.loss = LossKind.SFT
         self.trainer_cfg.total_steps = max(cfg.run.steps, 1)
-        self.trainer_cfg.temperature = cfg.rollout.temperature or 1.0
+        # distillation and policy-gradient losses compare the student with the sampler at its temperature;
+        # sft is plain cross-entropy on the teacher's tokens (T=1), like the bootstrap's SFT
+        self.trainer_cfg.temperature = 1.0 if cfg.run.objective == "sft" else cfg.rollout.temperature or 1.0
         self.mode = teacher_mode(self.trainer_cfg.loss)
         if self.mode is TeacherMode.HIDDEN and len(self.router.refs) > 1 and cfg.run.objective == "opd":
             raise ValueError(f"trainer.loss={self.trainer_cfg.loss} uses one teacher's lm_head: with several teachers use sampled_k1, sampled_k3 or topk_forward_kl")
@@ -315,6 +318,8 @@ class Runner:
         t = time.perf_counter()
         if objective != "sft":
             self.backend.sync_weights()
+        else:
+            self._engine_stale = True
         sync_s = time.perf_counter() - t
 
         metrics = dict(train)
@@ -362,6 +367,9 @@ class Runner:
         def store_eval(p: Planned, ep: Episode) -> None:
             self.store.add(ep, p.spec.episode_id, split="eval")
 
+        if self._engine_stale:
+            self.backend.sync_weights()
+            self._engine_stale = False
         with self.progress.phase("eval", total=None):
             planned, episodes = self._play_eval(step, False, store_eval)
             result, per_source = self._summarise(planned, episodes, "eval")

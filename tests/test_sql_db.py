@@ -440,3 +440,26 @@ def test_a_turn_of_many_runaway_calls_shares_one_time_budget(home):
     obs = env.step(call("SELECT COUNT(*) FROM stores"))[0]  # the next turn has its own budget
     assert obs[0]["content"] == "COUNT(*)\n8"
     env.close()
+
+
+def test_tools_subset_shortens_the_prompt_and_refuses_the_others(home):
+    full, only = SqlDbEnv(), SqlDbEnv(tools=["sql_query"])
+    try:
+        _, info_full = full.reset(seed=0)
+        _, info = only.reset(seed=0)
+        assert [t["function"]["name"] for t in info_full["tools"]] == ["sql_query", "list_tables", "describe_table"]
+        assert [t["function"]["name"] for t in info["tools"]] == ["sql_query"]
+        obs, reward, terminated, _, info = only.step(
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "list_tables", "arguments": {}}]}
+        )
+        assert obs[0]["content"].startswith("Error:") and "list_tables" in obs[0]["content"]
+        assert info["tool_errors"] == 1 and not terminated
+        for action in only.oracle(only.task):  # the oracle needs sql_query only
+            obs, reward, terminated, _, _ = only.step(action)
+        assert reward == 1.0
+    finally:
+        full.close()
+        only.close()
+    for bad in (["sql_query", "drop_table"], [], "sql_query"):
+        with pytest.raises(ValueError, match="tools must be a non-empty list"):
+            SqlDbEnv(tools=bad)

@@ -28,6 +28,8 @@ Kwargs:
     schema_in_prompt default False: list every table's columns in the system prompt
     difficulty       default None (all): keep only these task families of the generated set,
                      e.g. [count, join]; user task lines (no family) are always kept
+    tools            default None (all three): offer only these tools, e.g. [sql_query] (each
+                     tool's schema costs prompt tokens; calling one not offered is a tool error)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from agentopd.env import Action, Split, Task, ToolEnv
-from agentopd.tool import Tool
+from agentopd.tool import Tool, tool_name
 from envs.sql_db.database import default_db_path
 from envs.sql_db.tasks import Difficulty, answers_match, first_cell, generate_tasks, load_tasks_jsonl
 from tools.sql import SqlDatabase
@@ -83,6 +85,7 @@ class SqlDbEnv(ToolEnv):
         max_output_chars: int = 2000,
         schema_in_prompt: bool = False,
         difficulty: list[str] | None = None,
+        tools: list[str] | None = None,
     ):
         self.split = Split.parse(split, "sql_db")
         if db_path is not None and tasks is None:
@@ -110,6 +113,11 @@ class SqlDbEnv(ToolEnv):
             raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
         self.schema_in_prompt = bool(schema_in_prompt)
         self._tool_list: list[Tool] = [self.db.sql_query, self.db.list_tables, self.db.describe_table]
+        if tools is not None:
+            offered = {tool_name(t): t for t in self._tool_list}
+            if isinstance(tools, str) or not tools or any(name not in offered for name in tools):
+                raise ValueError(f"sql_db: tools must be a non-empty list of {sorted(offered)}, got {tools!r}")
+            self._tool_list = [offered[name] for name in dict.fromkeys(tools)]
         self._prompt = SYSTEM_PROMPT
         if self.schema_in_prompt:
             tables = "; ".join(f"{t}({', '.join(c.name for c in cols)})" for t, cols in self.db.schema.items())
