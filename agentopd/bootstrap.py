@@ -42,6 +42,7 @@ from agentopd.registry import make_env
 from agentopd.rollout import Rollout, RolloutConfig
 
 BUILTIN_ENVS = ("sql_db", "calculator", "math")
+RECIPE = 2  # bumped when the default recipe changes, so caches built by an older one are rebuilt
 Progress = Callable[[str, float, dict[str, Any]], None]  # (phase, fraction done, info)
 
 
@@ -80,6 +81,7 @@ class SFTPlan:
     batch_size: int = 32
     lr: float = 3e-3
     warmup_steps: int = 20
+    schedule: str = "cosine"  # or "constant": a student left mid-training, at a learning rate distillation can continue with
     target_success: float | None = None  # stop early once held-out success reaches it (teacher)
     eval_every: int = 50
     seed: int = 0
@@ -88,7 +90,9 @@ class SFTPlan:
 @dataclass(frozen=True)
 class BootstrapSpec:
     teacher: SFTPlan = SFTPlan(ModelSize(hidden=128, layers=2), max_steps=400, lr=5e-3, target_success=0.8, eval_every=100)
-    student: SFTPlan = SFTPlan(ModelSize(hidden=96, layers=2), max_steps=100, lr=5e-3, seed=1)
+    # narrower than the teacher, SFT stopped early at a constant lr (not annealed): it has the format and solves few
+    # held-out tasks, and distillation can go on at the lr it was trained with
+    student: SFTPlan = SFTPlan(ModelSize(hidden=96, layers=2), max_steps=150, lr=3e-3, schedule="constant", seed=1)
     tokenizer_vocab: int = 1000
     corpus_tasks_per_env: int = 1500
     demonstrations: int = 2000
@@ -183,7 +187,7 @@ def sft(
 
     cfg = TrainerConfig(
         loss="sft", lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=plan.warmup_steps,
-        total_steps=plan.max_steps, schedule="cosine", min_lr_ratio=0.1, grad_clip=1.0, seed=plan.seed,
+        total_steps=plan.max_steps, schedule=plan.schedule, min_lr_ratio=0.1, grad_clip=1.0, seed=plan.seed,
         micro_batch_tokens=16384,
     )  # fmt: skip
     trainer = Trainer(model, cfg, device="cpu")
@@ -220,9 +224,10 @@ def bootstrap(
     env_kwargs = preset_env_kwargs(env_name)
     if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
         report = json.loads(report_path.read_text())
-        if report.get("env_kwargs", {}) == json.loads(json.dumps(env_kwargs)):
+        same_env = report.get("env_kwargs", {}) == json.loads(json.dumps(env_kwargs))
+        if same_env and report.get("recipe") == RECIPE:
             return BuiltinModels(env_name, teacher_dir, student_dir, report)
-        # the preset's env changed since these were built: rebuild for the tasks the run will use
+        # the preset's env or the recipe changed since these were built: rebuild
 
     torch.manual_seed(0)
     threads = torch.get_num_threads()
@@ -248,7 +253,7 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
         model.train()
         return r.success_rate
 
-    report: dict[str, Any] = {"env": env_name, "env_kwargs": env_kwargs, "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}
+    report: dict[str, Any] = {"env": env_name, "recipe": RECIPE, "env_kwargs": env_kwargs, "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}
     for role, plan, out in (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir)):
         torch.manual_seed(plan.seed)
         model = Qwen3ForCausalLM(plan.size.config(tok, spec.max_context))

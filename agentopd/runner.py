@@ -96,9 +96,7 @@ class Runner:
         elif cfg.run.objective == "sft":
             self.trainer_cfg.loss = LossKind.SFT
         self.trainer_cfg.total_steps = max(cfg.run.steps, 1)
-        # distillation and policy-gradient losses compare the student with the sampler at its temperature;
-        # sft is plain cross-entropy on the teacher's tokens (T=1), like the bootstrap's SFT
-        self.trainer_cfg.temperature = 1.0 if cfg.run.objective == "sft" else cfg.rollout.temperature or 1.0
+        self.trainer_cfg.temperature = loss_temperature(cfg, self.trainer_cfg.loss)
         self.mode = teacher_mode(self.trainer_cfg.loss)
         if self.mode is TeacherMode.HIDDEN and len(self.router.refs) > 1 and cfg.run.objective == "opd":
             raise ValueError(f"trainer.loss={self.trainer_cfg.loss} uses one teacher's lm_head: with several teachers use sampled_k1, sampled_k3 or topk_forward_kl")
@@ -396,6 +394,22 @@ class Runner:
     def _checkpoint(self, step: int, summary: RunSummary) -> None:
         path = self.run_dir / CHECKPOINTS / f"step_{step:06d}"
         self.backend.save_checkpoint(path, {"step": step, "evals": summary.evals})
+
+
+def loss_temperature(cfg: Any, loss: LossKind) -> float:
+    """The temperature the loss divides logits by.
+
+    Losses on sampled tokens (sampled_k1/k3, grpo, topk_forward_kl) compare the student with the
+    sampler, so they use the rollout's temperature (trainer.temperature is not used). Full-vocabulary distillation (forward_kl,
+    reverse_kl, jsd) compares the student's and the teacher's distributions at `trainer.temperature`
+    (default 1: the models' own distributions), whatever temperature explores; at T=0.5 a tiny
+    student's copy errors cost 10-25 nats per token and training at lr >= 1e-3 collapsed
+    (benchmarks/results/default_run.md). sft is cross-entropy at T=1.
+    """
+    sampler = cfg.rollout.temperature or 1.0  # greedy rollouts: T=1 logprobs (engines/base.py)
+    if loss == LossKind.SFT:
+        return 1.0
+    return cfg.trainer.temperature if loss.is_full_vocab else sampler
 
 
 def _with_version(spec: Any, version: int) -> Any:

@@ -34,6 +34,11 @@ def test_builds_caches_and_rebuilds(tmp_path, monkeypatch):
     bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
 
+    stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
+    monkeypatch.setattr(b, "RECIPE", b.RECIPE + 1)  # a newer default recipe: an older cache is rebuilt
+    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)
+    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
+
 
 def test_only_builtin_envs():
     with pytest.raises(ValueError, match="no built-in models for env 'reverse_words'"):

@@ -109,3 +109,26 @@ def test_sections_are_typed_and_closed():
     for name, field in Config.model_fields.items():
         if name != "env":
             assert field.annotation.model_config.get("extra") == "forbid", name
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["trainer.loss=forward_kl"], 1.0),  # full-vocabulary distillation: the models' own distributions
+        (["trainer.loss=reverse_kl", "trainer.temperature=0.7"], 0.7),
+        (["trainer.loss=jsd", "rollout.temperature=0.0"], 1.0),
+        (["trainer.loss=sampled_k1"], 0.5),  # sampled-token losses compare with the sampler: its temperature
+        (["trainer.loss=sampled_k1", "trainer.temperature=0.7"], 0.5),
+        (["trainer.loss=topk_forward_kl"], 0.5),
+        (["trainer.loss=sampled_k1", "rollout.temperature=0.0"], 1.0),  # greedy rollouts report T=1 logprobs
+        (["objective=sft"], 1.0),  # cross-entropy
+        (["objective=grpo"], 0.5),
+    ],
+)
+def test_loss_temperature(overrides, expected):
+    from agentopd.runner import loss_temperature
+    from agentopd.trainer.config import LossKind
+
+    cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", *overrides])
+    loss = {"sft": LossKind.SFT, "grpo": LossKind.GRPO}.get(cfg.run.objective, LossKind(cfg.trainer.loss))
+    assert loss_temperature(cfg, loss) == expected

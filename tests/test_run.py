@@ -66,7 +66,7 @@ def test_short_run_writes_the_run_directory_contract(cli, tmp_path, env):
     for key in METRICS:
         assert key in records[-1], key
     assert "eval/success_rate" in records[0] and "eval/teacher_success_rate" in records[0]
-    tools = {"sql_db": ["sql_query", "list_tables", "describe_table"], "calculator": ["calculate"]}[env]
+    tools = {"sql_db": ["sql_query"], "calculator": ["calculate"]}[env]  # the sql_db preset offers sql_query only
     for tool in tools:
         assert f"tool/{tool}/calls" in records[-1] and f"tool/{tool}/error_rate" in records[-1]
     db = sqlite3.connect(run / "trajectories.db")

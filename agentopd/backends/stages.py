@@ -134,7 +134,10 @@ class Players:
 def build_teacher(ctx: RunContext, name: str) -> Any:
     from agentopd.teacher import HFTeacher
 
-    return HFTeacher(ctx.teacher_refs[name], device=ctx.device, dtype=ctx.dtype, temperature=ctx.trainer_cfg.temperature)
+    # the teacher's sampled-token logprobs (kl/* metrics, sampled losses) sit beside the sampler's: same temperature;
+    # the hidden states the full-vocabulary losses use carry none (the loss applies trainer.temperature)
+    temperature = ctx.rollout_cfg.temperature or 1.0
+    return HFTeacher(ctx.teacher_refs[name], device=ctx.device, dtype=ctx.dtype, temperature=temperature)
 
 
 def score_routed(teachers: dict[str, Any], by_teacher: dict[str, list[Any]], mode: Any) -> dict[str, list[Any]]:
