@@ -233,7 +233,7 @@ def mixed_student(env_names: Sequence[str], *, spec: Any = None, home: Path | No
     bad = [n for n in names if n not in BUILTIN_ENVS]
     if bad:
         raise ValueError(f"no built-in models for env {bad[0]!r}: built-in envs are {list(BUILTIN_ENVS)}; pass student=PATH and teachers")
-    spec = spec or BootstrapSpec()
+    per_env_spec, spec = spec, spec or BootstrapSpec()  # each env's own models: its own recipe unless one is given
     home = home or agentopd_home()
     root = home / "models" / "mixed" / "+".join(names)
     out, report_path = root / "student", root / "report.json"
@@ -243,7 +243,7 @@ def mixed_student(env_names: Sequence[str], *, spec: Any = None, home: Path | No
         if cached.get("test") or cached.get("env_kwargs") == json.loads(json.dumps(env_kwargs)):
             return out
     for name in names:
-        bootstrap(name, spec=spec, home=home, progress=progress)
+        bootstrap(name, spec=per_env_spec, home=home, progress=progress)
     t0 = time.perf_counter()
     tok = ensure_tokenizer(spec, home=home)
     demos = [d for n in names for d in demonstrations(n, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs[n])]
