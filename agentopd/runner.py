@@ -400,8 +400,8 @@ def loss_temperature(cfg: Any, loss: LossKind) -> float:
     """The temperature the loss divides logits by.
 
     Losses on sampled tokens (sampled_k1/k3, grpo, topk_forward_kl) compare the student with the
-    sampler, so they use the rollout's temperature (trainer.temperature is not used). Full-vocabulary distillation (forward_kl,
-    reverse_kl, jsd) compares the student's and the teacher's distributions at `trainer.temperature`
+    sampler, so they use the rollout's temperature (trainer.temperature is not used). Full-vocabulary
+    distillation (forward_kl, reverse_kl, jsd) compares the student's and the teacher's distributions at `trainer.temperature`
     (default 1: the models' own distributions), whatever temperature explores; at T=0.5 a tiny
     student's copy errors cost 10-25 nats per token and training at lr >= 1e-3 collapsed
     (benchmarks/results/default_run.md). sft is cross-entropy at T=1.
@@ -409,7 +409,14 @@ def loss_temperature(cfg: Any, loss: LossKind) -> float:
     sampler = cfg.rollout.temperature or 1.0  # greedy rollouts: T=1 logprobs (engines/base.py)
     if loss == LossKind.SFT:
         return 1.0
-    return cfg.trainer.temperature if loss.is_full_vocab else sampler
+    if not loss.is_full_vocab:
+        return sampler
+    if cfg.trainer.task_reward_coef > 0 and cfg.trainer.temperature != sampler:
+        raise ValueError(
+            f"trainer.task_reward_coef={cfg.trainer.task_reward_coef} adds a policy-gradient term whose importance ratio "
+            f"compares with the sampler: set trainer.temperature={cfg.trainer.temperature} equal to rollout.temperature={sampler}"
+        )
+    return cfg.trainer.temperature
 
 
 def _with_version(spec: Any, version: int) -> Any:

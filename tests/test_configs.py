@@ -132,3 +132,14 @@ def test_loss_temperature(overrides, expected):
     cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", *overrides])
     loss = {"sft": LossKind.SFT, "grpo": LossKind.GRPO}.get(cfg.run.objective, LossKind(cfg.trainer.loss))
     assert loss_temperature(cfg, loss) == expected
+
+
+def test_task_reward_term_needs_the_sampler_temperature():
+    from agentopd.runner import loss_temperature
+    from agentopd.trainer.config import LossKind
+
+    cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", "trainer.task_reward_coef=0.1"])
+    with pytest.raises(ValueError, match="set trainer.temperature=1.0 equal to rollout.temperature=0.5"):
+        loss_temperature(cfg, LossKind.FORWARD_KL)
+    cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", "trainer.task_reward_coef=0.1", "trainer.temperature=0.5"])
+    assert loss_temperature(cfg, LossKind.FORWARD_KL) == 0.5
