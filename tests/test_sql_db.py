@@ -460,6 +460,6 @@ def test_tools_subset_shortens_the_prompt_and_refuses_the_others(home):
     finally:
         full.close()
         only.close()
-    for bad in (["sql_query", "drop_table"], [], "sql_query"):
+    for bad in (["sql_query", "drop_table"], [], "sql_query", [{"name": "sql_query"}]):
         with pytest.raises(ValueError, match="tools must be a non-empty list"):
             SqlDbEnv(tools=bad)

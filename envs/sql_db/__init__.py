@@ -115,7 +115,7 @@ class SqlDbEnv(ToolEnv):
         self._tool_list: list[Tool] = [self.db.sql_query, self.db.list_tables, self.db.describe_table]
         if tools is not None:
             offered = {tool_name(t): t for t in self._tool_list}
-            if isinstance(tools, str) or not tools or any(name not in offered for name in tools):
+            if isinstance(tools, str) or not tools or any(not isinstance(n, str) or n not in offered for n in tools):
                 raise ValueError(f"sql_db: tools must be a non-empty list of {sorted(offered)}, got {tools!r}")
             self._tool_list = [offered[name] for name in dict.fromkeys(tools)]
         self._prompt = SYSTEM_PROMPT
