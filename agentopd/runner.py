@@ -90,13 +90,7 @@ class Runner:
         random.seed(cfg.run.seed)
         self.mixture = Mixture.from_config(cfg)
         self.router = Router.from_config(cfg, self.mixture)  # a task without a teacher fails here, before any model
-        self.trainer_cfg = cfg.trainer.build()
-        if cfg.run.objective == "grpo":
-            self.trainer_cfg.loss = LossKind.GRPO
-        elif cfg.run.objective == "sft":
-            self.trainer_cfg.loss = LossKind.SFT
-        self.trainer_cfg.total_steps = max(cfg.run.steps, 1)
-        self.trainer_cfg.temperature = loss_temperature(cfg, self.trainer_cfg.loss)
+        self.trainer_cfg = trainer_config(cfg)
         self.mode = teacher_mode(self.trainer_cfg.loss)
         if self.mode is TeacherMode.HIDDEN and len(self.router.refs) > 1 and cfg.run.objective == "opd":
             raise ValueError(f"trainer.loss={self.trainer_cfg.loss} uses one teacher's lm_head: with several teachers use sampled_k1, sampled_k3 or topk_forward_kl")
@@ -394,6 +388,19 @@ class Runner:
     def _checkpoint(self, step: int, summary: RunSummary) -> None:
         path = self.run_dir / CHECKPOINTS / f"step_{step:06d}"
         self.backend.save_checkpoint(path, {"step": step, "evals": summary.evals})
+
+
+def trainer_config(cfg: Any) -> Any:
+    """The run's TrainerConfig: the `trainer` section, with the objective's loss, the run's steps and
+    the loss temperature (`loss_temperature`)."""
+    trainer_cfg = cfg.trainer.build()
+    if cfg.run.objective == "grpo":
+        trainer_cfg.loss = LossKind.GRPO
+    elif cfg.run.objective == "sft":
+        trainer_cfg.loss = LossKind.SFT
+    trainer_cfg.total_steps = max(cfg.run.steps, 1)
+    trainer_cfg.temperature = loss_temperature(cfg, trainer_cfg.loss)
+    return trainer_cfg
 
 
 def loss_temperature(cfg: Any, loss: LossKind) -> float:

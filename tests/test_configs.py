@@ -126,20 +126,16 @@ def test_sections_are_typed_and_closed():
     ],
 )
 def test_loss_temperature(overrides, expected):
-    from agentopd.runner import loss_temperature
-    from agentopd.trainer.config import LossKind
+    from agentopd.runner import trainer_config
 
     cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", *overrides])
-    loss = {"sft": LossKind.SFT, "grpo": LossKind.GRPO}.get(cfg.run.objective, LossKind(cfg.trainer.loss))
-    assert loss_temperature(cfg, loss) == expected
+    assert trainer_config(cfg).temperature == expected
 
 
 def test_task_reward_term_needs_the_sampler_temperature():
-    from agentopd.runner import loss_temperature
-    from agentopd.trainer.config import LossKind
+    from agentopd.runner import trainer_config
 
-    cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", "trainer.task_reward_coef=0.1"])
+    reward = ["rollout.temperature=0.5", "trainer.loss=forward_kl", "trainer.task_reward_coef=0.1"]
     with pytest.raises(ValueError, match="set trainer.temperature=1.0 equal to rollout.temperature=0.5"):
-        loss_temperature(cfg, LossKind.FORWARD_KL)
-    cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", "trainer.task_reward_coef=0.1", "trainer.temperature=0.5"])
-    assert loss_temperature(cfg, LossKind.FORWARD_KL) == 0.5
+        trainer_config(load_config("sql_db", overrides=reward))
+    assert trainer_config(load_config("sql_db", overrides=[*reward, "trainer.temperature=0.5"])).temperature == 0.5

@@ -63,7 +63,7 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the norm is still reported)
     loss: LossKind = LossKind.SAMPLED_K1
     beta: float = 0.5  # JSD beta (agentopd.losses documents the limits)
-    temperature: float = 1.0  # student / teacher logits are divided by it (agentopd run: runner.loss_temperature)
+    temperature: float = 1.0  # student / teacher logits are divided by it (agentopd run: runner.trainer_config)
     chunk_size: int = 1024  # tokens per chunk of the vocabulary-sized losses
     pg_mode: PGMode = PGMode.IS
     clip_eps: float = 0.2
