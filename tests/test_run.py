@@ -83,25 +83,35 @@ def test_short_run_writes_the_run_directory_contract(cli, tmp_path, env):
     assert result.exit_code == 0 and " 0 drifted" in result.output
 
 
+def _start_run(home: Path, run: Path, steps: int) -> tuple[subprocess.Popen, dict]:
+    """`agentopd run --env calculator` on the tiny models in a subprocess (so it can be sent SIGINT)."""
+    env = {**os.environ, "AGENTOPD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    args = [sys.executable, "-m", "agentopd.cli", "run", "--env", "calculator", "--run-dir", str(run), *SHORT, f"steps={steps}"]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), env
+
+
+def _wait_for_step(run: Path, step: int, timeout_s: float = 240) -> None:
+    metrics, deadline = run / "metrics.jsonl", time.time() + timeout_s
+    while time.time() < deadline and not (metrics.exists() and f'"step": {step}' in metrics.read_text()):
+        time.sleep(0.1)
+
+
+def _resume(run: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentopd.cli", "run", "--env", "calculator", "--run-dir", str(run), "--resume"],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
 def test_interrupt_and_resume_lose_and_duplicate_nothing(home, tmp_path):
     run = tmp_path / "run"
-    env = {**os.environ, "AGENTOPD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, "-m", "agentopd.cli", "run", "--env", "calculator", "--run-dir", str(run), *SHORT, "steps=6"]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        metrics = run / "metrics.jsonl"
-        if metrics.exists() and '"step": 3' in metrics.read_text():
-            break
-        time.sleep(0.2)
+    proc, env = _start_run(home, run, steps=6)
+    _wait_for_step(run, 3)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "continue with --resume" in out
     ckpts = sorted(p.name for p in (run / "checkpoints").glob("step_*") if (p / "DONE").exists())
     assert ckpts, out
-    done = subprocess.run([*args[:3], "run", "--env", "calculator", "--run-dir", str(run), "--resume"], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = _resume(run, env)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
@@ -174,19 +184,14 @@ def test_bad_input_is_one_line_error(cli, tmp_path, args, message):
 
 def test_second_ctrl_c_stops_at_once_and_resume_still_works(home, tmp_path):
     run = tmp_path / "run"
-    env = {**os.environ, "AGENTOPD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, "-m", "agentopd.cli", "run", "--env", "calculator", "--run-dir", str(run), *SHORT, "steps=5"]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and '"step": 2' in (run / "metrics.jsonl").read_text()):
-        time.sleep(0.1)
+    proc, env = _start_run(home, run, steps=5)
+    _wait_for_step(run, 2)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    done = subprocess.run([*args[:3], "run", "--env", "calculator", "--run-dir", str(run), "--resume"], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = _resume(run, env)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5]
