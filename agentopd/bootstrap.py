@@ -20,15 +20,9 @@ Nothing is downloaded. Steps, each cached:
 from __future__ import annotations
 
 import json
-import os
-import pickle
-import queue
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -221,8 +215,6 @@ def sft(
             history.append({"step": step, "loss": metrics["loss"], "success": success, "seconds": time.perf_counter() - t0})
             if plan.target_success is not None and success >= plan.target_success:
                 break
-    if progress:
-        progress(name, 1.0, {"step": step, "loss": metrics["loss"]})  # done, also when stopped early
     return {"steps": step, "seconds": round(time.perf_counter() - t0, 1), "final_loss": metrics["loss"], "history": history, "success": success}
 
 
@@ -251,7 +243,12 @@ def bootstrap(
         # the preset's env or the recipe changed since these were built: rebuild
 
     torch.manual_seed(0)
-    return _build(env_name, env_kwargs, spec, home, root, progress)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # models this small train fastest single-threaded (no OpenMP overhead)
+    try:
+        return _build(env_name, env_kwargs, spec, home, root, progress)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home: Path, root: Path, progress: Progress | None) -> BuiltinModels:
@@ -261,148 +258,29 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
     if progress:
         progress("demonstrations", 0.0, {})
     demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs)
-    if progress:
-        progress("demonstrations", 1.0, {})
+
+    def success_of(model: Qwen3ForCausalLM) -> float:
+        model.eval()
+        r = evaluate(model, tok, env_name, env_kwargs=env_kwargs, split="eval", num_tasks=spec.eval_tasks,
+                     rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context))  # fmt: skip
+        model.train()
+        return r.success_rate
+
     report: dict[str, Any] = {"env": env_name, "recipe": RECIPE, "env_kwargs": env_kwargs, "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}
-    job = RoleJob(env_name, env_kwargs, spec, tok.name_or_path, demos)
-    if parallel_cores() >= 2:
-        # the two models are independent: the student trains in a second process, on the second core
-        with StudentProcess(replace(job, role="student", out=str(student_dir))) as student:
-            report["teacher"] = train_role(replace(job, role="teacher", out=str(teacher_dir)), student.forwarding(progress))
-            report["student"] = student.result(progress)
-    else:
-        for role, out in (("teacher", teacher_dir), ("student", student_dir)):
-            report[role] = train_role(replace(job, role=role, out=str(out)), progress)
-    report["seconds"] = round(time.perf_counter() - t0, 1)
-    report_path.write_text(json.dumps(report, indent=2))
-    return BuiltinModels(env_name, teacher_dir, student_dir, report)
-
-
-def parallel_cores() -> int:
-    """Cores this process may use (AGENTOPD_BOOTSTRAP_PROCESSES=1 forces one)."""
-    forced = os.environ.get("AGENTOPD_BOOTSTRAP_PROCESSES")
-    if forced:
-        return int(forced)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-@dataclass(frozen=True)
-class RoleJob:
-    """One model to train: everything `train_role` needs, picklable for the student's process."""
-
-    env_name: str
-    env_kwargs: dict[str, Any]
-    spec: BootstrapSpec
-    tokenizer_dir: str
-    demos: list[TrainSample]
-    role: str = "teacher"  # "teacher" (SFT until it solves held-out tasks) or "student"
-    out: str = ""
-
-
-def train_role(job: RoleJob, progress: Progress | None) -> dict[str, Any]:
-    """Train one role's model on the demonstrations, report its held-out success, save it to job.out."""
-    spec = job.spec
-    plan = spec.teacher if job.role == "teacher" else spec.student
-    tok = AutoTokenizer.from_pretrained(job.tokenizer_dir)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # models this small train fastest single-threaded (no OpenMP overhead)
-    try:
-
-        def success_of(model: Qwen3ForCausalLM) -> float:
-            model.eval()
-            r = evaluate(model, tok, job.env_name, env_kwargs=job.env_kwargs, split="eval", num_tasks=spec.eval_tasks,
-                         rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context))  # fmt: skip
-            model.train()
-            return r.success_rate
-
+    for role, plan, out in (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir)):
         torch.manual_seed(plan.seed)
         model = Qwen3ForCausalLM(plan.size.config(tok, spec.max_context))
-        train = sft(model, job.demos, plan, evaluate_fn=success_of if job.role == "teacher" else None, progress=progress, name=job.role)
+        train = sft(model, demos, plan, evaluate_fn=success_of if role == "teacher" else None, progress=progress, name=role)
         model.eval()
-        if train["success"] is None or job.role == "student":
-            train["success"] = success_of(model)
+        train["success"] = success_of(model) if train["success"] is None or role == "student" else train["success"]
         train["parameters"] = sum(p.numel() for p in model.parameters())
 
-        def save(path: Path) -> None:
+        def save(path: Path, model=model) -> None:
             model.save_pretrained(path)
             tok.save_pretrained(path)
 
-        _atomic_dir(Path(job.out), save)
-        return train
-    finally:
-        torch.set_num_threads(threads)
-
-
-class StudentProcess:
-    """`train_role` for the student in a child Python process (`python -m agentopd.bootstrap_worker`).
-
-    The job goes in a pickle file; the child writes one JSON line per progress update and a last
-    line with its report to stdout. A reader thread queues them; the parent forwards progress from
-    its own thread (`forwarding`, `result`) so the progress display is only touched from one thread.
-    """
-
-    def __init__(self, job: RoleJob):
-        self._job = job
-        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._report: dict[str, Any] | None = None
-
-    def __enter__(self) -> StudentProcess:
-        self._tmp = Path(tempfile.mkdtemp(prefix="agentopd-student-"))
-        job_file = self._tmp / "job.pkl"
-        with job_file.open("wb") as f:
-            pickle.dump(self._job, f)
-        self._stderr = (self._tmp / "stderr.log").open("w+")
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self._proc = subprocess.Popen([sys.executable, "-m", "agentopd.bootstrap_worker", str(job_file)],
-                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        return self
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            if line.startswith("{"):
-                self._lines.put(json.loads(line))
-        self._lines.put(None)  # end of output
-
-    def _forward(self, progress: Progress | None, block: bool) -> bool:
-        """Hand queued child lines on; True once the child's output has ended."""
-        while True:
-            try:
-                msg = self._lines.get(block=block)
-            except queue.Empty:
-                return False
-            if msg is None:
-                return True
-            if "report" in msg:
-                self._report = msg["report"]
-            elif progress:
-                progress(*msg["progress"])
-
-    def forwarding(self, progress: Progress | None) -> Progress:
-        """A progress callback for the parent's own work that also passes on the child's updates."""
-
-        def callback(phase: str, fraction: float, info: dict[str, Any]) -> None:
-            self._forward(progress, block=False)
-            if progress:
-                progress(phase, fraction, info)
-
-        return callback
-
-    def result(self, progress: Progress | None) -> dict[str, Any]:
-        """Wait for the child; its report, or a RuntimeError carrying the end of its stderr."""
-        self._forward(progress, block=True)
-        code = self._proc.wait()
-        if code != 0 or self._report is None:
-            self._stderr.seek(0)
-            tail = self._stderr.read()[-3000:]
-            raise RuntimeError(f"building the built-in student failed in its process (exit code {code}):\n{tail}")
-        return self._report
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc.poll() is None:  # the parent failed or was interrupted: the child's work is moot
-            self._proc.kill()
-            self._proc.wait()
-        self._stderr.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        _atomic_dir(out, save)
+        report[role] = train
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    report_path.write_text(json.dumps(report, indent=2))
+    return BuiltinModels(env_name, teacher_dir, student_dir, report)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
 class RunProgress:
@@ -25,7 +25,7 @@ class RunProgress:
             TimeElapsedColumn(), console=self.console, transient=True,
         )  # fmt: skip
         self._started = False
-        self._bootstrap_tasks: dict[str, TaskID] = {}
+        self._bootstrap_task = None
 
     def _start(self) -> None:
         if not self._started:
@@ -42,16 +42,15 @@ class RunProgress:
             self._bars.remove_task(task)
 
     def bootstrap_callback(self, phase: str, fraction: float, info: dict[str, Any]) -> None:
-        """Progress of the embedded default's build (agentopd.bootstrap's `progress`): one bar per
-        phase (the teacher and the student may train at once), gone when the phase reports 1.0."""
+        """Progress of the embedded default's build (agentopd.bootstrap's `progress`)."""
         self._start()
         desc = f"bootstrap: {phase}" + (f" loss {info['loss']:.3f}" if "loss" in info else "")
-        task = self._bootstrap_tasks.get(phase)
-        if task is None:
-            task = self._bootstrap_tasks[phase] = self._bars.add_task(desc, total=100)
-        self._bars.update(task, description=desc, completed=int(fraction * 100))
-        if fraction >= 1.0:
-            self._bars.remove_task(self._bootstrap_tasks.pop(phase))
+        if self._bootstrap_task is None:
+            self._bootstrap_task = self._bars.add_task(desc, total=100)
+        self._bars.update(self._bootstrap_task, description=desc, completed=int(fraction * 100))
+        if phase == "student" and fraction >= 1.0:
+            self._bars.remove_task(self._bootstrap_task)
+            self._bootstrap_task = None
 
     def note(self, text: str) -> None:
         self.console.print(text)
