@@ -243,12 +243,8 @@ def bootstrap(
         # the preset's env or the recipe changed since these were built: rebuild
 
     torch.manual_seed(0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # models this small train fastest single-threaded (no OpenMP overhead)
-    try:
-        return _build(env_name, env_kwargs, spec, home, root, progress)
-    finally:
-        torch.set_num_threads(threads)
+    # torch's own thread count: on the 2-core machine two threads train these models 1.75x faster than one
+    return _build(env_name, env_kwargs, spec, home, root, progress)
 
 
 def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home: Path, root: Path, progress: Progress | None) -> BuiltinModels:

@@ -162,12 +162,7 @@ def run_command(
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise ValueError(f"{run_dir} already holds a run: pass --resume to continue it, or another --run-dir")
     _quiet_transformers()
-    import torch
-
     from agentopd.runner import Runner
-
-    if not torch.cuda.is_available():
-        torch.set_num_threads(1)  # the embedded models are tiny: one thread beats two (OpenMP overhead)
 
     console.print(f"run directory: [bold]{run_dir}[/]")
     try:

@@ -190,7 +190,9 @@ def test_second_ctrl_c_stops_at_once_and_resume_still_works(home, tmp_path):
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out
+    # 130 when the second Ctrl-C lands in the step or the checkpoint; death by SIGINT when these tiny steps
+    # already finished and it lands on the way out (either way the checkpoint is written and resume works)
+    assert proc.returncode in (130, -signal.SIGINT), out
     done = _resume(run, env)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
