@@ -24,7 +24,7 @@ the expected number (`envs.calculator.data.parse_answer` / `answers_match`), els
 from __future__ import annotations
 
 from fractions import Fraction
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ class CalculatorEnv(ToolEnv):
         return actions
 
 
-@cache
+@lru_cache(maxsize=8)  # a few (seed, split, size) sets per process
 def _generated_tasks(seed: int, split: Split, num: int) -> tuple[Task, ...]:
     """Generated tasks, computed once per process: a rollout makes an env per episode, and
     drawing 1,000 problems took ~85 ms of every one."""
