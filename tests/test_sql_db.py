@@ -463,3 +463,18 @@ def test_tools_subset_shortens_the_prompt_and_refuses_the_others(home):
     for bad in (["sql_query", "drop_table"], [], "sql_query", [{"name": "sql_query"}]):
         with pytest.raises(ValueError, match="tools must be a non-empty list"):
             SqlDbEnv(tools=bad)
+
+
+def test_generated_selection_is_made_once_per_process(monkeypatch):
+    """A rollout builds an env per episode: the split/difficulty selection over the ~5,700 generated
+    tasks is computed once per process, not per env (it was ~3 ms of every env)."""
+    import envs.sql_db as sql_env
+
+    calls = []
+    real = sql_env._select
+    monkeypatch.setattr(sql_env, "_select", lambda *a: calls.append(a[1:]) or real(*a))
+    sql_env._default_selection.cache_clear()
+    envs = [sql_env.SqlDbEnv(difficulty=["join", "count"]) for _ in range(3)]
+    assert len(calls) == 1 and all(e.tasks == envs[0].tasks for e in envs)
+    assert sql_env.SqlDbEnv(difficulty=["count", "join"]).tasks == envs[0].tasks and len(calls) == 1  # same set, any order
+    assert {t.data["difficulty"] for t in envs[0].tasks} == {"count", "join"}

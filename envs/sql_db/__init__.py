@@ -34,6 +34,7 @@ Kwargs:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,21 @@ def _default_tasks(db_path: str, mtime_ns: int) -> tuple[Task, ...]:
         return tuple(generate_tasks(db))
     finally:
         db.close()
+
+
+def _select(tasks: Sequence[Task], split: Split, difficulty: tuple[str, ...] | None) -> list[Task]:
+    """The tasks of `split` (tasks without a split are in every split) and of the given difficulties
+    (tasks without one, i.e. users' tasks, are kept)."""
+    chosen = [t for t in tasks if split == Split.ALL or t.data.get("split") in (None, split)]
+    if difficulty is not None:
+        chosen = [t for t in chosen if "difficulty" not in t.data or t.data["difficulty"] in difficulty]
+    return chosen
+
+
+@cache
+def _default_selection(db_path: str, mtime_ns: int, split: Split, difficulty: tuple[str, ...] | None) -> tuple[Task, ...]:
+    """`_select` over the generated tasks, once per process: a rollout makes an env per episode."""
+    return tuple(_select(_default_tasks(db_path, mtime_ns), split, difficulty))
 
 
 def _number(name: str, value: Any, kind: type) -> Any:
@@ -98,17 +114,16 @@ class SqlDbEnv(ToolEnv):
             max_output_chars=_number("max_output_chars", max_output_chars, int),
         )
         self.max_tool_output_chars = self.db.max_output_chars + 200  # our own cap already applied
-        if tasks is None:
-            all_tasks = list(_default_tasks(str(path.resolve()), path.stat().st_mtime_ns))
-        else:
-            all_tasks = load_tasks_jsonl(tasks, self.db)
-        chosen = [t for t in all_tasks if self.split == Split.ALL or t.data.get("split") in (None, self.split)]
         if difficulty is not None:
             known = {d.value for d in Difficulty}
             unknown = sorted(set(difficulty) - known)
             if unknown:
                 raise ValueError(f"sql_db: unknown difficulty {unknown}; choose from {sorted(known)}")
-            chosen = [t for t in chosen if t.data.get("difficulty", "user") in set(difficulty) or "difficulty" not in t.data]
+            difficulty = tuple(sorted(set(difficulty)))
+        if tasks is None:
+            chosen = list(_default_selection(str(path.resolve()), path.stat().st_mtime_ns, self.split, difficulty))
+        else:
+            chosen = _select(load_tasks_jsonl(tasks, self.db), self.split, difficulty)
         if not chosen:
             raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
         self.schema_in_prompt = bool(schema_in_prompt)
