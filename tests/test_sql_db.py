@@ -478,3 +478,12 @@ def test_generated_selection_is_made_once_per_process(monkeypatch):
     assert len(calls) == 1 and all(e.tasks == envs[0].tasks for e in envs)
     assert sql_env.SqlDbEnv(difficulty=["count", "join"]).tasks == envs[0].tasks and len(calls) == 1  # same set, any order
     assert {t.data["difficulty"] for t in envs[0].tasks} == {"count", "join"}
+
+
+def test_difficulty_as_one_name_or_a_list():
+    import envs.sql_db as sql_env
+
+    one = sql_env.SqlDbEnv(difficulty="count")  # env.difficulty=count on the command line
+    assert one.tasks == sql_env.SqlDbEnv(difficulty=["count"]).tasks and {t.data["difficulty"] for t in one.tasks} == {"count"}
+    with pytest.raises(ValueError, match=r"unknown difficulty \['hard'\]"):
+        sql_env.SqlDbEnv(difficulty="hard")

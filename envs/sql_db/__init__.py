@@ -27,7 +27,7 @@ Kwargs:
     max_output_chars default 2000 characters per tool result
     schema_in_prompt default False: list every table's columns in the system prompt
     difficulty       default None (all): keep only these task families of the generated set,
-                     e.g. [count, join]; user task lines (no family) are always kept
+                     e.g. [count, join] or one name; user task lines (no family) are always kept
     tools            default None (all three): offer only these tools, e.g. [sql_query] (each
                      tool's schema costs prompt tokens; calling one not offered is a tool error)
 """
@@ -114,6 +114,8 @@ class SqlDbEnv(ToolEnv):
             max_output_chars=_number("max_output_chars", max_output_chars, int),
         )
         self.max_tool_output_chars = self.db.max_output_chars + 200  # our own cap already applied
+        if isinstance(difficulty, str):  # env.difficulty=count on the command line: one family
+            difficulty = [difficulty]
         if difficulty is not None:
             known = {d.value for d in Difficulty}
             unknown = sorted(set(difficulty) - known)
