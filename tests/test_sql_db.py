@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentopd.tool import ToolError
+from agentopd.tool import ToolError, tool_name
 from envs.sql_db import SqlDbEnv, answers_match
 from envs.sql_db.database import DB_VERSION, _is_current, default_db_path
 from envs.sql_db.tasks import Difficulty, generate_tasks
@@ -460,9 +460,14 @@ def test_tools_subset_shortens_the_prompt_and_refuses_the_others(home):
     finally:
         full.close()
         only.close()
-    for bad in (["sql_query", "drop_table"], [], "sql_query", [{"name": "sql_query"}]):
+    for bad in (["sql_query", "drop_table"], [], "drop_table", [{"name": "sql_query"}]):
         with pytest.raises(ValueError, match="tools must be a non-empty list"):
             SqlDbEnv(tools=bad)
+    one = SqlDbEnv(tools="sql_query")  # env.tools=sql_query on the command line
+    try:
+        assert [tool_name(t) for t in one.tools()] == ["sql_query"]
+    finally:
+        one.close()
 
 
 def test_generated_selection_is_made_once_per_process(monkeypatch):

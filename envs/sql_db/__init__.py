@@ -28,8 +28,9 @@ Kwargs:
     schema_in_prompt default False: list every table's columns in the system prompt
     difficulty       default None (all): keep only these task families of the generated set,
                      e.g. [count, join] or one name; user task lines (no family) are always kept
-    tools            default None (all three): offer only these tools, e.g. [sql_query] (each
-                     tool's schema costs prompt tokens; calling one not offered is a tool error)
+    tools            default None (all three): offer only these tools, e.g. [sql_query] or one
+                     name (each tool's schema costs prompt tokens; calling one not offered is a
+                     tool error)
 """
 
 from __future__ import annotations
@@ -130,9 +131,11 @@ class SqlDbEnv(ToolEnv):
             raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
         self.schema_in_prompt = bool(schema_in_prompt)
         self._tool_list: list[Tool] = [self.db.sql_query, self.db.list_tables, self.db.describe_table]
+        if isinstance(tools, str):  # env.tools=sql_query on the command line: one tool
+            tools = [tools]
         if tools is not None:
             offered = {tool_name(t): t for t in self._tool_list}
-            if isinstance(tools, str) or not tools or any(not isinstance(n, str) or n not in offered for n in tools):
+            if not tools or any(not isinstance(n, str) or n not in offered for n in tools):
                 raise ValueError(f"sql_db: tools must be a non-empty list of {sorted(offered)}, got {tools!r}")
             self._tool_list = [offered[name] for name in dict.fromkeys(tools)]
         self._prompt = SYSTEM_PROMPT
