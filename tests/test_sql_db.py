@@ -463,7 +463,7 @@ def test_tools_subset_shortens_the_prompt_and_refuses_the_others(home):
     for bad in (["sql_query", "drop_table"], [], "drop_table", [{"name": "sql_query"}]):
         with pytest.raises(ValueError, match="tools must be a non-empty list"):
             SqlDbEnv(tools=bad)
-    one = SqlDbEnv(tools="sql_query")  # env.tools=sql_query on the command line
+    one = SqlDbEnv(tools="sql_query")  # one name, not a list
     try:
         assert [tool_name(t) for t in one.tools()] == ["sql_query"]
     finally:
@@ -488,7 +488,7 @@ def test_generated_selection_is_made_once_per_process(monkeypatch):
 def test_difficulty_as_one_name_or_a_list():
     import envs.sql_db as sql_env
 
-    one = sql_env.SqlDbEnv(difficulty="count")  # env.difficulty=count on the command line
+    one = sql_env.SqlDbEnv(difficulty="count")  # one name, not a list
     assert one.tasks == sql_env.SqlDbEnv(difficulty=["count"]).tasks and {t.data["difficulty"] for t in one.tasks} == {"count"}
     with pytest.raises(ValueError, match=r"unknown difficulty \['hard'\]"):
         sql_env.SqlDbEnv(difficulty="hard")

@@ -115,7 +115,7 @@ class SqlDbEnv(ToolEnv):
             max_output_chars=_number("max_output_chars", max_output_chars, int),
         )
         self.max_tool_output_chars = self.db.max_output_chars + 200  # our own cap already applied
-        if isinstance(difficulty, str):  # env.difficulty=count on the command line: one family
+        if isinstance(difficulty, str):  # make_env("sql_db", difficulty="count"): one family
             difficulty = [difficulty]
         if difficulty is not None:
             known = {d.value for d in Difficulty}
@@ -131,7 +131,7 @@ class SqlDbEnv(ToolEnv):
             raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
         self.schema_in_prompt = bool(schema_in_prompt)
         self._tool_list: list[Tool] = [self.db.sql_query, self.db.list_tables, self.db.describe_table]
-        if isinstance(tools, str):  # env.tools=sql_query on the command line: one tool
+        if isinstance(tools, str):  # make_env("sql_db", tools="sql_query"): one tool
             tools = [tools]
         if tools is not None:
             offered = {tool_name(t): t for t in self._tool_list}
