@@ -179,7 +179,18 @@ def run_command(
     if "eval/teacher_success_rate" in first:
         table.add_row("teacher", str(first["step"]), f"{first['eval/teacher_success_rate']:.1%}", "", "")
     console.print(table)
+    if first and last and "eval/teacher_success_rate" in first:
+        console.print(gain_line(first["eval/success_rate"], last["eval/success_rate"], first["eval/teacher_success_rate"]))
     console.print(f"final student: {run_dir / 'final'}   view: agentopd view {run_dir}")
+
+
+def gain_line(before: float, after: float, teacher: float) -> str:
+    """The run's result in one line: the student's change in points and the share of the gap to the teacher it closed."""
+    line = f"student: {(after - before) * 100:+.0f} points of held-out success"
+    gap = teacher - before
+    if gap > 0:
+        return line + f" ({(after - before) / gap:.0%} of the gap to the teacher)"
+    return line + " (it started level with or above the teacher)"
 
 
 @command("eval")

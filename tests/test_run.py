@@ -58,6 +58,7 @@ def test_short_run_writes_the_run_directory_contract(cli, tmp_path, env):
     result = cli("run", "--env", env, "--run-dir", run, *SHORT)
     assert result.exit_code == 0, result.output
     assert "student before" in result.output and "teacher" in result.output
+    assert "points of held-out success" in result.output
     for name in ("config.yaml", "metrics.jsonl", "trajectories.db", "tb", "checkpoints", "final"):
         assert (run / name).exists(), name
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -200,3 +201,11 @@ def test_second_ctrl_c_stops_at_once_and_resume_still_works(home, tmp_path):
     db = sqlite3.connect(run / "trajectories.db")
     ids = [r[0] for r in db.execute("select id from episodes where split='train'")]
     assert len(ids) == len(set(ids)) == 5 * 3 * 2
+
+
+def test_gain_line():
+    from agentopd.cli import gain_line
+
+    assert gain_line(0.09, 0.58, 0.61) == "student: +49 points of held-out success (94% of the gap to the teacher)"
+    assert gain_line(0.30, 0.25, 0.80) == "student: -5 points of held-out success (-10% of the gap to the teacher)"
+    assert gain_line(0.50, 0.55, 0.40) == "student: +5 points of held-out success (it started level with or above the teacher)"
