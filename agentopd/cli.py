@@ -200,7 +200,7 @@ def eval_command(
     overrides: Overrides = None,
     tasks: Annotated[Path | None, typer.Option("--tasks", help="a task file (JSONL) for the env")] = None,
     split: Annotated[str, typer.Option(help="train | eval | all (generated tasks)")] = "eval",
-    num_tasks: Annotated[int | None, typer.Option("--num-tasks", help="first N tasks (default: all)")] = None,
+    num_tasks: Annotated[int | None, typer.Option("--num-tasks", help="N of the tasks, a fixed seeded sample (default: all)")] = None,
     n: Annotated[int, typer.Option("--n", help="samples per task (pass@n)")] = 1,
     temperature: Annotated[float, typer.Option(help="0 = greedy")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,

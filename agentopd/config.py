@@ -131,7 +131,7 @@ class EvalConfig(Section):
     """`eval`: periodic held-out evaluation (greedy by default)."""
 
     every: int = Field(5, ge=0, description="steps between evals (0 = only before and after)")
-    num_tasks: int = Field(100, ge=1, description="held-out tasks per eval")
+    num_tasks: int = Field(100, ge=1, description="held-out tasks per eval (a fixed seeded sample of the eval split, the same every eval)")
     teacher: bool = Field(True, description="also evaluate the teacher on the same tasks (before training)")
     temperature: float = Field(0.0, ge=0)
 

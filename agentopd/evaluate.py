@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from agentopd.engines.base import Engine
-from agentopd.env import ToolEnv
+from agentopd.env import Task, ToolEnv
 from agentopd.registry import make_env
 from agentopd.rollout import Rollout, RolloutConfig
 from agentopd.types import Episode
@@ -73,10 +73,11 @@ def summarise(env: str, split: str, n: int, episodes: list[Episode]) -> EvalResu
     )
 
 
-def eval_task_ids(env: ToolEnv, num_tasks: int | None, seed: int = 0) -> list[str]:
-    """`num_tasks` of the env's tasks: a fixed seeded sample (tasks are often grouped by
-    template, so the first N would not be representative), in the env's order; all when None."""
-    ids = [t.id for t in env.tasks]
+def eval_task_ids(tasks: Sequence[Task], num_tasks: int | None, seed: int = 0) -> list[str]:
+    """`num_tasks` of an env's tasks: a fixed seeded sample (tasks are often grouped by
+    template, so the first N would not be representative), in the env's order; all when None.
+    `agentopd eval --num-tasks N` and a run's evals (`eval.num_tasks`) play the same set."""
+    ids = [t.id for t in tasks]
     if num_tasks is None or num_tasks >= len(ids):
         return ids
     keep = set(random.Random(seed).sample(range(len(ids)), num_tasks))
@@ -98,7 +99,7 @@ async def evaluate_async(
     on_episode: Callable | None = None,
 ) -> EvalResult:
     env = env_factory()
-    task_ids = eval_task_ids(env, num_tasks, seed)
+    task_ids = eval_task_ids(env.tasks, num_tasks, seed)
     env.close()
     ro = Rollout(env_factory, engine, tokenizer, rollout)
     specs = Rollout.specs_for(task_ids, n=n, step=step, seed=seed, split=split)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from agentopd.env import ToolEnv
+from agentopd.evaluate import eval_task_ids
 from agentopd.models import BUILTIN, resolve_model
 from agentopd.registry import make_env
 from agentopd.rollout import EpisodeSpec, Rollout
@@ -126,8 +127,10 @@ class Mixture:
         return [Planned(chosen[i // n][0], spec) for i, spec in enumerate(specs)]
 
     def eval_plan(self, step: int, *, num_tasks: int, seed: int, split: str = "eval") -> list[Planned]:
-        """The first `num_tasks` held-out tasks of every source (a fixed eval set per source)."""
-        chosen = [(key, t.id) for key in self.sources for t in self.tasks(key, split)[:num_tasks]]
+        """`num_tasks` held-out tasks of every source: a fixed seeded sample, the same whatever the
+        run's seed (`agentopd.evaluate.eval_task_ids`: the first N of an env grouped by template
+        would test a few templates only); `seed` seeds the episodes' sampling."""
+        chosen = [(key, task_id) for key in self.sources for task_id in eval_task_ids(self.tasks(key, split), num_tasks)]
         specs = Rollout.specs_for([t for _, t in chosen], n=1, step=step, seed=seed, split=split)
         return [Planned(chosen[i][0], spec) for i, spec in enumerate(specs)]
 

@@ -71,6 +71,22 @@ def test_plan_follows_weights_and_is_a_function_of_seed_and_step():
     assert [p.spec.task_id for p in single.plan(3, tasks_per_step=4, n=1, seed=0)] == expected
 
 
+def test_eval_plan_is_a_representative_fixed_sample():
+    """The run's evals play a seeded sample of the eval split, the set `agentopd eval --num-tasks N` plays,
+    whatever the run's seed. (They played the first N: sql_db's eval split is grouped by template, so its
+    first 100 tasks covered 7 of its 13 templates and no join task at all.)"""
+    from agentopd.evaluate import eval_task_ids
+
+    mixture = Mixture.from_config(load_config("sql_db"))
+    tasks = mixture.tasks("sql_db", "eval")
+    plan = mixture.eval_plan(0, num_tasks=100, seed=3)
+    assert [p.spec.task_id for p in plan] == eval_task_ids(tasks, 100)
+    assert [p.spec.task_id for p in mixture.eval_plan(40, num_tasks=100, seed=0)] == [p.spec.task_id for p in plan]
+    sizes = Counter(t.id.split(":")[0] for t in tasks)
+    played = Counter(p.spec.task_id.split(":")[0] for p in plan)
+    assert all(played[name] > 0 for name, size in sizes.items() if size >= 10)  # every common template, joins included
+
+
 def test_routing_by_env_and_by_data_source():
     cfg = load_config("calculator,sql_db", overrides=["teachers.calculator=/m/a", "teachers.sql_db=/m/b"])
     mixture = Mixture.from_config(cfg)
