@@ -34,6 +34,7 @@ from agentopd.backends import make_backend
 from agentopd.backends.stages import STUDENT, RunContext
 from agentopd.batch import TrainSample
 from agentopd.diagnostics import step_metrics
+from agentopd.engines.base import logprob_temperature
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.metrics_log import MetricsLog
 from agentopd.mixing import Mixture, Planned, Router, resolve_student
@@ -413,7 +414,7 @@ def loss_temperature(cfg: Any, loss: LossKind) -> float:
     student's copy errors cost 10-25 nats per token and training at lr >= 1e-3 collapsed
     (benchmarks/results/default_run.md). sft is cross-entropy at T=1.
     """
-    sampler = cfg.rollout.temperature or 1.0  # greedy rollouts: T=1 logprobs (engines/base.py)
+    sampler = logprob_temperature(cfg.rollout.temperature)  # greedy rollouts report T=1 logprobs
     if loss == LossKind.SFT:
         return 1.0
     if not loss.is_full_vocab:

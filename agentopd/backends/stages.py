@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from agentopd.engines.base import logprob_temperature
 from agentopd.mixing import Mixture, Planned
 from agentopd.rollout import Rollout, RolloutConfig
 from agentopd.types import Episode
@@ -136,7 +137,7 @@ def build_teacher(ctx: RunContext, name: str) -> Any:
 
     # the teacher's sampled-token logprobs (kl/* metrics, sampled losses) sit beside the sampler's: same temperature;
     # the hidden states the full-vocabulary losses use carry none (the loss applies trainer.temperature)
-    temperature = ctx.rollout_cfg.temperature or 1.0
+    temperature = logprob_temperature(ctx.rollout_cfg.temperature)
     return HFTeacher(ctx.teacher_refs[name], device=ctx.device, dtype=ctx.dtype, temperature=temperature)
 
 

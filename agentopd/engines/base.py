@@ -25,6 +25,11 @@ class FinishReason(StrEnum):
     ABORT = "abort"  # cancelled
 
 
+def logprob_temperature(temperature: float) -> float:
+    """The T of the logprob convention above: the sampler's temperature, 1 for greedy (0)."""
+    return temperature if temperature > 0 else 1.0
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from agentopd.engines.base import SamplingParams
+from agentopd.engines.base import SamplingParams, logprob_temperature
 
 
 def filter_logprobs(logprobs_V: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -43,7 +43,7 @@ def sample_rows(
 ) -> tuple[list[int], list[float]]:
     """One next token per row and its protocol logprob; `params[i]` and `generators[i]` drive row i."""
     assert logits_BV.dim() == 2 and logits_BV.shape[0] == len(params) == len(generators)
-    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    temps = [logprob_temperature(p.temperature) for p in params]
     temp_B1 = torch.tensor(temps, dtype=torch.float32, device=logits_BV.device)[:, None]
     logprobs_BV = torch.log_softmax(logits_BV.float() / temp_B1, dim=-1)
     tokens_B = logprobs_BV.argmax(dim=-1)  # greedy rows keep this
