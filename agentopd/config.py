@@ -123,7 +123,9 @@ class TeacherConfig(Section):
 class EngineConfig(Section):
     """`engine`: what generates the student's episodes."""
 
-    kind: Literal["hf", "vllm"] = "hf"
+    kind: Literal["auto", "hf", "fast", "vllm"] = Field(
+        "auto", description="auto (vllm where installed on a GPU, fast on other GPUs, hf on CPU) | hf | fast | vllm"
+    )
     max_batch_size: int = Field(64, ge=1)
 
 

@@ -47,10 +47,11 @@ class RunContext:
 
 def build_engine(ctx: RunContext, model: Any) -> Any:
     """The rollout engine (`engine.kind`) over a model object or a reference."""
-    from agentopd.engines import make_engine
+    from agentopd.engines import EngineKind, make_engine, resolve_kind
 
+    kind = resolve_kind(ctx.cfg.engine.kind, ctx.device)
     kwargs: dict[str, Any] = {"max_batch_size": ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed}
-    if ctx.cfg.engine.kind == "hf":
+    if kind == EngineKind.HF:
         kwargs["device"] = ctx.device
         if not isinstance(model, torch.nn.Module):
             from transformers import AutoModelForCausalLM
@@ -60,7 +61,7 @@ def build_engine(ctx: RunContext, model: Any) -> Any:
             model = copy.deepcopy(model).to(ctx.dtype)
     elif isinstance(model, torch.nn.Module):
         model = str(ctx.student_ref)
-    return make_engine(ctx.cfg.engine.kind, model, **kwargs)
+    return make_engine(kind, model, **kwargs)
 
 
 class Players:

@@ -16,14 +16,32 @@ from agentopd.engines.base import Engine, FinishReason, GenerateRequest, Generat
 
 
 class EngineKind(StrEnum):
+    AUTO = "auto"
     HF = "hf"
+    FAST = "fast"
     VLLM = "vllm"
+
+
+def resolve_kind(kind: str, device: Any = None) -> EngineKind:
+    """The engine `auto` means on `device`: vLLM where installed on a GPU, fast on other GPUs, hf on CPU.
+    Until the fast engine exists, GPUs without vLLM get hf."""
+    if kind not in EngineKind.__members__.values():
+        raise ValueError(f"unknown engine kind {kind!r}: choose one of {[k.value for k in EngineKind]}")
+    if kind != EngineKind.AUTO:
+        return EngineKind(kind)
+    import importlib.util
+
+    on_gpu = device is not None and getattr(device, "type", str(device)).startswith("cuda")
+    if on_gpu and importlib.util.find_spec("vllm") is not None:
+        return EngineKind.VLLM
+    return EngineKind.HF
 
 
 def make_engine(kind: str, model: Any, **kwargs: Any) -> Engine:
     """An engine of `kind` ("hf" or "vllm") serving `model` (a path, hub id, or for hf a PreTrainedModel)."""
-    if kind not in EngineKind.__members__.values():
-        raise ValueError(f"unknown engine kind {kind!r}: choose one of {[k.value for k in EngineKind]}")
+    kind = resolve_kind(kind, kwargs.get("device"))
+    if kind == EngineKind.FAST:
+        raise ValueError("engine.kind=fast is not built yet: use hf or vllm")
     if kind == EngineKind.HF:
         from agentopd.engines.hf import HFEngine
 
