@@ -9,8 +9,11 @@ gives them: student hidden states N x H_s and lm_head V x H_s (both need grad), 
 hidden states N x H_t and lm_head V x H_t (no grad). Timed work = student logits + teacher
 logits + loss + backward to the student hidden states and head.
     naive    logits_NV = h @ W^T (autograd), teacher logits under no_grad, `divergence().sum()`
-    chunked  `chunked_divergence(...)` (custom autograd function, recompute in backward);
-             chunked_gif: grad_in_forward=True (no recompute); _compiled: compiled=True
+    default  `chunked_divergence(...)` as the trainer calls it: on CUDA the fused Triton path
+             (agentopd/losses/fused.py), on CPU the torch path below
+    chunked  `chunked_divergence(..., fused=False)` (the torch reference: custom autograd function,
+             recompute in backward); chunked_gif: grad_in_forward=True (no recompute);
+             _compiled: compiled=True
     liger    `LigerFusedLinearJSDLoss` (chunked torch, compiled and not) and `LigerFusedLinearJSD`
              (Triton), JSD only, CUDA only, when `liger_kernel` imports
 Memory is the peak *extra* memory of one forward+backward over the inputs already allocated:
@@ -21,7 +24,10 @@ Memory is the peak *extra* memory of one forward+backward over the inputs alread
           warm-up run so code pages and thread pools are already resident).
           glibc returns these large blocks to the OS, so RSS follows live tensors.
 Time is the best of --repeats runs (after one warm-up on CUDA); tokens/s = N / time. Ratios
-are computed between rows of the same run.
+are computed between rows of the same run. On CUDA, `grad err` compares each implementation's
+gradients (student hidden and head, first min(N, 1024) tokens of the first shape) with an fp64
+reference computed from the same bf16 inputs: max over the two of |g - g_ref| / |g_ref| (norms).
+Variants take an optional chunk size, `impl:chunk` (e.g. default:2048).
 """
 
 from __future__ import annotations
@@ -45,12 +51,12 @@ from agentopd.losses import chunked_divergence, divergence  # noqa: E402
 KINDS = ("forward_kl", "reverse_kl", "jsd")
 BETA = 0.5
 CPU_SHAPES = "2048x32000x256x512,4096x32000x256x512"
-GPU_SHAPES = "4096x151936x2048x4096,16384x151936x2048x4096"
+GPU_SHAPES = "4096x151936x2048x4096,16384x151936x2048x4096,32768x151936x2048x4096"
 
 
 @dataclass(frozen=True)
 class Case:
-    impl: str  # naive | chunked[_gif][_compiled] | liger_chunked[_compiled] | liger_triton
+    impl: str  # naive | default | chunked[_gif][_compiled] | liger_chunked[_compiled] | liger_triton
     kind: str
     n: int
     v: int
@@ -70,6 +76,7 @@ class Result:
     seconds: float | None = None
     loss: float | None = None
     error: str | None = None
+    grad_err: float | None = None
 
 
 def _inputs(c: Case):
@@ -96,8 +103,14 @@ def _step_fn(c: Case, h, w, th, tw):
             loss = divergence(s_logits, t_logits, c.kind, beta=BETA).sum()
             loss.backward()
             return loss.detach()
+    elif c.impl == "default":
+        def step():
+            loss = chunked_divergence(h, w, teacher_hidden_NH=th, teacher_head_VH=tw, kind=c.kind, beta=BETA,
+                                      chunk_size=c.chunk_size)
+            loss.backward()
+            return loss.detach()
     elif c.impl.startswith("chunked"):
-        opts = dict(grad_in_forward="_gif" in c.impl, compiled=c.impl.endswith("_compiled"))
+        opts = dict(grad_in_forward="_gif" in c.impl, compiled=c.impl.endswith("_compiled"), fused=False)
 
         def step():
             loss = chunked_divergence(h, w, teacher_hidden_NH=th, teacher_head_VH=tw, kind=c.kind, beta=BETA,
@@ -132,6 +145,31 @@ def _step_fn(c: Case, h, w, th, tw):
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+_REF_GRADS: dict = {}
+
+
+def grad_error(c: Case, h, w, th, tw, m: int = 1024) -> float:
+    """max over (hidden, head) of |g - g_ref| / |g_ref| against an fp64 reference on the first m tokens."""
+    import dataclasses
+
+    m = min(m, c.n)
+    key = (c.kind, c.n, c.v, c.h_s, c.h_t)
+    if key not in _REF_GRADS:
+        h64 = h[:m].detach().double().requires_grad_(True)
+        w64 = w.detach().double().requires_grad_(True)
+        t64 = th[:m].double() @ tw.double().T
+        divergence(h64 @ w64.T, t64, c.kind, beta=BETA).sum().backward()
+        _REF_GRADS.clear()
+        _REF_GRADS[key] = (h64.grad.float(), w64.grad.float())
+        del h64, w64, t64
+    hs = h[:m].detach().clone().requires_grad_(True)
+    ws = w.detach().clone().requires_grad_(True)
+    _step_fn(dataclasses.replace(c, n=m), hs, ws, th[:m], tw)()
+    scale = m if c.impl.startswith("liger") else 1  # Liger's step already rescales its mean to a sum
+    errs = [((g.float() * scale - r).norm() / r.norm()).item() for g, r in zip((hs.grad, ws.grad), _REF_GRADS[key])]
+    return max(errs)
 
 
 def run_case(c: Case) -> Result:
@@ -172,6 +210,9 @@ def run_case(c: Case) -> Result:
                     res.peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
                 res.loss = float(loss)
         res.seconds = min(times)
+        if cuda and c.n <= 4096:
+            h.grad = w.grad = None
+            res.grad_err = grad_error(c, h, w, th, tw)
     except Exception as e:  # OOM, a dynamo error in Liger's compiled path...: report, keep going
         res.error = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
         if c.device.startswith("cuda"):
@@ -194,11 +235,17 @@ def _gib(b):
 
 def table(results: list[Result]) -> str:
     rows = ["| loss | N | V | H_s | H_t | impl | chunk | peak GiB | mem / naive | time s | tokens/s | speed / naive | "
-            "rel. diff vs naive |", "|" + "---|" * 13]
+            "rel. diff vs naive | grad err vs fp64 | speed / liger_c | mem / liger_c |", "|" + "---|" * 16]
     naive = {(r.case.kind, r.case.n, r.case.v, r.case.h_s, r.case.h_t): r for r in results if r.case.impl == "naive"}
+    liger = {(r.case.kind, r.case.n, r.case.v, r.case.h_s, r.case.h_t): r for r in results
+             if r.case.impl == "liger_chunked_compiled" and r.error is None}
     for r in results:
         c = r.case
         base = naive.get((c.kind, c.n, c.v, c.h_s, c.h_t))
+        lig = liger.get((c.kind, c.n, c.v, c.h_s, c.h_t))
+        gerr = f"{r.grad_err:.1e}" if r.grad_err is not None else "-"
+        vs_lig = (f"{lig.seconds / r.seconds:.2f} | {r.peak_bytes / lig.peak_bytes:.2f}"
+                  if lig is not None and r.error is None and r is not lig else "- | -")
         ok = r.error is None
         base_ok = base is not None and base.error is None
         mem_ratio = f"{r.peak_bytes / base.peak_bytes:.3f}" if ok and base_ok and c.impl != "naive" else "-"
@@ -208,10 +255,10 @@ def table(results: list[Result]) -> str:
         chunk = str(c.chunk_size) if c.impl != "naive" and c.impl != "liger_triton" else "-"
         if ok:
             rows.append(f"| {c.kind} | {c.n} | {c.v} | {c.h_s} | {c.h_t} | {c.impl} | {chunk} | {_gib(r.peak_bytes)} | "
-                        f"{mem_ratio} | {r.seconds:.3f} | {c.n / r.seconds:,.0f} | {speed} | {diff} |")
+                        f"{mem_ratio} | {r.seconds:.3f} | {c.n / r.seconds:,.0f} | {speed} | {diff} | {gerr} | {vs_lig} |")
         else:
             rows.append(f"| {c.kind} | {c.n} | {c.v} | {c.h_s} | {c.h_t} | {c.impl} | {chunk} | {r.error} | "
-                        "- | - | - | - | - |")
+                        "- | - | - | - | - | - | - | - |")
     return "\n".join(rows)
 
 
@@ -222,7 +269,8 @@ def main() -> None:
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--chunk-sizes", default=None, help="comma list (default: 256,1024 on CPU, 1024,4096 on CUDA)")
     ap.add_argument("--variants", default=None,
-                    help="chunked variants (default: chunked on CPU; chunked,chunked_gif,chunked_gif_compiled on CUDA)")
+                    help="implementations besides naive, each optionally impl:chunk (default: default on CPU; "
+                         "default, default:2048, default:4096, chunked_gif_compiled:4096 on CUDA)")
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
@@ -238,9 +286,10 @@ def main() -> None:
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch.cuda.is_available() is False")
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shapes or (GPU_SHAPES if cuda else CPU_SHAPES)).split(",")]
-    chunks = [int(x) for x in (args.chunk_sizes or ("1024,4096" if cuda else "256,1024")).split(",")]
+    chunks = [int(x) for x in (args.chunk_sizes or ("1024" if cuda else "256,1024")).split(",")]
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
-    variants = (args.variants or ("chunked,chunked_gif,chunked_gif_compiled" if cuda else "chunked")).split(",")
+    variants = (args.variants or ("default,default:2048,default:4096,chunked_gif_compiled:4096" if cuda
+                                  else "default")).split(",")
     repeats = args.repeats or (3 if cuda else 2)
     liger = False
     if cuda and not args.no_liger:
@@ -252,7 +301,10 @@ def main() -> None:
     results = []
     for n, v, h_s, h_t in shapes:
         for kind in args.kinds.split(","):
-            impls = [("naive", 0)] + [(var, cs) for var in variants for cs in chunks]
+            impls = [("naive", 0)]
+            for var in variants:
+                name, _, cs = var.partition(":")
+                impls += [(name, int(cs))] if cs else [(name, x) for x in chunks]
             if liger and kind == "jsd":
                 impls += [("liger_chunked_compiled", 1024), ("liger_chunked", 1024), ("liger_triton", 0)]
             for impl, cs in impls:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agentopd.losses import fused as fused_mod
 from agentopd.losses.divergence import (
     Divergence,
     acc_dtype,
@@ -194,6 +195,13 @@ class _TeacherSource:
         return cls(hidden_NH, head_VH, logits_NV)
 
     @torch.no_grad()
+    def raw(self, sl: slice) -> Tensor:
+        """The chunk's teacher logits in the teacher's dtype (read-only; a view of teacher_logits_NV)."""
+        if self.logits_NV is not None:
+            return self.logits_NV[sl].detach().contiguous()
+        return F.linear(self.hidden_NH[sl].detach(), self.head_VH.detach())
+
+    @torch.no_grad()
     def logits(self, sl: slice, dt: torch.dtype) -> Tensor:
         if self.logits_NV is not None:
             return self.logits_NV[sl].to(dt, copy=True)  # callers scale it in place
@@ -288,6 +296,7 @@ def chunked_divergence(
     support_k: int | None = None,
     grad_in_forward: bool = False,
     compiled: bool = False,
+    fused: bool | None = None,
 ) -> Tensor:
     """sum_n weights_n * div_n, chunked over tokens, bounded memory in forward and backward.
 
@@ -301,11 +310,62 @@ def chunked_divergence(
     recomputing every chunk's logits (saves the recompute matmuls, ~1.6x faster on GPU);
     `compiled` runs the per-chunk softmax/divergence math through `torch.compile` (fuses the
     ~15 elementwise passes over each C x V chunk; meant for CUDA).
+
+    `fused` (default None = wherever it runs: CUDA with Triton, bf16/fp16/fp32 inputs, no
+    support_k, neither torch option above asked for) takes the Triton path of `fused.py`: one
+    kernel per chunk computes the loss and writes the logits' gradient over the student logits,
+    gradients in forward, no fp32 copies of the logits. False forces the torch path (the exact
+    reference; the CPU default).
     """
+    if _use_fused(fused, student_hidden_NH, student_head_VH, teacher_hidden_NH, teacher_logits_NV, support_k,
+                  grad_in_forward or compiled):
+        n, v = student_hidden_NH.shape[0], student_head_VH.shape[0]
+        _check_hidden_head(student_hidden_NH, student_head_VH)
+        _check_weights(weights_N, n)
+        teacher = _TeacherSource.build(n, v, teacher_hidden_NH, teacher_head_VH, teacher_logits_NV)
+        kind = resolve_kind(kind, beta)
+        check_temperature(temperature)
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+        return fused_mod.fused_head_divergence(student_hidden_NH, student_head_VH, student_head_bias_V, teacher.raw,
+                                               weights_N, kind, beta, temperature, chunk_size)
     chunk_fn = _divergence_args(student_hidden_NH, student_head_VH, teacher_hidden_NH, teacher_head_VH,
                                 teacher_logits_NV, kind, beta, temperature, weights_N, support_k, compiled)
     return chunked_head_loss(student_hidden_NH, student_head_VH, chunk_fn, chunk_size=chunk_size,
                              student_head_bias_V=student_head_bias_V, grad_in_forward=grad_in_forward)
+
+
+_FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _use_fused(fused: bool | None, hidden_NH: Tensor, head_VH: Tensor, teacher_hidden_NH, teacher_logits_NV,
+               support_k, torch_option: bool) -> bool:
+    teacher = teacher_logits_NV if teacher_logits_NV is not None else teacher_hidden_NH
+    can = (
+        support_k is None
+        and fused_mod.available(hidden_NH.device)
+        and hidden_NH.dtype in _FUSED_DTYPES
+        and head_VH.dtype == hidden_NH.dtype
+        and (teacher is None or teacher.dtype in _FUSED_DTYPES)
+    )
+    if fused is None:
+        return can and not torch_option
+    if fused and not can:
+        raise ValueError(
+            "fused=True needs CUDA (or TRITON_INTERPRET=1 on CPU) with Triton, bf16/fp16/fp32 inputs of one dtype "
+            "and support_k=None"
+        )
+    return fused
+
+
+def _check_hidden_head(hidden_NH: Tensor, head_VH: Tensor) -> None:
+    if hidden_NH.dim() != 2 or head_VH.dim() != 2:
+        raise ValueError(
+            f"student_hidden {tuple(hidden_NH.shape)} must be (N, H) and student_head "
+            f"{tuple(head_VH.shape)} must be (V, H)"
+        )
+    if hidden_NH.shape[1] != head_VH.shape[1]:
+        raise ValueError(f"student_hidden H={hidden_NH.shape[1]} != student_head H={head_VH.shape[1]}")
 
 
 def chunked_divergence_per_token(
