@@ -24,7 +24,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -280,3 +280,47 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report_path.write_text(json.dumps(report, indent=2))
     return BuiltinModels(env_name, teacher_dir, student_dir, report)
+
+
+def mixed_student(env_names: Sequence[str], *, spec: BootstrapSpec | None = None, home: Path | None = None, force: bool = False,
+                  progress: Any = None) -> Path:  # fmt: skip
+    """A built-in student SFT'd on the union of the envs' oracle demonstrations, cached under
+    `$AGENTOPD_HOME/models/mixed/<env+env>/student` (the built-in teachers of the envs are built too:
+    a mixed run routes to them)."""
+    names = sorted(set(env_names))
+    bad = [n for n in names if n not in BUILTIN_ENVS]
+    if bad:
+        raise ValueError(f"no built-in models for env {bad[0]!r}: built-in envs are {list(BUILTIN_ENVS)}; pass student=PATH and teachers")
+    per_env_spec, spec = spec, spec or BootstrapSpec()  # each env's own models: its own recipe unless one is given
+    home = home or agentopd_home()
+    root = home / "models" / "mixed" / "+".join(names)
+    out, report_path = root / "student", root / "report.json"
+    env_kwargs = {n: preset_env_kwargs(n) for n in names}  # the presets' tasks, as bootstrap() uses
+    if not force and report_path.exists() and (out / "config.json").exists():
+        cached = json.loads(report_path.read_text())
+        if cached.get("test") or cached.get("env_kwargs") == json.loads(json.dumps(env_kwargs)):
+            return out
+    for name in names:
+        bootstrap(name, spec=per_env_spec, home=home, progress=progress)
+    t0 = time.perf_counter()
+    tok = ensure_tokenizer(spec, home=home)
+    demos = [d for n in names for d in demonstrations(n, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs[n])]
+    torch.manual_seed(spec.student.seed)
+    model = Qwen3ForCausalLM(spec.student.size.config(tok, spec.max_context))
+    train = sft(model, demos, spec.student, progress=progress, name="student")
+    model.eval()
+    rollout = RolloutConfig(temperature=0.0, max_context=spec.max_context)
+    train["success"] = {
+        n: evaluate(model, tok, n, env_kwargs=env_kwargs[n], split="eval", num_tasks=spec.eval_tasks, rollout=rollout).success_rate
+        for n in names
+    }
+    train["parameters"] = sum(p.numel() for p in model.parameters())
+
+    def save(path: Path) -> None:
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+
+    _atomic_dir(out, save)
+    report = {"envs": names, "env_kwargs": env_kwargs, "demonstrations": len(demos), "student": train, "seconds": round(time.perf_counter() - t0, 1)}
+    report_path.write_text(json.dumps(report, indent=2))
+    return out

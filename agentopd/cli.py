@@ -149,17 +149,18 @@ def run_command(
     import time
 
     from agentopd.config import load_config
+    from agentopd.rundir import RunDir
 
     if resume and run_dir is None:
         raise ValueError("--resume needs --run-dir (the run to continue)")
     if resume and config is None:  # continue with the run's own resolved config (overrides still apply)
-        config = run_dir / "config.yaml"
+        config = RunDir(run_dir).config
         if not config.exists():
             raise ValueError(f"--resume: {run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(env, config_file=config, overrides=overrides or [])
     if run_dir is None:
         run_dir = Path("runs") / f"{env.replace(',', '+')}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not resume and (run_dir / "metrics.jsonl").exists():
+    if not resume and RunDir(run_dir).metrics.exists():
         raise ValueError(f"{run_dir} already holds a run: pass --resume to continue it, or another --run-dir")
     _quiet_transformers()
     from agentopd.runner import Runner
@@ -181,7 +182,7 @@ def run_command(
     console.print(table)
     if first and last and "eval/teacher_success_rate" in first:
         console.print(gain_line(first["eval/success_rate"], last["eval/success_rate"], first["eval/teacher_success_rate"]))
-    console.print(f"final student: {run_dir / 'final'}   view: agentopd view {run_dir}")
+    console.print(f"final student: {RunDir(run_dir).final}   view: agentopd view {run_dir}")
 
 
 def gain_line(before: float, after: float, teacher: float) -> str:

@@ -37,6 +37,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, model_validator
 
+from agentopd.objectives import Objective
+
 _YAML_SCALARS = (str, int, float, bool, type(None))
 # YAML 1.2 floats PyYAML (YAML 1.1) reads as strings: "1e-6", "2E3", "1.e5".
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -102,7 +104,7 @@ class RunConfig(Section):
 
     seed: int = Field(0, description="seed for task sampling, rollouts and initialisation")
     steps: int = Field(100, ge=0, description="training steps")
-    objective: Literal["opd", "sft", "grpo"] = Field("opd", description="opd | sft (teacher episodes) | grpo (reward only)")
+    objective: Objective = Field(Objective.OPD, description="opd | sft (teacher episodes) | grpo (reward only)")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     checkpoint_every: int = Field(10, ge=0, description="steps between resumable checkpoints (0 = only at the end)")
     backend: Literal["local", "ray"] = Field("local", description="local (one process) | ray (actors: agentopd.backends.ray)")
@@ -174,7 +176,7 @@ class AsyncConfig(Section):
 
 
 class MixConfig(Section):
-    """`mix`: mixed environments and multi-teacher routing (agentopd.mixing). Written at the top
+    """`mix`: mixed environments and multi-teacher routing (agentopd.plan, agentopd.routing). Written at the top
     level as `envs:`, `teachers:`, `teacher_key:` (or `--env a,b`); stored here."""
 
     LIFTED: ClassVar[tuple[str, ...]] = ("envs", "teachers", "teacher_key")
@@ -303,6 +305,73 @@ class Config(Section):
                 for k, v in resolve_kwargs(env_factory(entry.name), entry.kwargs, prefix=f"envs.{key}").items():
                     setattr(entry, k, v)
         return self
+
+    @model_validator(mode="after")
+    def _check_recipe(self) -> Config:
+        """Combinations no single section can judge: each a ValueError naming the keys."""
+        if self.async_.enabled and self.async_.max_staleness == 0:
+            raise ValueError(
+                "async.max_staleness=0 with async.enabled=true: every episode would be one step stale and dropped; "
+                "set async.enabled=false for synchronous training, or async.max_staleness >= 1"
+            )
+        self.trainer_config()  # the loss, its temperature and the teachers must fit together
+        return self
+
+    def teacher_count(self) -> int:
+        """How many teachers score the run's episodes (agentopd.routing.Router routes among them)."""
+        if self.mix.teachers:
+            return len(self.mix.teachers)
+        if self.env.mixed and self.teacher.path == "builtin":  # each env's own built-in teacher
+            return len({entry.name or key for key, entry in self.mix.envs.items()})
+        return 1
+
+    def trainer_config(self) -> Any:
+        """The run's agentopd.trainer.TrainerConfig: the `trainer` section with the objective's loss, the
+        run's steps and the loss temperature (`loss_temperature`). Raises ValueError for a loss the run
+        cannot train with."""
+        from agentopd.trainer.config import LossKind
+
+        cfg = self.trainer.build()
+        cfg.loss = Objective(self.run.objective).loss or cfg.loss
+        if cfg.loss == LossKind.SAMPLED_K3:
+            raise ValueError(
+                "trainer.loss=sampled_k3 is not a training loss: the k3 estimator's expected gradient ascends the forward "
+                "KL, not the reverse KL (agentopd.losses.policy); use trainer.loss=sampled_k1 (k3 stays in the metrics)"
+            )
+        if cfg.loss.is_full_vocab and self.teacher_count() > 1:
+            raise ValueError(
+                f"trainer.loss={cfg.loss} compares with one teacher's full distribution (its lm_head), but this run routes "
+                f"episodes to {self.teacher_count()} teachers: use trainer.loss=sampled_k1 or topk_forward_kl"
+            )
+        cfg.total_steps = max(self.run.steps, 1)
+        cfg.temperature = self.loss_temperature(cfg.loss)
+        return cfg
+
+    def loss_temperature(self, loss: Any) -> float:
+        """The temperature the loss divides logits by.
+
+        Losses on sampled tokens (sampled_k1, grpo, topk_forward_kl) compare the student with the
+        sampler, so they use the rollout's temperature (trainer.temperature is not used). Full-vocabulary
+        distillation (forward_kl, reverse_kl, jsd) compares the student's and the teacher's distributions
+        at `trainer.temperature` (default 1: the models' own distributions), whatever temperature explores;
+        at T=0.5 a tiny student's copy errors cost 10-25 nats per token and training at lr >= 1e-3
+        collapsed (benchmarks/results/default_run.md). sft is cross-entropy at T=1.
+        """
+        from agentopd.engines.base import logprob_temperature
+        from agentopd.trainer.config import LossKind
+
+        sampler = logprob_temperature(self.rollout.temperature)  # greedy rollouts report T=1 logprobs
+        if loss == LossKind.SFT:
+            return 1.0
+        if not loss.is_full_vocab:
+            return sampler
+        if self.trainer.task_reward_coef > 0 and self.trainer.temperature != sampler:
+            raise ValueError(
+                f"trainer.task_reward_coef={self.trainer.task_reward_coef} adds a policy-gradient term whose importance "
+                f"ratio compares with the sampler: set trainer.temperature={self.trainer.temperature} equal to "
+                f"rollout.temperature={sampler}"
+            )
+        return self.trainer.temperature
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """The fully resolved config as YAML; also written to `path` when given."""

@@ -60,18 +60,14 @@ def tool_mask_counts(response_mask_BR: torch.Tensor, attention_mask_BR: torch.Te
     return int((attended_BR & student_BR).sum()), int((attended_BR & ~student_BR).sum())
 
 
-def _kl_sums(episode: Episode, n: int) -> Iterable[tuple[int, float]]:
+def _kl_sums(episode: Episode, n: int) -> list[tuple[int, float]]:
     """(turn, logp_student - logp_teacher) for every student token of a scored episode."""
     stream, teacher = episode.tokens, episode.teacher_logprobs
     assert stream is not None and teacher is not None
-    if len(teacher) != len(stream.response_mask):
-        raise ValueError(
-            f"episode {n} ({episode.task_id!r}): teacher_logprobs has {len(teacher)} entries, "
-            f"response has {len(stream.response_mask)} tokens"
-        )
-    for m, turn, student_lp, teacher_lp in zip(stream.response_mask, stream.turn_index, stream.logprobs, teacher):
-        if m:
-            yield turn, student_lp - teacher_lp
+    try:
+        return stream.kl_k1(teacher)
+    except ValueError as e:
+        raise ValueError(f"episode {n} ({episode.task_id!r}): {e}") from None
 
 
 def step_metrics(

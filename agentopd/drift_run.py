@@ -15,6 +15,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from agentopd.chat import check_stored_episode, format_report
+from agentopd.rundir import RunDir
 from agentopd.store import Store
 
 
@@ -26,20 +27,19 @@ class RunDriftReport:
     lines: list[str] = field(default_factory=list)
 
 
-def run_tokenizer(run_dir: Path):
-    for sub in ("tokenizer", "final"):
-        if (run_dir / sub / "tokenizer_config.json").exists():
-            return AutoTokenizer.from_pretrained(run_dir / sub)
-    raise ValueError(f"{run_dir} has no tokenizer/ (or final/) folder: is it a run directory?")
+def run_tokenizer(run_dir: RunDir):
+    path = run_dir.tokenizer_dir()
+    if path is None:
+        raise ValueError(f"{run_dir.root} has no tokenizer/ (or final/) folder: is it a run directory?")
+    return AutoTokenizer.from_pretrained(path)
 
 
 def check_run(run_dir: str | Path, *, limit: int | None = None, console: Any = None) -> RunDriftReport:
-    run_dir = Path(run_dir)
-    db = run_dir / "trajectories.db"
-    if not db.exists():
-        raise ValueError(f"{run_dir} has no trajectories.db")
-    tok = run_tokenizer(run_dir)
-    store = Store(db, readonly=True)
+    rd = RunDir(run_dir)
+    if not rd.db.exists():
+        raise ValueError(f"{rd.root} has no {rd.db.name}")
+    tok = run_tokenizer(rd)
+    store = Store(rd.db, readonly=True)
     report = RunDriftReport()
     for episode_id, ep in store.iter_episodes():
         if limit is not None and report.checked >= limit:

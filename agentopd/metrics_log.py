@@ -1,9 +1,9 @@
 """Where step metrics go: `metrics.jsonl` (one JSON object per step), TensorBoard (`tb/`), and
 optionally Weights & Biases / MLflow when installed and asked for (never by default).
 
-    log = MetricsLog(run_dir, tensorboard=True)
+    log = MetricsLog(RunDir(path), tensorboard=True, resume_after=None)   # resume_after=N: drop steps > N
     log.write(step, {"loss": 0.3, "kl/mean": 0.1})
-    log.truncate_after(step)      # on resume: forget steps the checkpoint does not cover
+    log.truncate_after(step)      # forget steps > step in metrics.jsonl
     log.close()
 """
 
@@ -11,26 +11,36 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
+
+from agentopd.rundir import RunDir
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True, wandb: bool = False, mlflow: bool = False, run_name: str = ""):
-        self.path = Path(run_dir) / "metrics.jsonl"
+    """`resume_after=N`: a resumed run continues after step N, so records of later steps (written
+    before the interruption, replayed now) are dropped from metrics.jsonl and TensorBoard alike."""
+
+    def __init__(self, run_dir: RunDir, *, tensorboard: bool = True, wandb: bool = False, mlflow: bool = False,
+                 resume_after: int | None = None):  # fmt: skip
+        self.path = run_dir.metrics
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_after is not None:
+            self.truncate_after(resume_after)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+            # purge_step: TensorBoard hides events of steps >= it written before this writer (the replayed steps)
+            purge = resume_after + 1 if resume_after is not None else None
+            self._tb = SummaryWriter(str(run_dir.tb), purge_step=purge)
+        run_name = run_dir.name
         self._wandb = self._mlflow = None
         if wandb:
             try:
                 import wandb as _wandb
             except ImportError:
                 raise ValueError("log.wandb=true but wandb is not installed: pip install wandb") from None
-            self._wandb = _wandb.init(project="agentopd", name=run_name, dir=str(run_dir), mode=None)
+            self._wandb = _wandb.init(project="agentopd", name=run_name, dir=str(run_dir.root), mode=None)
         if mlflow:
             try:
                 import mlflow as _mlflow

@@ -1,6 +1,7 @@
 """Which student and teacher a run uses, and where they run.
 
-    student, teacher = resolve_models(cfg, progress)     # paths (built-in models bootstrapped on demand)
+    student = resolve_student(cfg.student.path, mixture.env_names, mixed=mixture.mixed)   # built-ins bootstrapped on demand
+    teacher = resolve_model(cfg.teacher.path, "sql_db", "teacher")
     device, dtype = pick_device(cfg.run.device)          # cuda + bf16 when available, else cpu + fp32
 
 `builtin` (the default) means the embedded models of the env (agentopd.bootstrap); anything
@@ -23,6 +24,16 @@ def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
         raise ValueError(f"run.device={device!r} but no CUDA device is available")
     d = torch.device(device)
     return d, (torch.bfloat16 if d.type == "cuda" else torch.float32)
+
+
+def resolve_student(path: str, env_names: list[str], *, mixed: bool, progress=None) -> Path | str:
+    """The student reference: a mixed run's `builtin` is the built-in student that has seen every env
+    (agentopd.bootstrap.mixed_student)."""
+    if mixed and path in (BUILTIN, f"{BUILTIN}:student"):
+        from agentopd.bootstrap import mixed_student
+
+        return mixed_student(env_names, progress=progress)
+    return resolve_model(path, env_names[0], "student", progress)
 
 
 def resolve_model(spec: str, env_name: str, role: str, progress=None) -> Path | str:

@@ -18,22 +18,32 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 
 class RunProgress:
+    """Live bars on a terminal; plain lines (each printed and flushed at once) when the output is a
+    pipe or a log file, where bars would show nothing until the end."""
+
+    PLAIN_EVERY = 0.1  # plain mode: a bootstrap line per tenth of each phase
+
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
+        self.plain = not self.console.is_terminal
         self._bars = Progress(
             SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), console=self.console, transient=True,
         )  # fmt: skip
         self._started = False
         self._bootstrap_task = None
+        self._plain_last: tuple[str, float] | None = None
 
     def _start(self) -> None:
-        if not self._started:
+        if not self._started and not self.plain:
             self._bars.start()
             self._started = True
 
     @contextmanager
     def phase(self, name: str, total: int | None) -> Iterator[Callable[[], None]]:
+        if self.plain:  # the step line after the phases says what they did
+            yield lambda: None
+            return
         self._start()
         task = self._bars.add_task(name, total=total)
         try:
@@ -43,6 +53,13 @@ class RunProgress:
 
     def bootstrap_callback(self, phase: str, fraction: float, info: dict[str, Any]) -> None:
         """Progress of the embedded default's build (agentopd.bootstrap's `progress`)."""
+        if self.plain:
+            last = self._plain_last
+            if last is None or last[0] != phase or fraction >= min(last[1] + self.PLAIN_EVERY, 1.0):
+                loss = f", loss {info['loss']:.3f}" if "loss" in info else ""
+                self.note(f"bootstrap: {phase} {fraction:.0%}{loss}")
+                self._plain_last = (phase, fraction)
+            return
         self._start()
         desc = f"bootstrap: {phase}" + (f" loss {info['loss']:.3f}" if "loss" in info else "")
         if self._bootstrap_task is None:
@@ -54,13 +71,14 @@ class RunProgress:
 
     def note(self, text: str) -> None:
         self.console.print(text)
+        self.console.file.flush()
 
     def step_line(self, step: int, steps: int, m: dict[str, Any]) -> None:
         def f(key: str, fmt: str) -> str:
             v = m.get(key)
             return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
-        self.console.print(
+        self.note(
             f"step {step}/{steps}  loss {f('loss', '.4f')}  kl {f('kl/mean', '.4f')}  "
             f"success {f('success_rate', '.0%')}  rollout {f('perf/rollout_tokens_per_s', ',.0f')} tok/s  "
             f"train {f('perf/train_tokens_per_s', ',.0f')} tok/s"

@@ -19,7 +19,6 @@ batches whatever is waiting at the same moment.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from transformers import PreTrainedTokenizerBase
 from agentopd.chat import ContextFull, StreamBuilder, parse_assistant
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, SamplingParams
 from agentopd.env import ToolEnv
-from agentopd.types import Episode, Message, StopReason, ToolCall, Turn
+from agentopd.types import Episode, Message, StopReason, Turn
 
 PARSE_ERROR_TOOL = "parse_error"
 
@@ -80,6 +79,11 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model_config: Any = None)
     eos = getattr(getattr(model_config, "generation_config", None), "eos_token_id", None)
     ids.extend(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
     return tuple(dict.fromkeys(ids))
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of an episode's assistant turn `turn` (0-based)."""
+    return (episode_seed * 1_000_003 + turn) % (1 << 63)
 
 
 @dataclass
@@ -217,9 +221,10 @@ class Rollout:
             if not b.can_generate():
                 return StopReason.LENGTH
             budget = min(cfg.max_new_tokens, b.remaining_context())
-            result = await self.engine.generate(
-                GenerateRequest(b.token_ids, SamplingParams(max_tokens=budget, **params), live.spec.episode_id)
-            )
+            # each turn's draws come from its own seed (a function of the episode's seed and the turn), not
+            # from the engine's private stream: a resumed run samples exactly what an uninterrupted one did
+            sampling = SamplingParams(max_tokens=budget, seed=turn_seed(live.spec.seed, len(live.turns)), **params)
+            result = await self.engine.generate(GenerateRequest(b.token_ids, sampling, live.spec.episode_id))
             if result.finish_reason == FinishReason.ABORT:
                 raise RuntimeError("the engine aborted the request")
             raw = b.add_assistant(result.token_ids, result.logprobs, result.finish_reason == FinishReason.STOP)
@@ -277,12 +282,3 @@ def _parse_error_message(errors: Sequence[str]) -> dict[str, Any]:
         "content": f"Error: could not parse your tool call: {text}. Use "
         '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
     }
-
-
-def assistant_turn_text(content: str, tool_calls: Sequence[ToolCall | dict] = ()) -> str:
-    """The canonical text of an assistant turn in the hermes format (what a demonstration samples)."""
-    parts = [content] if content else []
-    for c in tool_calls:
-        c = c.to_dict() if isinstance(c, ToolCall) else c
-        parts.append("<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) + "\n</tool_call>")
-    return "\n".join(parts)

@@ -1,19 +1,22 @@
-"""The OPD loop, local backend: rollout -> teacher scoring -> train step -> weight sync -> eval -> checkpoint.
+"""The OPD loop: plan -> play -> score -> train -> sync -> eval -> checkpoint, on either backend.
 
     runner = Runner(cfg, run_dir)          # cfg: agentopd.config.Config (resolved, validated)
     summary = runner.run(resume=False)     # summary.before / after / teacher eval results
 
-Every step: sample `rollout.tasks_per_step` training tasks (a fixed function of seed and step,
-so a resumed run sees the same data), play `rollout.n` episodes of each with the student
-engine, write each episode to `trajectories.db` as it finishes, score them with the teacher
-(two-phase: the teacher is on the device only while scoring), train one optimizer step, push
-the new weights to the engine, log the DESIGN 3.6 metrics. Every `eval.every` steps: greedy
-success on held-out tasks. Every `run.checkpoint_every` steps and on Ctrl-C: a resumable
-checkpoint. At the end: `final/` (Hugging Face folder) and a before/after table.
+Every step: the plan (agentopd.plan) picks `rollout.tasks_per_step` training tasks, a pure function
+of seed and step, so a resumed run sees the same data; the backend (agentopd.backends) plays
+`rollout.n` episodes of each with the student's engine — or the teacher's, when the objective
+says the teacher plays (agentopd.objectives) — and each episode is written to `trajectories.db`
+as it finishes; the teachers the router (agentopd.routing) picks score them; the trainer takes one
+optimizer step; the new weights go to the engines; the DESIGN 3.6 metrics are logged. Every
+`eval.every` steps: greedy success on held-out tasks (and the teacher's, before training). Every
+`run.checkpoint_every` steps and on Ctrl-C: a resumable checkpoint labelled with the last step
+the trainer took. At the end: `final/` (a Hugging Face folder) and the before/after evals.
 
-Objectives (`run.objective`): `opd` (default) distils on the student's own episodes; `sft`
-trains on the teacher's episodes (sequence-level KD) with the same budget of student tokens;
-`grpo` trains on the env reward alone (group-normalised advantages, no teacher).
+Resume (`run(resume=True)`) continues after the newest finished checkpoint: the store and the
+metrics (metrics.jsonl and TensorBoard) forget later steps, and since every episode's sampling
+seeds derive from (run seed, step, slot, turn), the replayed steps play token for token what an
+uninterrupted run plays.
 """
 
 from __future__ import annotations
@@ -22,31 +25,33 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from agentopd.backends import make_backend
-from agentopd.backends.stages import STUDENT, RunContext
+from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episodes
 from agentopd.batch import TrainSample
 from agentopd.diagnostics import step_metrics
-from agentopd.engines.base import logprob_temperature
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.metrics_log import MetricsLog
-from agentopd.mixing import Mixture, Planned, Router, resolve_student
-from agentopd.models import pick_device
+from agentopd.models import pick_device, resolve_student
+from agentopd.objectives import Objective, teacher_mode
+from agentopd.plan import Mixture, Planned
 from agentopd.progress import RunProgress
-from agentopd.rollout import RolloutConfig
+from agentopd.routing import Router
+from agentopd.rundir import DONE, RunDir
 from agentopd.store import Store
-from agentopd.teacher import TeacherMode, check_compatible
-from agentopd.trainer import LossKind
+from agentopd.teacher import check_compatible
 from agentopd.types import Episode
 
-CHECKPOINTS = "checkpoints"
+if TYPE_CHECKING:
+    from agentopd.config import Config
+    from agentopd.teacher import TeacherScores
 
 
 @dataclass
@@ -61,76 +66,68 @@ class RunSummary:
     evals: list[dict[str, Any]] = field(default_factory=list)
 
 
-def teacher_mode(loss: LossKind) -> TeacherMode:
-    if loss in (LossKind.FORWARD_KL, LossKind.REVERSE_KL, LossKind.JSD):
-        return TeacherMode.HIDDEN
-    if loss == LossKind.TOPK_FORWARD_KL:
-        return TeacherMode.TOPK
-    return TeacherMode.LOGPROBS
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    done = sorted(p for p in (run_dir / CHECKPOINTS).glob("step_*") if (p / "DONE").exists())
-    return done[-1] if done else None
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step a finished checkpoint holds (its DONE marker)."""
+    return int((checkpoint / DONE).read_text())
 
 
 class Runner:
-    def __init__(self, cfg: Any, run_dir: str | Path, *, console: Any = None):
+    def __init__(self, cfg: Config, run_dir: str | Path, *, console: Any = None):
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
+        self.rd = RunDir(run_dir)
+        self.run_dir = self.rd.root
+        self.objective = Objective(cfg.run.objective)
         self.progress = RunProgress(console)
         self.env_name = cfg.env.name  # the run's label: one env, or the sources of a mixed run joined by commas
-        self._pending: dict[int, Any] = {}  # async mode: step -> rollout handle already submitted
-        self._engine_stale = False  # objective=sft trains without syncing (the teacher plays): sync before the student plays
+        self._pending: dict[int, Any] = {}  # async mode: step -> rollout handles already submitted
+        self._engine_stale = False  # the teacher played this step (objective=sft): sync before the student plays
+        self._trained_through = 0  # the last step whose optimizer step was taken (what a checkpoint holds)
+        self._unlogged: tuple[int, dict[str, Any]] | None = None  # a trained step's metrics not yet written
+        self._stop_requested = False
+        self._teacher_result: EvalResult | None = None
 
     # ---- set-up ---------------------------------------------------------------------------
-    def _setup(self) -> None:
+    def _setup(self, resume_after: int | None) -> None:
         cfg = self.cfg
         self.device, self.dtype = pick_device(cfg.run.device)
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
         self.mixture = Mixture.from_config(cfg)
         self.router = Router.from_config(cfg, self.mixture)  # a task without a teacher fails here, before any model
-        self.trainer_cfg = trainer_config(cfg)
+        self.trainer_cfg = cfg.trainer_config()
         self.mode = teacher_mode(self.trainer_cfg.loss)
-        if self.mode is TeacherMode.HIDDEN and len(self.router.refs) > 1 and cfg.run.objective == "opd":
-            raise ValueError(f"trainer.loss={self.trainer_cfg.loss} uses one teacher's lm_head: with several teachers use sampled_k1, sampled_k3 or topk_forward_kl")
         with self.progress.phase("bootstrap", total=None):
-            student_ref = resolve_student(cfg, self.mixture, self.progress.bootstrap_callback)
+            student_ref = resolve_student(cfg.student.path, self.mixture.env_names, mixed=self.mixture.mixed,
+                                          progress=self.progress.bootstrap_callback)  # fmt: skip
             teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
-        self.tokenizer.save_pretrained(self.run_dir / "tokenizer")  # for the viewer, check-tokens and export
+        self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         student_config = AutoConfig.from_pretrained(student_ref)
-        for name, ref in teacher_refs.items():
+        for ref in teacher_refs.values():
             check_compatible(self.tokenizer, AutoTokenizer.from_pretrained(ref), student_config, AutoConfig.from_pretrained(ref))
         self.rollout_cfg = cfg.rollout.build()
-        self.eval_rollout_cfg = RolloutConfig(**{**self.rollout_cfg.__dict__, "temperature": cfg.eval.temperature})
+        self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
         self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype)
         self.backend = make_backend(cfg)
         self.backend.setup(self.ctx, self.tokenizer)
-        self.store = Store(self.run_dir / "trajectories.db")
-        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow, run_name=self.run_dir.name)
+        self.store = Store(self.rd.db)
+        self.log = MetricsLog(self.rd, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow, resume_after=resume_after)
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self, resume: bool = False) -> RunSummary:
         t0 = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._setup()
-        self.cfg.to_yaml(self.run_dir / "config.yaml")
+        ckpt = self._resume_point() if resume else None
+        start = checkpoint_step(ckpt) if ckpt is not None else 0
+        self._setup(resume_after=start if ckpt is not None else None)
+        self.cfg.to_yaml(self.rd.config)
         summary = RunSummary(self.run_dir, steps=self.cfg.run.steps)
-        start = 0
-        if resume:
-            ckpt = latest_checkpoint(self.run_dir)
-            if ckpt is None:
-                raise ValueError(f"--resume: no finished checkpoint under {self.run_dir / CHECKPOINTS}")
+        if ckpt is not None:
             extra = self.backend.load_checkpoint(ckpt)
-            start = int(extra["step"])
             summary.evals = extra.get("evals", [])
             self.store.delete_after(start)
-            self.log.truncate_after(start)
             self.backend.sync_weights()
-            if start >= self.cfg.run.steps:
-                raise ValueError(f"--resume: {self.run_dir} already finished its {self.cfg.run.steps} steps (raise steps= to train on)")
+            self._trained_through = start
             self.progress.note(f"resumed from {ckpt.name}: continuing at step {start + 1}")
         interrupted = False
         restore = self._catch_ctrl_c()
@@ -138,14 +135,13 @@ class Runner:
             if start == 0:
                 summary.before = self._eval(0, with_teacher=self.cfg.eval.teacher, summary=summary)
                 summary.teacher = self._teacher_result
-            step = start
             for step in range(start + 1, self.cfg.run.steps + 1):
                 metrics = self._step(step)
                 if self.cfg.eval.every and step % self.cfg.eval.every == 0 and step != self.cfg.run.steps:
                     self._eval(step, with_teacher=False, summary=summary, metrics=metrics)
                 if step == self.cfg.run.steps:
                     summary.after = self._eval(step, with_teacher=False, summary=summary, metrics=metrics)
-                self.log.write(step, metrics)
+                self._write(step, metrics)
                 self.progress.step_line(step, self.cfg.run.steps, metrics)
                 if self._stop_requested and step < self.cfg.run.steps:
                     self._checkpoint(step, summary)
@@ -154,9 +150,13 @@ class Runner:
                     break
                 if self.cfg.run.checkpoint_every and step % self.cfg.run.checkpoint_every == 0:
                     self._checkpoint(step, summary)
-        except KeyboardInterrupt:  # a second Ctrl-C: stop now, keep the last finished step
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, keep what the trainer has
             interrupted = True
-            last = step - 1  # the interrupted step did not finish: it is replayed on resume
+            # the checkpoint is labelled with the last step the trainer took (its update is in the weights, so
+            # it must not be replayed); a step interrupted before its optimizer step is replayed on resume
+            last = self._trained_through
+            if self._unlogged is not None:
+                self._write(*self._unlogged)
             if last > start:
                 self._checkpoint(last, summary)
             self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
@@ -166,7 +166,7 @@ class Runner:
         try:
             if not interrupted:
                 self._checkpoint(self.cfg.run.steps, summary)
-                self.backend.export(self.run_dir / "final", self.tokenizer)
+                self.backend.export(self.rd.final, self.tokenizer)
         finally:
             summary.interrupted = interrupted
             summary.seconds = time.perf_counter() - t0
@@ -174,11 +174,21 @@ class Runner:
             self.backend.close()
         return summary
 
-    _stop_requested = False
+    def _resume_point(self) -> Path:
+        ckpt = self.rd.latest_checkpoint()
+        if ckpt is None:
+            raise ValueError(f"--resume: no finished checkpoint under {self.rd.checkpoints}")
+        if checkpoint_step(ckpt) >= self.cfg.run.steps:
+            raise ValueError(f"--resume: {self.run_dir} already finished its {self.cfg.run.steps} steps (raise steps= to train on)")
+        return ckpt
 
-    def _catch_ctrl_c(self):
+    def _write(self, step: int, metrics: dict[str, Any]) -> None:
+        self.log.write(step, metrics)
+        self._unlogged = None
+
+    def _catch_ctrl_c(self) -> Callable[[], None]:
         """First Ctrl-C: finish the running step, checkpoint it, stop. A second one stops at once
-        (KeyboardInterrupt: the last finished step is checkpointed). Returns the undo."""
+        (KeyboardInterrupt: the trainer's last step is checkpointed). Returns the undo."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         previous = signal.getsignal(signal.SIGINT)
@@ -192,14 +202,11 @@ class Runner:
         return lambda: signal.signal(signal.SIGINT, previous)
 
     # ---- one step -------------------------------------------------------------------------
-    def _plan(self, step: int) -> list[Planned]:
+    def _submit(self, step: int) -> list[tuple[Any, list[Planned]]]:
         cfg = self.cfg
-        return self.mixture.plan(step, tasks_per_step=cfg.rollout.tasks_per_step, n=cfg.rollout.n, seed=cfg.run.seed,
-                                 policy_version=self.backend.policy_version)  # fmt: skip
-
-    def _submit(self, step: int) -> Any:
-        planned = self._plan(step)
-        if self.cfg.run.objective == "sft":  # sequence-level KD: each task's teacher plays it
+        planned = self.mixture.plan(step, tasks_per_step=cfg.rollout.tasks_per_step, n=cfg.rollout.n, seed=cfg.run.seed,
+                                    policy_version=self.backend.policy_version)  # fmt: skip
+        if self.objective.teacher_plays:  # each task's teacher plays it
             return [(self.backend.submit_rollout(group, self.rollout_cfg, who), group) for who, group in self._by_teacher(planned).items()]
         return [(self.backend.submit_rollout(planned, self.rollout_cfg, STUDENT), planned)]
 
@@ -209,19 +216,19 @@ class Runner:
             out.setdefault(self.router.teacher_of(p, split), []).append(p)
         return out
 
-    def _collect(self, handles: Any, on_episode) -> tuple[list[Planned], list[Episode]]:
+    def _collect(self, handles: list[tuple[Any, list[Planned]]], on_episode: OnEpisode | None) -> tuple[list[Planned], list[Episode]]:
         planned, episodes = [], []
         for handle, group in handles:
             episodes += self.backend.collect(handle, on_episode)
             planned += group
         return planned, episodes
 
-    def _rollout(self, step: int, advance) -> tuple[list[Planned], list[Episode], dict[str, float]]:
+    def _rollout(self, step: int, advance: Callable[[], None]) -> tuple[list[Planned], list[Episode], dict[str, float]]:
         """This step's episodes (stored as they arrive); in async mode the next steps' rollouts are submitted first."""
         cfg = self.cfg
         handles = self._pending.pop(step, None) or self._submit(step)
         if cfg.async_.enabled:
-            for ahead in range(step + 1, min(step + max(cfg.async_.max_staleness, 1), cfg.run.steps) + 1):
+            for ahead in range(step + 1, min(step + cfg.async_.max_staleness, cfg.run.steps) + 1):
                 if ahead not in self._pending:
                     self._pending[ahead] = self._submit(ahead)
 
@@ -235,7 +242,7 @@ class Runner:
             planned, episodes, stats = self._bound_staleness(planned, episodes, on_episode)
         return planned, episodes, stats
 
-    def _bound_staleness(self, planned, episodes, on_episode):
+    def _bound_staleness(self, planned: list[Planned], episodes: list[Episode], on_episode: OnEpisode):
         """Episodes older than async.max_staleness policy versions are dropped or re-generated now."""
         cfg = self.cfg.async_
         version = self.backend.policy_version
@@ -246,51 +253,35 @@ class Runner:
         if not stale:
             return planned, episodes, stats
         if cfg.stale == "regenerate":
-            redo = [Planned(planned[i].source, _with_version(planned[i].spec, version)) for i in stale]
+            redo = [Planned(planned[i].source, replace(planned[i].spec, policy_version=version)) for i in stale]
             fresh = self._collect([(self.backend.submit_rollout(redo, self.rollout_cfg, STUDENT), redo)], on_episode)[1]
             for i, ep in zip(stale, fresh):
                 episodes[i] = ep
             stats["async/regenerated"] = float(len(stale))
             return planned, episodes, stats
-        keep = [i for i in range(len(episodes)) if i not in set(stale)]
+        drop = set(stale)
         for i in stale:  # still in the store (the viewer shows them), marked as not trained on
             episodes[i].info["dropped_stale"] = staleness[i]
             self.store.add(episodes[i], planned[i].spec.episode_id, split="train", teacher=self._teacher_name(planned[i]))
         stats["async/dropped"] = float(len(stale))
+        keep = [i for i in range(len(episodes)) if i not in drop]
         return [planned[i] for i in keep], [episodes[i] for i in keep], stats
 
     def _teacher_name(self, p: Planned) -> str | None:
         return None if self.router.single else self.router.teacher_of(p)
 
-    def _step(self, step: int) -> dict[str, Any]:
-        cfg = self.cfg
-        objective = cfg.run.objective
-        t = time.perf_counter()
-        with self.progress.phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
-            planned, episodes, async_stats = self._rollout(step, advance)
-        rollout_s = time.perf_counter() - t
-        gen_tokens = sum(e.tokens.num_llm_tokens for e in episodes if e.tokens)
+    def _score(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str]) -> list[TeacherScores] | None:
+        if not self.objective.scores or not episodes:
+            return None
+        with self.progress.phase("teacher", total=None):
+            scores = score_episodes(self.backend, teacher_of, [e.tokens for e in episodes], self.mode)
+        for p, ep, sc in zip(planned, episodes, scores):
+            ep.teacher_logprobs = sc.logprobs
+            self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
+        return scores
 
-        streams = [e.tokens for e in episodes]
-        teacher_of = [self.router.teacher_of(p) for p in planned]
-        t = time.perf_counter()
-        scores: list[Any] | None = None
-        if objective != "grpo" and episodes:
-            by_teacher: dict[str, list[int]] = {}
-            for i, name in enumerate(teacher_of):
-                by_teacher.setdefault(name, []).append(i)
-            with self.progress.phase("teacher", total=None):
-                routed = self.backend.score({n: [streams[i] for i in idx] for n, idx in by_teacher.items()}, self.mode)
-            scores = [None] * len(episodes)
-            for name, idx in by_teacher.items():
-                for i, sc in zip(idx, routed[name]):
-                    scores[i] = sc
-            for p, ep, sc in zip(planned, episodes, scores):
-                ep.teacher_logprobs = sc.logprobs
-                self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
-        teacher_s = time.perf_counter() - t
-
-        group = {tid: i for i, tid in enumerate(dict.fromkeys((p.source, p.spec.task_id) for p in planned))}
+    def _samples(self, planned: list[Planned], episodes: list[Episode], scores: list[TeacherScores] | None) -> list[TrainSample]:
+        group = {key: i for i, key in enumerate(dict.fromkeys((p.source, p.spec.task_id) for p in planned))}
         samples = []
         for i, (p, ep) in enumerate(zip(planned, episodes)):
             sc = scores[i] if scores is not None else None
@@ -305,14 +296,31 @@ class Runner:
                     group_id=group[p.source, ep.task_id],
                 )
             )
+        return [s for s in samples if s.num_student_tokens > 0]
+
+    def _step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        t = time.perf_counter()
+        with self.progress.phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
+            planned, episodes, async_stats = self._rollout(step, advance)
+        rollout_s = time.perf_counter() - t
+        gen_tokens = sum(e.tokens.num_llm_tokens for e in episodes if e.tokens)
+
+        teacher_of = [self.router.teacher_of(p) for p in planned]
+        t = time.perf_counter()
+        scores = self._score(planned, episodes, teacher_of)
+        teacher_s = time.perf_counter() - t
+
         head = self.backend.teacher_head(teacher_of[0]) if scores and scores[0].hidden is not None else None
         with self.progress.phase("train", total=None):
-            train = self.backend.train([s for s in samples if s.num_student_tokens > 0], head)
+            train = self.backend.train(self._samples(planned, episodes, scores), head)
+        self._trained_through = step
+        self._unlogged = (step, dict(train))
         t = time.perf_counter()
-        if objective != "sft":
-            self.backend.sync_weights()
+        if self.objective.teacher_plays:
+            self._engine_stale = True  # synced before the student next plays (evals)
         else:
-            self._engine_stale = True
+            self.backend.sync_weights()
         sync_s = time.perf_counter() - t
 
         metrics = dict(train)
@@ -329,18 +337,17 @@ class Runner:
             "perf/teacher_s": teacher_s,
             "perf/weight_sync_s": sync_s,
             "perf/rollout_tokens_per_s": gen_tokens / rollout_s if rollout_s else 0.0,
-            "perf/teacher_tokens_per_s": sum(len(s.token_ids) for s in streams) / teacher_s if teacher_s else 0.0,
+            "perf/teacher_tokens_per_s": sum(len(e.tokens.token_ids) for e in episodes) / teacher_s if teacher_s else 0.0,
             "episodes": len(episodes),
         }
         metrics |= async_stats | self.backend.stats()
+        self._unlogged = (step, metrics)
         return metrics
 
     # ---- eval and checkpoints -------------------------------------------------------------
-    _teacher_result: EvalResult | None = None
-
-    def _play_eval(self, step: int, who_by_plan: bool, on_episode=None) -> tuple[list[Planned], list[Episode]]:
+    def _play_eval(self, step: int, teachers_play: bool, on_episode: OnEpisode | None = None) -> tuple[list[Planned], list[Episode]]:
         planned = self.mixture.eval_plan(step, num_tasks=self.cfg.eval.num_tasks, seed=self.cfg.run.seed)
-        if who_by_plan:
+        if teachers_play:
             groups = self._by_teacher(planned, split="eval")
             handles = [(self.backend.submit_rollout(g, self.eval_rollout_cfg, who), g) for who, g in groups.items()]
         else:
@@ -387,60 +394,18 @@ class Runner:
         return result
 
     def _checkpoint(self, step: int, summary: RunSummary) -> None:
-        path = self.run_dir / CHECKPOINTS / f"step_{step:06d}"
-        self.backend.save_checkpoint(path, {"step": step, "evals": summary.evals})
-
-
-def trainer_config(cfg: Any) -> Any:
-    """The run's TrainerConfig: the `trainer` section, with the objective's loss, the run's steps and
-    the loss temperature (`loss_temperature`)."""
-    trainer_cfg = cfg.trainer.build()
-    if cfg.run.objective == "grpo":
-        trainer_cfg.loss = LossKind.GRPO
-    elif cfg.run.objective == "sft":
-        trainer_cfg.loss = LossKind.SFT
-    trainer_cfg.total_steps = max(cfg.run.steps, 1)
-    trainer_cfg.temperature = loss_temperature(cfg, trainer_cfg.loss)
-    return trainer_cfg
-
-
-def loss_temperature(cfg: Any, loss: LossKind) -> float:
-    """The temperature the loss divides logits by.
-
-    Losses on sampled tokens (sampled_k1/k3, grpo, topk_forward_kl) compare the student with the
-    sampler, so they use the rollout's temperature (trainer.temperature is not used). Full-vocabulary
-    distillation (forward_kl, reverse_kl, jsd) compares the student's and the teacher's distributions at `trainer.temperature`
-    (default 1: the models' own distributions), whatever temperature explores; at T=0.5 a tiny
-    student's copy errors cost 10-25 nats per token and training at lr >= 1e-3 collapsed
-    (benchmarks/results/default_run.md). sft is cross-entropy at T=1.
-    """
-    sampler = logprob_temperature(cfg.rollout.temperature)  # greedy rollouts report T=1 logprobs
-    if loss == LossKind.SFT:
-        return 1.0
-    if not loss.is_full_vocab:
-        return sampler
-    if cfg.trainer.task_reward_coef > 0 and cfg.trainer.temperature != sampler:
-        raise ValueError(
-            f"trainer.task_reward_coef={cfg.trainer.task_reward_coef} adds a policy-gradient term whose importance ratio "
-            f"compares with the sampler: set trainer.temperature={cfg.trainer.temperature} equal to rollout.temperature={sampler}"
-        )
-    return cfg.trainer.temperature
-
-
-def _with_version(spec: Any, version: int) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(spec, policy_version=version)
+        self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:
     """A checkpoint of a run (`<run>/checkpoints/step_N`) as a Hugging Face folder with the run's tokenizer."""
+    from agentopd.rundir import is_done
     from agentopd.trainer import export_checkpoint as export_trainer_checkpoint
 
     ckpt = Path(checkpoint_dir)
-    if not (ckpt / "DONE").exists():
-        raise ValueError(f"{ckpt} is not a finished checkpoint of a run (no DONE marker)")
-    tokenizer_dir = ckpt.parent.parent / "tokenizer"
-    if not (tokenizer_dir / "tokenizer_config.json").exists():
-        raise ValueError(f"{ckpt.parent.parent} has no tokenizer/ folder: is {ckpt} inside a run directory?")
-    export_trainer_checkpoint(ckpt, out_dir, AutoTokenizer.from_pretrained(tokenizer_dir))
+    if not is_done(ckpt):
+        raise ValueError(f"{ckpt} is not a finished checkpoint of a run (no {DONE} marker)")
+    run = RunDir.of_checkpoint(ckpt)
+    if not (run.tokenizer / "tokenizer_config.json").exists():
+        raise ValueError(f"{run.root} has no tokenizer/ folder: is {ckpt} inside a run directory?")
+    export_trainer_checkpoint(ckpt, out_dir, AutoTokenizer.from_pretrained(run.tokenizer))

@@ -58,6 +58,27 @@ EPISODE_COLUMNS: dict[str, type] = {
 }
 
 
+JSON_COLUMNS = ("token_ids", "response_mask", "logprobs", "turn_index", "teacher_logprobs", "messages", "tools", "turns", "info")
+
+
+def decode_json_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """An `episodes` row (any subset of its columns) with its JSON columns parsed."""
+    out = dict(row)
+    for col in JSON_COLUMNS:
+        if isinstance(out.get(col), str):
+            out[col] = json.loads(out[col])
+    return out
+
+
+def connect_readonly(path: str | Path) -> sqlite3.Connection:
+    """A read-only connection to a trajectory store: URI mode=ro (the file is never created or
+    written) + query_only; rows as sqlite3.Row. What viewers and checkers read through."""
+    conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
 def _dumps(x: Any) -> str:
     return json.dumps(x, separators=(",", ":"), ensure_ascii=False)
 
@@ -115,17 +136,16 @@ def episode_row(episode: Episode, episode_id: str, split: str = "train", teacher
 
 def _teacher_fields(stream: TokenStream | None, teacher_logprobs: list[float]) -> dict[str, Any]:
     """teacher_logprobs as JSON plus the episode's mean per-token reverse-KL estimate (k1)."""
-    kl = None
-    if stream is not None and stream.num_llm_tokens:
-        diffs = [s - t for s, t, m in zip(stream.logprobs, teacher_logprobs, stream.response_mask) if m]
-        kl = sum(diffs) / len(diffs)
+    pairs = stream.kl_k1(teacher_logprobs) if stream is not None else []
+    kl = sum(v for _, v in pairs) / len(pairs) if pairs else None
     return {"teacher_logprobs": _dumps(teacher_logprobs), "kl_mean": kl}
 
 
 def row_to_episode(row: dict[str, Any]) -> Episode:
     """Rebuild an Episode (with its TokenStream) from an `episodes` row."""
-    messages = [Message.from_dict(m) for m in json.loads(row["messages"])]
-    turn_rows = json.loads(row["turns"] or "[]")
+    row = decode_json_columns(row)
+    messages = [Message.from_dict(m) for m in row["messages"]]
+    turn_rows = row["turns"] or []
     assistants = [m for m in messages if m.role == "assistant"]
     turns = []
     for i, t in enumerate(turn_rows):
@@ -144,27 +164,27 @@ def row_to_episode(row: dict[str, Any]) -> Episode:
     tokens = None
     if row.get("token_ids") is not None:
         tokens = TokenStream(
-            token_ids=json.loads(row["token_ids"]),
+            token_ids=row["token_ids"],
             prompt_len=row["prompt_len"],
-            response_mask=json.loads(row["response_mask"]),
-            logprobs=json.loads(row["logprobs"]),
-            turn_index=json.loads(row["turn_index"]),
+            response_mask=row["response_mask"],
+            logprobs=row["logprobs"],
+            turn_index=row["turn_index"],
         )
     return Episode(
         env=row["env"],
         task_id=row["task_id"],
         messages=messages,
-        tools=json.loads(row["tools"] or "[]"),
+        tools=row["tools"] or [],
         turns=turns,
         reward=row["reward"],
         success=bool(row["success"]),
         stop_reason=StopReason(row["stop_reason"]),
         tokens=tokens,
-        teacher_logprobs=json.loads(row["teacher_logprobs"]) if row.get("teacher_logprobs") else None,
+        teacher_logprobs=row.get("teacher_logprobs") or None,
         step=row["step"],
         sample_index=row.get("sample_index") or 0,
         policy_version=row.get("policy_version") or 0,
-        info=json.loads(row.get("info") or "{}"),
+        info=row.get("info") or {},
     )
 
 
@@ -177,7 +197,7 @@ class Store:
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no trajectory store at {self.path}")
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            conn = connect_readonly(self.path)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, check_same_thread=False)

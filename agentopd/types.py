@@ -16,6 +16,7 @@ Token-stream contract (DESIGN 3.1):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -103,6 +104,35 @@ class TokenStream:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def kl_k1(self, teacher_logprobs: Sequence[float | None]) -> list[tuple[int, float]]:
+        """(turn, sampler logprob - teacher logprob) for every student token: the k1 estimate of the
+        per-token reverse KL. Tokens whose either logprob is None (unscored) are skipped."""
+        return kl_k1(self.response_mask, self.logprobs, teacher_logprobs, self.turn_index)
+
+
+def kl_k1(
+    response_mask: Sequence[int], logprobs: Sequence[float | None], teacher_logprobs: Sequence[float | None], turn_index: Sequence[int]
+) -> list[tuple[int, float]]:
+    """(turn, logprob - teacher logprob) for each mask-1 token with both logprobs known: the one
+    computation behind `kl/*` metrics, the store's `kl_mean` and the viewer's per-turn KL."""
+    if len(teacher_logprobs) != len(response_mask):
+        raise ValueError(f"teacher_logprobs has {len(teacher_logprobs)} entries, the response has {len(response_mask)} tokens")
+    return [
+        (k, a - b)
+        for m, a, b, k in zip(response_mask, logprobs, teacher_logprobs, turn_index)
+        if m and a is not None and b is not None
+    ]
+
+
+def mean_by_turn(pairs: Sequence[tuple[int, float]]) -> dict[int, float]:
+    """The mean value per turn of (turn, value) pairs."""
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for k, v in pairs:
+        sums[k] = sums.get(k, 0.0) + v
+        counts[k] = counts.get(k, 0) + 1
+    return {k: sums[k] / counts[k] for k in sorted(sums)}
 
 
 @dataclass

@@ -126,16 +126,43 @@ def test_sections_are_typed_and_closed():
     ],
 )
 def test_loss_temperature(overrides, expected):
-    from agentopd.runner import trainer_config
-
     cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", *overrides])
-    assert trainer_config(cfg).temperature == expected
+    assert cfg.trainer_config().temperature == expected
 
 
 def test_task_reward_term_needs_the_sampler_temperature():
-    from agentopd.runner import trainer_config
-
     reward = ["rollout.temperature=0.5", "trainer.loss=forward_kl", "trainer.task_reward_coef=0.1"]
     with pytest.raises(ValueError, match="set trainer.temperature=1.0 equal to rollout.temperature=0.5"):
-        trainer_config(load_config("sql_db", overrides=reward))
-    assert trainer_config(load_config("sql_db", overrides=[*reward, "trainer.temperature=0.5"])).temperature == 0.5
+        load_config("sql_db", overrides=reward)  # refused when the config is loaded, before any model
+    assert load_config("sql_db", overrides=[*reward, "trainer.temperature=0.5"]).trainer_config().temperature == 0.5
+
+
+def test_objectives_force_their_loss():
+    from agentopd.trainer import LossKind
+
+    assert load_config("sql_db", overrides=["objective=sft"]).trainer_config().loss == LossKind.SFT
+    assert load_config("sql_db", overrides=["objective=grpo"]).trainer_config().loss == LossKind.GRPO
+    assert load_config("sql_db", overrides=["trainer.loss=jsd"]).trainer_config().loss == LossKind.JSD
+
+
+def test_sampled_k3_is_refused_as_a_training_loss():
+    """Defect 5 (issue 12): k3's expected gradient ascends forward KL; it was selectable."""
+    with pytest.raises(ValueError, match="trainer.loss=sampled_k3 is not a training loss"):
+        load_config("sql_db", overrides=["trainer.loss=sampled_k3"])
+
+
+def test_async_max_staleness_zero_is_refused():
+    """Defect 2 (issue 12): 0 was accepted and then every episode was stale and dropped."""
+    with pytest.raises(ValueError, match="async.max_staleness=0 with async.enabled=true"):
+        load_config("sql_db", overrides=["backend=ray", "async.enabled=true", "async.max_staleness=0"])
+    assert load_config("sql_db", overrides=["async.max_staleness=0"]).async_.max_staleness == 0  # harmless when off
+
+
+def test_full_vocabulary_loss_with_several_teachers_is_refused_at_load():
+    """One validator (the config's) for "a full-vocabulary loss needs one teacher"."""
+    with pytest.raises(ValueError, match="trainer.loss=forward_kl compares with one teacher's full distribution"):
+        load_config("calculator,sql_db", overrides=["trainer.loss=forward_kl"])
+    two = ["teachers.a=/x", "teachers.b=/y", "teacher_key=data_source"]
+    with pytest.raises(ValueError, match="routes episodes to 2 teachers"):
+        load_config("sql_db", overrides=[*two, "trainer.loss=jsd"])
+    assert load_config("calculator,sql_db").trainer_config().loss == "sampled_k1"  # the mixed preset's choice

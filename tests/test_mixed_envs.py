@@ -1,4 +1,4 @@
-"""Mixed environments and multi-teacher routing (agentopd.mixing) on the local backend: config
+"""Mixed environments and multi-teacher routing (agentopd.plan, agentopd.routing) on the local backend: config
 forms, per-step task plans by weight, routing by env or data source, an unroutable task failing
 before the run, and a short calculator + sql_db run through the CLI."""
 
@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from agentopd.cli import app
 from agentopd.config import load_config
-from agentopd.mixing import Mixture, Router
+from agentopd.plan import Mixture
+from agentopd.routing import Router
 from agentopd.runner import Runner
 
 SHORT = [
@@ -128,7 +129,7 @@ def test_mixed_run_out_of_the_box(home, tmp_path):
 @pytest.mark.slow
 def test_mixed_builtin_student_is_trained_on_every_env(tmp_path):
     from agentopd.bootstrap import TINY_SPEC
-    from agentopd.mixing import mixed_student
+    from agentopd.bootstrap import mixed_student
 
     path = mixed_student(["sql_db", "calculator"], spec=TINY_SPEC, home=tmp_path)
     report = json.loads((path.parent / "report.json").read_text())

@@ -4,23 +4,22 @@ plan, the store and the metrics; a backend plays episodes, scores them, trains a
     backend = make_backend(cfg)        # run.backend: local | ray
     backend.setup(ctx, tokenizer)      # ctx: agentopd.backends.stages.RunContext
 
+base.py    the Backend protocol both implement (and what `policy_version` means)
 local.py   LocalBackend: every stage in this process
 ray.py     RayBackend: rollout workers, teacher pools, a trainer group of N ranks (Ray actors)
 stages.py  the stage code both run (playing planned episodes, routed teacher scoring)
-
-The interface (both backends): `policy_version`, `teacher_configs()`, `submit_rollout(planned,
-config, who)` -> handle, `collect(handle, on_episode)` -> episodes in plan order,
-`score({teacher: streams}, mode)`, `teacher_head(name)`, `train(samples, head)` -> metrics,
-`sync_weights()`, `save_checkpoint(path, extra)`, `load_checkpoint(path)`, `export(dir, tokenizer)`,
-`stats()` -> backend metrics for the step, `close()`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentopd.backends.base import Backend
+    from agentopd.config import Config
 
 
-def make_backend(cfg: Any) -> Any:
+def make_backend(cfg: Config) -> Backend:
     if cfg.run.backend == "ray":
         from agentopd.backends.ray import RayBackend
 

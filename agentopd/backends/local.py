@@ -4,9 +4,9 @@
     backend.setup(ctx, tokenizer)
     handle = backend.submit_rollout(planned, config)      # runs when collected
     episodes = backend.collect(handle, on_episode)
-    scores = backend.score({"teacher": streams}, mode)
+    scores = backend.score({"teacher": streams}, mode)   # {"teacher": [TeacherScores, ...]}
     metrics = backend.train(samples, head)
-    seconds = backend.sync_weights()
+    backend.sync_weights()
 
 Rollouts run when collected, so there is nothing to overlap: `async.enabled` needs the Ray backend.
 """
@@ -16,14 +16,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentopd.backends.stages import STUDENT, OnEpisode, Players, RunContext, build_engine, build_teacher, score_routed
-from agentopd.mixing import Planned
+from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
-from agentopd.types import Episode
+from agentopd.rundir import RunDir
+from agentopd.types import Episode, TokenStream
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentopd.batch import TrainSample
+    from agentopd.teacher import TeacherMode, TeacherScores
 
 
 @dataclass
@@ -36,7 +43,7 @@ class _Pending:
 class LocalBackend:
     name = "local"
 
-    def setup(self, ctx: RunContext, tokenizer: Any) -> None:
+    def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None:
         from transformers import AutoModelForCausalLM
 
         from agentopd.trainer import Trainer
@@ -46,16 +53,20 @@ class LocalBackend:
         self.ctx = ctx
         student = AutoModelForCausalLM.from_pretrained(ctx.student_ref, dtype=torch.float32)
         self.teachers = {name: build_teacher(ctx, name) for name in ctx.teacher_refs}
-        self.student_config = student.config
-        self.players = Players(ctx, tokenizer, student_engine=build_engine(ctx, student))
+        self.players = Players(ctx, tokenizer, student_engine=self._student_engine(student))
         self.trainer = Trainer(student, ctx.trainer_cfg, device=ctx.device)
+        self._synced = 0  # the trainer step the engine's weights come from
+
+    def _student_engine(self, student: torch.nn.Module) -> Any:
+        from agentopd.engines import EngineKind, resolve_kind
+
+        if resolve_kind(self.ctx.cfg.engine.kind, self.ctx.device) == EngineKind.HF:
+            return build_engine(self.ctx, student)  # a copy of the loaded module: no second read from disk
+        return build_engine(self.ctx, self.ctx.student_ref)
 
     @property
     def policy_version(self) -> int:
-        return self.trainer.step
-
-    def teacher_configs(self) -> dict[str, Any]:
-        return {name: t.config for name, t in self.teachers.items()}
+        return self._synced
 
     def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> _Pending:
         return _Pending(list(planned), config, who)
@@ -63,27 +74,28 @@ class LocalBackend:
     def collect(self, handle: _Pending, on_episode: OnEpisode | None = None) -> list[Episode]:
         return self.players.play(handle.planned, handle.config, on_episode, handle.who)
 
-    def score(self, by_teacher: dict[str, list[Any]], mode: Any) -> dict[str, list[Any]]:
+    def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
         return score_routed(self.teachers, by_teacher, mode)
 
     def teacher_head(self, name: str) -> torch.Tensor:
         return self.teachers[name].head_weight()
 
-    def train(self, samples: list[Any], head: torch.Tensor | None) -> dict[str, float]:
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None) -> dict[str, float]:
         return self.trainer.train_step(samples, teacher_head_VH=head)
 
     def sync_weights(self) -> None:
         self.players.update_weights(self.trainer.state_dict_for_engine())
+        self._synced = self.trainer.step
 
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
         self.trainer.save_checkpoint(path, extra=extra)
         if self.trainer.rank == 0:
-            (path / "DONE").write_text(str(extra["step"]))
+            RunDir.mark_done(path, extra["step"])
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         return self.trainer.load_checkpoint(path)
 
-    def export(self, out_dir: Path, tokenizer: Any) -> None:
+    def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         self.trainer.export(out_dir, tokenizer)
 
     def stats(self) -> dict[str, float]:

@@ -34,17 +34,25 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker, TrainerWorker
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
-from agentopd.mixing import Planned
+from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
-from agentopd.types import Episode
+from agentopd.rundir import RunDir
+from agentopd.types import Episode, TokenStream
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentopd.batch import TrainSample
+    from agentopd.teacher import TeacherMode, TeacherScores
 
 
 @dataclass
@@ -62,10 +70,10 @@ class _Item:
 class RayBackend:
     name = "ray"
 
-    def setup(self, ctx: RunContext, tokenizer: Any) -> None:
+    def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None:
         import ray
 
-        from agentopd.bootstrap import agentopd_home
+        from agentopd.paths import agentopd_home
 
         self.ray = ray
         self.ctx = ctx = dataclasses.replace(ctx, env_vars={"AGENTOPD_HOME": str(agentopd_home())})
@@ -120,8 +128,8 @@ class RayBackend:
         return self.version
 
     # ---- rollout ------------------------------------------------------------------------------
-    def submit_rollout(self, planned: list[Planned], config: RolloutConfig, who: str = STUDENT) -> list[_Item]:
-        n = len(self.workers)
+    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> list[_Item]:
+        planned, n = list(planned), len(self.workers)
         size = max(1, min(self.rc.episodes_per_call, math.ceil(len(planned) / n)))
         items = [_Item(planned[i : i + size], config, who, (i // size) % n) for i in range(0, len(planned), size)]
         for item in items:
@@ -157,7 +165,7 @@ class RayBackend:
         return [ep for k in range(len(items)) for ep in results[k]]
 
     # ---- teachers -----------------------------------------------------------------------------
-    def score(self, by_teacher: dict[str, list[Any]], mode: Any) -> dict[str, list[Any]]:
+    def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
         from ray.exceptions import RayActorError
 
         jobs = []  # (teacher, replica, slice)
@@ -188,8 +196,8 @@ class RayBackend:
         return self.ray.get(self.teachers[name][0].head_weight.remote())
 
     # ---- trainer ------------------------------------------------------------------------------
-    def train(self, samples: list[Any], head: torch.Tensor | None) -> dict[str, float]:
-        shares: list[list[Any]] = [[] for _ in self.trainers]
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None) -> dict[str, float]:
+        shares: list[list[TrainSample]] = [[] for _ in self.trainers]
         load = [0] * len(self.trainers)
         for s in sorted(samples, key=lambda s: -s.num_tokens):  # token-balanced shares
             r = load.index(min(load))
@@ -197,7 +205,7 @@ class RayBackend:
             load[r] += s.num_tokens
         head_ref = self.ray.put(head) if head is not None else None
         metrics = self.ray.get([t.train.remote(share, head_ref) for t, share in zip(self.trainers, shares)])
-        self.version += 1
+        self.version = self.ray.get(self.trainers[0].step.remote())  # a skipped step (no student tokens) is no new version
         return metrics[0]
 
     def sync_weights(self) -> None:
@@ -221,15 +229,15 @@ class RayBackend:
     # ---- checkpoints and export ------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
         self.ray.get([t.save.remote(str(path), extra) for t in self.trainers])
-        (path / "DONE").write_text(str(extra["step"]))
+        RunDir.mark_done(path, extra["step"])
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         extras = self.ray.get([t.load.remote(str(path)) for t in self.trainers])
         self.version = self.ray.get(self.trainers[0].step.remote())
         return extras[0]
 
-    def export(self, out_dir: Path, tokenizer: Any) -> None:
-        tok_dir = out_dir.parent / "tokenizer"
+    def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+        tok_dir = RunDir(out_dir.parent).tokenizer
         if not (tok_dir / "tokenizer_config.json").exists():
             tokenizer.save_pretrained(tok_dir)
         self.ray.get([t.export.remote(str(out_dir), str(tok_dir)) for t in self.trainers])

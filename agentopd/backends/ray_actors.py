@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from agentopd.backends.stages import STUDENT, Players, RunContext, build_teacher
-from agentopd.mixing import Planned
+from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
 from agentopd.types import Episode
 

@@ -3,28 +3,38 @@
     ctx = RunContext(cfg, mixture, student_ref, teacher_refs, trainer_cfg, rollout_cfg, device, dtype)
     players = Players(ctx, tokenizer)                   # engines by role, env instances by source
     episodes = players.play(planned, config, on_episode, who="student")
-    scores = score_routed(teachers, by_teacher, mode)   # {teacher: [TeacherScores, ...]}
+    scores = score_routed(teachers, by_teacher, mode)   # {teacher: [TeacherScores, ...]} (inside a backend)
+    scores = score_episodes(backend, teacher_of, streams, mode)   # grouped by teacher, scattered back (runner)
 
 The local backend calls these in its own process; the Ray backend calls the same functions
 inside its rollout and teacher actors. `who` is `student` or a teacher name (a teacher plays
-episodes for `objective=sft` and for the teacher's eval).
+episodes for `objective=sft` and for the teacher's eval). Every engine of a Players object runs
+on one event loop that lives as long as the Players (engines bind to the loop they first run on:
+vLLM's AsyncLLM cannot be driven from a second `asyncio.run`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentopd.engines.base import logprob_temperature
-from agentopd.mixing import Mixture, Planned
+from agentopd.engines.base import Engine, logprob_temperature
+from agentopd.plan import Mixture, Planned
 from agentopd.rollout import Rollout, RolloutConfig
-from agentopd.types import Episode
+from agentopd.types import Episode, TokenStream
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentopd.backends.base import Backend
+    from agentopd.config import Config
+    from agentopd.teacher import HFTeacher, TeacherMode, TeacherScores
+    from agentopd.trainer.config import TrainerConfig
 
 STUDENT = "student"
 OnEpisode = Callable[[Planned, Episode], None]
@@ -34,19 +44,29 @@ OnEpisode = Callable[[Planned, Episode], None]
 class RunContext:
     """What the stages need to build their parts (picklable: it travels to Ray actors)."""
 
-    cfg: Any  # agentopd.config.Config
+    cfg: Config
     mixture: Mixture
     student_ref: Path | str
     teacher_refs: dict[str, Path | str]  # teacher name -> from_pretrained reference
-    trainer_cfg: Any  # agentopd.trainer.TrainerConfig
+    trainer_cfg: TrainerConfig
     rollout_cfg: RolloutConfig
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     env_vars: dict[str, str] = field(default_factory=dict)  # set in every actor before it builds anything (AGENTOPD_HOME)
 
+    def model_ref(self, who: str) -> Path | str:
+        """The model a role plays with: the student's, or the named teacher's."""
+        if who == STUDENT:
+            return self.student_ref
+        if who not in self.teacher_refs:
+            raise ValueError(f"no teacher named {who!r} (teachers: {sorted(self.teacher_refs)})")
+        return self.teacher_refs[who]
 
-def build_engine(ctx: RunContext, model: Any) -> Any:
-    """The rollout engine (`engine.kind`) over a model object or a reference."""
+
+def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str) -> Engine:
+    """The rollout engine (`engine.kind`) over a model: a reference (folder, hub id) or, for the
+    transformers engine, a module (copied, so a trainer holding it is never written to). Every engine
+    takes the same options under our names (device, dtype, max_batch_size, seed) and maps them to its own."""
     from agentopd.engines import EngineKind, make_engine, resolve_kind
 
     kind = resolve_kind(ctx.cfg.engine.kind, ctx.device)
@@ -58,33 +78,29 @@ def build_engine(ctx: RunContext, model: Any) -> Any:
 
             model = AutoModelForCausalLM.from_pretrained(model, dtype=ctx.dtype)
         else:
+            import copy
+
             model = copy.deepcopy(model).to(ctx.dtype)
-    elif isinstance(model, torch.nn.Module):
-        model = str(ctx.student_ref)
-    return make_engine(kind, model, **kwargs)
+        return make_engine(kind, model, **kwargs)
+    if isinstance(model, torch.nn.Module):
+        raise TypeError(f"engine.kind={kind} loads its model from a reference (a folder or hub id), not a module")
+    return make_engine(kind, str(model), device=ctx.device, dtype=ctx.dtype, **kwargs)
 
 
 class Players:
     """Plays planned episodes of every source with the student's (or a teacher's) engine."""
 
-    def __init__(self, ctx: RunContext, tokenizer: Any, student_engine: Any = None):
+    def __init__(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase, student_engine: Engine | None = None):
         self.ctx = ctx
         self.tokenizer = tokenizer
-        self.engines: dict[str, Any] = {}
+        self.engines: dict[str, Engine] = {}
+        self.loop = asyncio.Runner()  # the one event loop of every phase and engine (module docstring)
         if student_engine is not None:
             self.engines[STUDENT] = student_engine
 
-    def engine(self, who: str) -> Any:
+    def engine(self, who: str) -> Engine:
         if who not in self.engines:
-            if who == STUDENT:
-                self.engines[who] = build_engine(self.ctx, self.ctx.student_ref)
-            else:
-                if who not in self.ctx.teacher_refs:
-                    raise ValueError(f"no teacher named {who!r} (teachers: {sorted(self.ctx.teacher_refs)})")
-                from transformers import AutoModelForCausalLM
-
-                model = AutoModelForCausalLM.from_pretrained(self.ctx.teacher_refs[who], dtype=self.ctx.dtype)
-                self.engines[who] = build_engine(self.ctx, model)
+            self.engines[who] = build_engine(self.ctx, self.ctx.model_ref(who))
         return self.engines[who]
 
     async def play_async(
@@ -119,21 +135,24 @@ class Players:
         return out  # type: ignore[return-value]
 
     def play(self, planned: Sequence[Planned], config: RolloutConfig, on_episode: OnEpisode | None = None, who: str = STUDENT) -> list[Episode]:
-        return asyncio.run(self.play_async(planned, config, on_episode, who))
+        return self.loop.run(self.play_async(planned, config, on_episode, who))
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        asyncio.run(self.engine(STUDENT).update_weights(state_dict))
+        self.loop.run(self.engine(STUDENT).update_weights(state_dict))
 
     def close(self) -> None:
         async def close_all() -> None:
             for e in self.engines.values():
                 await e.close()
 
-        asyncio.run(close_all())
-        self.engines.clear()
+        try:
+            self.loop.run(close_all())
+        finally:
+            self.engines.clear()
+            self.loop.close()
 
 
-def build_teacher(ctx: RunContext, name: str) -> Any:
+def build_teacher(ctx: RunContext, name: str) -> HFTeacher:
     from agentopd.teacher import HFTeacher
 
     # the teacher's sampled-token logprobs (kl/* metrics, sampled losses) sit beside the sampler's: same temperature;
@@ -142,6 +161,20 @@ def build_teacher(ctx: RunContext, name: str) -> Any:
     return HFTeacher(ctx.teacher_refs[name], device=ctx.device, dtype=ctx.dtype, temperature=temperature)
 
 
-def score_routed(teachers: dict[str, Any], by_teacher: dict[str, list[Any]], mode: Any) -> dict[str, list[Any]]:
-    """Each teacher scores the streams routed to it."""
+def score_routed(teachers: dict[str, HFTeacher], by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
+    """Each teacher scores the streams routed to it (inside a backend)."""
     return {name: teachers[name].score(streams, mode=mode) for name, streams in by_teacher.items() if streams}
+
+
+def score_episodes(backend: Backend, teacher_of: Sequence[str], streams: Sequence[TokenStream], mode: TeacherMode) -> list[TeacherScores]:
+    """Scores of every stream, in order: grouped by the teacher each is routed to (`teacher_of[i]`),
+    scored by the backend one group per teacher, scattered back."""
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(teacher_of):
+        groups.setdefault(name, []).append(i)
+    routed = backend.score({name: [streams[i] for i in idx] for name, idx in groups.items()}, mode)
+    out: list[TeacherScores | None] = [None] * len(streams)
+    for name, idx in groups.items():
+        for i, sc in zip(idx, routed[name], strict=True):
+            out[i] = sc
+    return out  # type: ignore[return-value]

@@ -5,7 +5,7 @@ assembly and the drift checker.
 """
 
 from agentopd.chat.drift import DriftReport, Finding, FindingKind, Severity, check_episode, check_stored_episode, format_report
-from agentopd.chat.parser import ParsedTurn, parse_assistant
+from agentopd.chat.parser import ParsedTurn, assistant_turn_text, parse_assistant
 from agentopd.chat.stream import (
     TRUNCATION_MARKER,
     ContextFull,
@@ -32,6 +32,7 @@ __all__ = [
     "Severity",
     "StreamBuilder",
     "TemplateMismatch",
+    "assistant_turn_text",
     "build_tokenizer",
     "cap_tool_text",
     "chat_template_of",

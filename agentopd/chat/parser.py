@@ -22,6 +22,7 @@ A trailing `<|im_end|>` / `<|endoftext|>` (the stop token, when decoded with the
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentopd.types import ToolCall
@@ -134,3 +135,13 @@ def parse_assistant(text: str) -> ParsedTurn:
     if not content and not calls and not errors:
         errors.append("empty output: no answer and no tool call")
     return ParsedTurn(content=content, tool_calls=calls, errors=errors, thinking=thinking)
+
+
+def assistant_turn_text(content: str, tool_calls: Sequence[ToolCall | dict] = ()) -> str:
+    """The canonical text of an assistant turn in the hermes format (what a demonstration samples);
+    `parse_assistant` reads it back."""
+    parts = [content] if content else []
+    for c in tool_calls:
+        c = c.to_dict() if isinstance(c, ToolCall) else c
+        parts.append("<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) + "\n</tool_call>")
+    return "\n".join(parts)

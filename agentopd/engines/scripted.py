@@ -18,14 +18,12 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from agentopd.chat import encode
+from agentopd.chat import assistant_turn_text, encode
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
 
 
 def action_text(action: dict[str, Any]) -> str:
     """The canonical hermes text of an assistant action (content, then one block per tool call)."""
-    from agentopd.rollout import assistant_turn_text
-
     return assistant_turn_text(action.get("content") or "", action.get("tool_calls") or [])
 
 

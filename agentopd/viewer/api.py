@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentopd.viewer.detail import decode_row
 from agentopd.viewer.queries import EpisodePage, EpisodeQuery, EpisodeSummary, episode_row, list_episodes, neighbours, run_stats
-from agentopd.viewer.runs import Run, RunCatalog, RunNotFound, finite, tokenizer_dir
+from agentopd.viewer.runs import Run, RunCatalog, RunNotFound, finite
 
 router = APIRouter(prefix="/api", tags=["api"])
 
@@ -89,8 +89,8 @@ def run_info(run: Run) -> RunInfo:
         name=run.name,
         env=run.config_env(),
         has_trajectories=run.has_db,
-        has_metrics=bool(rows) or (run.path / "metrics.jsonl").is_file(),
-        has_tokenizer=tokenizer_dir(run.path) is not None,
+        has_metrics=bool(rows) or run.dir.metrics.is_file(),
+        has_tokenizer=run.dir.tokenizer_dir() is not None,
         success_rate=last_value(rows, "success_rate"),
         eval_success_rate=last_value(rows, "eval/success_rate"),
     )

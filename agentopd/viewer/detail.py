@@ -20,9 +20,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from agentopd.store import decode_json_columns
+from agentopd.types import kl_k1, mean_by_turn
 from agentopd.viewer.runs import TokenDecoder
 
-JSON_COLUMNS = ("token_ids", "response_mask", "logprobs", "turn_index", "teacher_logprobs", "messages", "tools", "turns", "info")
 LEVELS = (0.05, 0.25, 0.5, 1.0, 2.0)  # |log-ratio| thresholds of shading levels 1..5
 FOLD_TOKENS = 48
 FOLD_CHARS = 600
@@ -37,10 +38,7 @@ def _clean(xs: list[Any] | None) -> list[float | None] | None:
 
 def decode_row(row: dict[str, Any]) -> dict[str, Any]:
     """The episode row with its JSON columns parsed and per-turn KL added (`turn_kl`)."""
-    out = dict(row)
-    for col in JSON_COLUMNS:
-        if isinstance(out.get(col), str):
-            out[col] = json.loads(out[col])
+    out = decode_json_columns(row)
     out["logprobs"] = _clean(out.get("logprobs"))
     out["teacher_logprobs"] = _clean(out.get("teacher_logprobs"))
     if out.get("success") is not None:
@@ -54,14 +52,8 @@ def turn_kl(data: dict[str, Any]) -> list[float | None]:
     mask, lp, tlp, turn = (data.get(k) for k in ("response_mask", "logprobs", "teacher_logprobs", "turn_index"))
     if not mask or not turn:
         return []
-    sums = [0.0] * (max(turn) + 1)
-    counts = [0] * len(sums)
-    if tlp is not None and lp is not None:
-        for m, a, b, k in zip(mask, lp, tlp, turn):
-            if m and a is not None and b is not None:
-                sums[k] += a - b
-                counts[k] += 1
-    return [s / c if c else None for s, c in zip(sums, counts)]
+    means = mean_by_turn(kl_k1(mask, lp, tlp, turn)) if tlp is not None and lp is not None and len(tlp) == len(mask) else {}
+    return [means.get(k) for k in range(max(turn) + 1)]
 
 
 class Tok(NamedTuple):

@@ -31,12 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentopd.rundir import RunDir
+from agentopd.store import connect_readonly
+
 log = logging.getLogger(__name__)
 
-DB_NAME = "trajectories.db"
-METRICS_NAME = "metrics.jsonl"
-TOKENIZER_DIRS = ("tokenizer", "final")  # looked up in this order inside a run directory
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class RunNotFound(LookupError):
@@ -44,15 +43,7 @@ class RunNotFound(LookupError):
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and ((path / DB_NAME).is_file() or (path / METRICS_NAME).is_file())
-
-
-def connect_readonly(db_path: Path) -> sqlite3.Connection:
-    """A read-only connection: URI mode=ro (the file is never created or written) + query_only."""
-    conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA query_only = 1")
-    return conn
+    return RunDir(path).is_run()
 
 
 def finite(x: Any) -> float | None:
@@ -121,18 +112,10 @@ _tok_cache: dict[Path, tuple[int, TokenDecoder | None]] = {}
 _tok_lock = threading.Lock()
 
 
-def tokenizer_dir(run_dir: Path) -> Path | None:
-    for name in TOKENIZER_DIRS:
-        d = run_dir / name
-        if d.is_dir() and any((d / f).is_file() for f in TOKENIZER_FILES):
-            return d
-    return None
-
-
 def load_decoder(run_dir: Path) -> TokenDecoder | None:
     """The run's tokenizer (lazily, once per directory version), or None when there is none or
     it fails to load (logged; the viewer then shows token ids)."""
-    d = tokenizer_dir(run_dir)
+    d = RunDir(run_dir).tokenizer_dir()
     if d is None:
         return None
     version = d.stat().st_mtime_ns
@@ -163,8 +146,12 @@ class Run:
     path: Path
 
     @property
+    def dir(self) -> RunDir:
+        return RunDir(self.path)
+
+    @property
     def db_path(self) -> Path:
-        return self.path / DB_NAME
+        return self.dir.db
 
     @property
     def has_db(self) -> bool:
@@ -185,14 +172,14 @@ class Run:
             conn.close()
 
     def metrics(self) -> list[dict[str, Any]]:
-        return read_metrics(self.path / METRICS_NAME)
+        return read_metrics(self.dir.metrics)
 
     def decoder(self) -> TokenDecoder | None:
         return load_decoder(self.path)
 
     def config_env(self) -> str | None:
         """The env name from config.yaml (`env: name` or `env: {name: ...}`), if readable."""
-        cfg = self.path / "config.yaml"
+        cfg = self.dir.config
         if not cfg.is_file():
             return None
         try:

@@ -1,0 +1,64 @@
+"""The Backend protocol: where the runner's stages run (agentopd.runner owns the loop, the plan,
+the store and the metrics; a backend plays episodes, scores them, trains and syncs weights).
+
+Both backends (local.py, ray.py) implement exactly this, in the records of the code:
+
+- `policy_version`: the trainer step whose weights the student's engines hold after the last
+  `sync_weights()` (0 before any training); an episode's `policy_version` is the trainer step whose
+  weights sampled it. A step the trainer skipped (no student tokens) does not advance it.
+- `submit_rollout(planned, config, who)` -> a handle; `collect(handle, on_episode)` -> the episodes
+  in plan order, `on_episode(planned, episode)` called as each finishes. `who` is `student` or a
+  teacher name.
+- `score({teacher: streams}, mode)` -> `{teacher: [TeacherScores]}` in the same order.
+- `train(samples, head)` -> the step's metrics (the same on every rank).
+- `save_checkpoint(path, extra)`: every rank's part, then the DONE marker (`RunDir.mark_done`),
+  so a checkpoint without DONE is never resumed from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from agentopd.backends.stages import OnEpisode, RunContext
+    from agentopd.batch import TrainSample
+    from agentopd.plan import Planned
+    from agentopd.rollout import RolloutConfig
+    from agentopd.teacher import TeacherMode, TeacherScores
+    from agentopd.types import Episode, TokenStream
+
+
+class Backend(Protocol):
+    name: str
+
+    def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = ...) -> Any: ...
+
+    def collect(self, handle: Any, on_episode: OnEpisode | None = None) -> list[Episode]: ...
+
+    def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]: ...
+
+    def teacher_head(self, name: str) -> torch.Tensor: ...
+
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None) -> dict[str, float]: ...
+
+    def sync_weights(self) -> None: ...
+
+    def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None: ...
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]: ...
+
+    def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,53 @@
+"""What a run optimises (`run.objective`), as data the runner reads instead of branching on strings.
+
+    objective = Objective(cfg.run.objective)
+    objective.loss            # the loss it forces (sft, grpo) or None: trainer.loss decides (opd)
+    objective.teacher_plays   # the teacher plays the training episodes (sequence-level KD)
+    objective.scores          # the teacher scores the episodes (teacher logprobs, kl/* metrics)
+    teacher_mode(loss)        # what a teacher returns for a loss: hidden states, top-k or logprobs
+
+- `opd` (default): on-policy distillation on the student's own episodes with `trainer.loss`.
+- `sft`: cross-entropy on the teacher's episodes (sequence-level KD), the same budget of student
+  tokens; the student's engine is synced only before it plays (evals).
+- `grpo`: the environment reward alone (group-normalised advantages); no teacher scores.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from agentopd.trainer.config import LossKind  # light: the config layer imports this module
+
+if TYPE_CHECKING:
+    from agentopd.teacher.base import TeacherMode
+
+
+class Objective(StrEnum):
+    OPD = "opd"
+    SFT = "sft"
+    GRPO = "grpo"
+
+    @property
+    def loss(self) -> LossKind | None:
+        return {Objective.SFT: LossKind.SFT, Objective.GRPO: LossKind.GRPO}.get(self)
+
+    @property
+    def teacher_plays(self) -> bool:
+        return self is Objective.SFT
+
+    @property
+    def scores(self) -> bool:
+        return self is not Objective.GRPO
+
+
+def teacher_mode(loss: LossKind) -> TeacherMode:
+    """What the teacher returns for `loss`: hidden states (full-vocabulary losses recompute its logits
+    with its lm_head), top-k, or the sampled tokens' logprobs."""
+    from agentopd.teacher.base import TeacherMode
+
+    if loss.is_full_vocab:
+        return TeacherMode.HIDDEN
+    if loss == LossKind.TOPK_FORWARD_KL:
+        return TeacherMode.TOPK
+    return TeacherMode.LOGPROBS
