@@ -1,14 +1,19 @@
 """Rollout engines: async token-in/token-out generation behind one protocol (engines/base.py).
 
     engine = make_engine("hf", "path/to/model", max_batch_size=64)     # transformers, CPU or GPU
+    engine = make_engine("fast", "path/to/model", device="cuda")       # paged KV, CUDA graphs (engines/fast)
     engine = make_engine("vllm", "path/to/model", gpu_memory_utilization=0.5)  # optional extra
 
-`make_engine(kind, model, **kwargs)` forwards kwargs to `HFEngine` or `VLLMEngine`. vLLM is
-imported only when a VLLMEngine is built; without it that raises a one-line ImportError.
+`make_engine(kind, model, **kwargs)` forwards kwargs to `HFEngine`, `FastEngine` or `VLLMEngine`.
+`fast` serves Qwen3/Qwen2/Llama-style models; any other architecture falls back to `hf` with one
+log line. vLLM is imported only when a VLLMEngine is built; without it that raises a one-line
+ImportError.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from enum import StrEnum
 from typing import Any
 
@@ -23,8 +28,8 @@ class EngineKind(StrEnum):
 
 
 def resolve_kind(kind: str, device: Any = None) -> EngineKind:
-    """The engine `auto` means on `device`: vLLM where installed on a GPU, fast on other GPUs, hf on CPU.
-    Until the fast engine exists, GPUs without vLLM get hf."""
+    """The engine `auto` means on `device`: vLLM where installed on a GPU, fast on other GPUs, hf on CPU
+    (benchmarks/results/engine_gpu.md has the CPU comparison behind keeping hf there)."""
     if kind not in EngineKind.__members__.values():
         raise ValueError(f"unknown engine kind {kind!r}: choose one of {[k.value for k in EngineKind]}")
     if kind != EngineKind.AUTO:
@@ -34,14 +39,37 @@ def resolve_kind(kind: str, device: Any = None) -> EngineKind:
     on_gpu = device is not None and getattr(device, "type", str(device)).startswith("cuda")
     if on_gpu and importlib.util.find_spec("vllm") is not None:
         return EngineKind.VLLM
-    return EngineKind.HF
+    return EngineKind.FAST if on_gpu else EngineKind.HF
+
+
+log = logging.getLogger(__name__)
+
+
+def _fast_or_fallback(model: Any, kwargs: dict[str, Any]) -> Engine:
+    """FastEngine where it supports the architecture, else HFEngine (one log line says why)."""
+    from agentopd.engines.fast import FastEngine, supports
+
+    if isinstance(model, str):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model)
+    else:
+        config = model.config
+    why = supports(config)
+    if why is None:
+        return FastEngine(model, **kwargs)
+    from agentopd.engines.hf import HFEngine
+
+    log.warning("engine.kind=fast does not support this model (%s): using the transformers engine", why)
+    accepted = inspect.signature(HFEngine.__init__).parameters
+    return HFEngine(model, **{k: v for k, v in kwargs.items() if k in accepted})
 
 
 def make_engine(kind: str, model: Any, **kwargs: Any) -> Engine:
-    """An engine of `kind` ("hf" or "vllm") serving `model` (a path, hub id, or for hf a PreTrainedModel)."""
+    """An engine of `kind` serving `model` (a path, hub id, or for hf/fast a PreTrainedModel)."""
     kind = resolve_kind(kind, kwargs.get("device"))
     if kind == EngineKind.FAST:
-        raise ValueError("engine.kind=fast is not built yet: use hf or vllm")
+        return _fast_or_fallback(model, kwargs)
     if kind == EngineKind.HF:
         from agentopd.engines.hf import HFEngine
 
@@ -57,6 +85,10 @@ def __getattr__(name: str) -> Any:
         from agentopd.engines.hf import HFEngine
 
         return HFEngine
+    if name == "FastEngine":
+        from agentopd.engines.fast import FastEngine
+
+        return FastEngine
     if name == "VLLMEngine":
         from agentopd.engines.vllm import VLLMEngine
 
@@ -67,6 +99,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Engine",
     "EngineKind",
+    "FastEngine",
     "FinishReason",
     "GenerateRequest",
     "GenerateResult",

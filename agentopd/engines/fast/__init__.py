@@ -1,0 +1,17 @@
+"""The fast engine: paged KV kept across an episode's turns, continuous batching, CUDA-graph decode.
+
+    from agentopd.engines.fast import FastEngine, supports
+    engine = FastEngine(model_or_path, device="cuda", dtype=torch.bfloat16, max_batch_size=256)
+
+Modules, one concept each: `model.py` (the decoder stack over a flat token batch, fused weights
+with HF-named views), `attention.py` (batch description + torch reference paged attention),
+`triton_attention.py` (Triton paged decode / prefill kernels), `kv_cache.py` (page pool, refcounts,
+prefix cache), `scheduler.py` (continuous batching, chunked prefill, preemption, episode reuse),
+`sampler.py` (exact logprobs, counter-based draws), `graphs.py` (CUDA graphs per batch bucket),
+`engine.py` (the async Engine protocol on top).
+"""
+
+from agentopd.engines.fast.engine import FastEngine
+from agentopd.engines.fast.model import supports
+
+__all__ = ["FastEngine", "supports"]

@@ -1,0 +1,280 @@
+"""FastEngine: paged KV cache kept across an episode's turns, continuous batching, exact logprobs.
+
+    engine = FastEngine("path/or/hub-id", device="cuda", dtype=torch.bfloat16, max_batch_size=256)
+    result = await engine.generate(GenerateRequest(prompt_ids, SamplingParams(temperature=1.0), "episode-7"))
+    engine.release("episode-7")                       # the episode ended: its pages may be reclaimed
+    await engine.update_weights(trainer_state_dict)   # HF names; copied in place
+    await engine.close()
+
+The same async Engine protocol as HFEngine (engines/base.py). `generate()` queues a request and
+awaits its future; one worker thread runs steps while any work is left: the scheduler
+(scheduler.py) picks the step's tokens (decodes, prompt chunks, newcomers), the model runner
+(model.py) runs them as one flat batch over the paged pool (kv_cache.py) — a captured CUDA graph
+for decode-only steps on a GPU (graphs.py) — and the sampler (sampler.py) draws each row's next
+token with its exact logprob. A finished request's future is resolved at once, from the worker,
+while the others keep running. Cancelled callers' rows are dropped at the next step.
+
+Knobs beyond the shared ones (device, dtype, max_batch_size, seed): `max_model_len`,
+`num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
+max_batch_size full contexts of up to 2048 tokens on CPU), `token_budget` (new tokens per step),
+`cuda_graphs`.
+
+`update_weights` stops admitting new requests, waits for the running ones to finish, copies the
+tensors in place, drops every cached page (their K/V belong to the old weights) and bumps
+`weight_version` (reported in each result's info, with `prefix_hit_tokens` and `preemptions`).
+
+Legend: N flat tokens, R rows, P pages per row, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
+from agentopd.engines.fast.attention import PAGE, AttnBatch
+from agentopd.engines.fast.kv_cache import KVPool, PageAllocator
+from agentopd.engines.fast.model import ModelRunner
+from agentopd.engines.fast.sampler import sample
+from agentopd.engines.fast.scheduler import Scheduler, Seq
+
+
+def _resolve(seq: Seq, version: int) -> None:
+    if seq.future.done():
+        return
+    info = {"weight_version": version, "prefix_hit_tokens": seq.prefix_hit, "preemptions": seq.preemptions}
+    seq.future.set_result(GenerateResult(list(seq.out_ids), list(seq.out_logprobs),
+                                         seq.finish or FinishReason.ABORT, info))
+
+
+class FastEngine:
+    """A Qwen3/Qwen2/Llama-style model served to many concurrent episodes (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        max_batch_size: int = 64,
+        seed: int | None = None,
+        max_model_len: int | None = None,
+        num_pages: int | None = None,
+        kv_cache_gb: float = 16.0,
+        token_budget: int | None = None,
+        cuda_graphs: bool = True,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        if isinstance(model, str):
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto")
+        if device is None:
+            device = next(model.parameters()).device
+        self.device = torch.device(device)
+        on_gpu = self.device.type == "cuda"
+        self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 4096))
+        self.runner = ModelRunner.from_hf(model, device=self.device, dtype=dtype, max_len=self.max_model_len)
+        s = self.runner.shape
+        if num_pages is None:
+            if on_gpu:
+                per_page = KVPool.bytes_per_token(s.layers, s.kv_heads, s.head_dim, self.runner.dtype) * PAGE
+                num_pages = int(kv_cache_gb * 2**30) // per_page
+            else:
+                num_pages = max_batch_size * -(-min(self.max_model_len, 2048) // PAGE) + 1
+        need = -(-self.max_model_len // PAGE) + 1
+        if num_pages < need:
+            raise ValueError(f"num_pages={num_pages} cannot hold one context of max_model_len={self.max_model_len} "
+                             f"tokens ({need} pages of {PAGE}): raise num_pages / kv_cache_gb or lower max_model_len")
+        self.pool = KVPool(s.layers, s.kv_heads, s.head_dim, num_pages, self.device, self.runner.dtype)
+        self.runner.attach_cache(self.pool.k, self.pool.v)
+        self.pages = PageAllocator(num_pages)
+        self.max_batch_size = max_batch_size
+        self.scheduler = Scheduler(self.pages, max_batch_size, token_budget or (8192 if on_gpu else 512),
+                                   self.max_model_len)
+        self.graphs = None
+        if on_gpu and cuda_graphs:
+            from agentopd.engines.fast.graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self.runner, max_batch_size, need)
+        self.weight_version = 0
+        self._seeds = random.Random(seed)
+        self._lock = threading.Lock()  # scheduler state: worker steps vs. the event loop's add/release
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine")
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._paused = False
+        self._closed = False
+
+    # ---- the protocol -------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self._closed:
+            raise RuntimeError("FastEngine is closed")
+        if not request.token_ids:
+            raise ValueError("GenerateRequest.token_ids is empty: a prompt needs at least one token")
+        if len(request.token_ids) >= self.max_model_len:
+            return GenerateResult([], [], FinishReason.LENGTH, {"weight_version": self.weight_version})
+        self._ensure_task()
+        seed = request.params.seed if request.params.seed is not None else self._seeds.getrandbits(63)
+        seq = Seq(request, seed, list(request.token_ids), asyncio.get_running_loop().create_future())
+        with self._lock:
+            self.scheduler.add(seq)
+        self._wake.set()
+        try:
+            return await seq.future
+        except asyncio.CancelledError:
+            seq.cancelled = True  # the worker drops the row at its next step
+            raise
+
+    def release(self, episode_id: str) -> None:
+        """The episode ended: its held pages go back (full ones stay in the prefix cache, idle)."""
+        with self._lock:
+            self.scheduler.release_episode(episode_id)
+
+    async def update_weights(self, state_dict: dict[str, Any]) -> None:
+        self._paused = True
+        try:
+            if self._task is not None and not self._task.done():
+                self._wake.set()
+                await self._idle.wait()
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._load, state_dict)
+            self.weight_version += 1
+        finally:
+            self._paused = False
+            if self._wake is not None:
+                self._wake.set()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None and not self._task.done():
+            self._wake.set()
+            await self._task
+        with self._lock:
+            for seq in list(self.scheduler.waiting) + self.scheduler.running:
+                if seq.future is not None and not seq.future.done() and not seq.future.get_loop().is_closed():
+                    seq.future.get_loop().call_soon_threadsafe(_resolve, seq, self.weight_version)
+        self._pool.shutdown(wait=True)
+
+    def stats(self) -> dict[str, int]:
+        """Page accounting (tests, benchmarks): pool size, free, idle cached, held by sequences."""
+        with self._lock:
+            held = sum(1 for r in self.pages.ref if r > 0)
+            return {"pages": self.pages.num_pages - 1, "free": len(self.pages.free), "idle": len(self.pages.idle),
+                    "held": held, "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}
+
+    # ---- event loop side ----------------------------------------------------------------
+
+    def _ensure_task(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
+            return
+        with self._lock:  # requests of an ended event loop can never be answered: cancel them
+            for seq in list(self.scheduler.waiting) + self.scheduler.running:
+                seq.cancelled = seq.cancelled or seq.future.get_loop() is not loop
+        self._wake, self._idle = asyncio.Event(), asyncio.Event()
+        self._task = loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            with self._lock:
+                busy = self.scheduler.has_work(admit=not self._paused)
+            if not busy:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._idle.clear()
+            try:
+                await loop.run_in_executor(self._pool, self._work)
+            except Exception as exc:  # a failed step fails the requests it was serving, not the engine
+                with self._lock:
+                    rows = self.scheduler.running + list(self.scheduler.waiting)
+                    for seq in rows:
+                        self.pages.release(seq.pages)
+                        seq.pages = []
+                    self.scheduler.running, self.scheduler.waiting = [], type(self.scheduler.waiting)()
+                for seq in rows:
+                    if not seq.future.done():
+                        seq.future.set_exception(exc)
+        self._idle.set()
+
+    # ---- worker thread ------------------------------------------------------------------
+
+    def _deliver(self, seqs: list[Seq]) -> None:
+        for seq in seqs:
+            loop = seq.future.get_loop()
+            if not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(_resolve, seq, self.weight_version)
+                except RuntimeError:  # the loop closed meanwhile: nobody waits for this result
+                    pass
+
+    @torch.inference_mode()
+    def _work(self) -> None:
+        """Run steps until nothing is left to run (or the engine closes / pauses with nothing running)."""
+        while not self._closed:
+            with self._lock:
+                self._deliver(self.scheduler.drop_cancelled())
+                rows = self.scheduler.schedule(admit=not self._paused)
+            if not rows:
+                return
+            sampled = self._step(rows)
+            with self._lock:
+                done = self.scheduler.advance(rows, sampled)
+            self._deliver(done)
+
+    def _step(self, rows: list[tuple[Seq, int]]) -> dict[Seq, tuple[int, float]]:
+        """Run the rows' new tokens through the model; sample for rows that reached their end."""
+        ids, positions, slots, q_starts, q_lens, ctx_lens, sample_idx, samplers = [], [], [], [], [], [], [], []
+        width = max(len(seq.pages) for seq, _ in rows)
+        table_RP = torch.zeros(len(rows), width, dtype=torch.int32)
+        for r, (seq, n) in enumerate(rows):
+            start = seq.num_cached
+            assert not self.pages.is_registered(seq.pages[start // PAGE]), "a cached page would be written"
+            q_starts.append(len(ids))
+            ids += seq.tokens[start : start + n]
+            positions += range(start, start + n)
+            slots += [seq.pages[p // PAGE] * PAGE + p % PAGE for p in range(start, start + n)]
+            q_lens.append(n)
+            ctx_lens.append(start + n)
+            table_RP[r, : len(seq.pages)] = torch.tensor(seq.pages, dtype=torch.int32)
+            if start + n == len(seq.tokens):
+                sample_idx.append(len(ids) - 1)
+                samplers.append(seq)
+        dev = self.device
+        ids_N = torch.tensor(ids, dtype=torch.long).to(dev)
+        pos_N = torch.tensor(positions, dtype=torch.long).to(dev)
+        slots_N = torch.tensor(slots, dtype=torch.long).to(dev)
+        ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev)
+        table_RP = table_RP.to(dev)
+        decode = len(ids) == len(rows)
+        if decode and self.graphs is not None and len(rows) == len(samplers):
+            logits_SV = self.graphs.run(ids_N, pos_N, slots_N, table_RP, ctx_R)
+        else:
+            batch = AttnBatch(pos_N, slots_N, table_RP, ctx_R, torch.tensor(q_starts, dtype=torch.int32).to(dev),
+                              q_lens, q_starts, ctx_lens, decode=decode)
+            logits_SV = self.runner.forward(ids_N, batch, torch.tensor(sample_idx, dtype=torch.long).to(dev))
+        if not samplers:
+            return {}
+        tokens, logprobs = sample(logits_SV, [s.request.params for s in samplers], [s.seed for s in samplers],
+                                  [len(s.tokens) for s in samplers])
+        return {seq: (tok, lp) for seq, tok, lp in zip(samplers, tokens, logprobs)}
+
+    def _load(self, state_dict: dict[str, Any]) -> None:
+        self.runner.load(state_dict)
+        with self._lock:
+            self.scheduler.drop_held()
+            self.pages.invalidate()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

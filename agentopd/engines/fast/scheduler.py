@@ -1,0 +1,232 @@
+"""The fast engine's scheduler: which tokens of which sequences run in the next step.
+
+    sched = Scheduler(PageAllocator(num_pages), max_batch_size=64, token_budget=2048, max_model_len=4096)
+    sched.add(seq)
+    rows = sched.schedule()            # [(seq, n_new_tokens)], pages reserved for them
+    ... run the model on those tokens, sample for rows whose prompt is done ...
+    done = sched.advance(rows, sampled)   # finished sequences (their pages held for their episode)
+
+A sequence is its token list (prompt, then sampled tokens) and `num_cached`, how many of those
+have K/V in its pages. Each step feeds a row `tokens[num_cached : num_cached + n]`; when that
+reaches the end of the list, the row samples the next token. A decode is n = 1; a prompt is fed in
+chunks; a preempted sequence is fed again from scratch (recompute) — one mechanism for all three.
+
+Continuous batching: every step first runs one token of every decoding row, then continues
+partly-fed prompts, then admits waiting sequences (FCFS, up to `max_batch_size` running), all
+under `token_budget` new tokens (chunked prefill). When pages run out, episodes' held caches are
+dropped (oldest first), then the most recently admitted running sequence is preempted (its pages
+released, its full pages stay in the prefix cache) and re-queued at the front.
+
+Prefix reuse on admission: a returning turn of an episode (same `episode_id`) keeps the pages of
+its previous request up to the longest common prefix of the old and new token lists (the
+previous output's last token and everything new are fed); any other request reuses the longest
+chain of cached full pages of its prompt. At least one prompt token is always fed (its logits
+are needed). A page is written only while it is private: cached full pages are immutable.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentopd.engines.base import FinishReason, GenerateRequest
+from agentopd.engines.fast.attention import PAGE
+from agentopd.engines.fast.kv_cache import PageAllocator
+
+
+@dataclass(eq=False)
+class Seq:
+    """One request from admission to its result."""
+
+    request: GenerateRequest
+    seed: int
+    tokens: list[int]
+    future: Any = None  # asyncio.Future of the caller (the engine resolves it)
+    pages: list[int] = field(default_factory=list)
+    num_cached: int = 0  # tokens whose K/V are in `pages`
+    num_settled: int = 0  # leading full pages already offered to the prefix cache
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
+    cancelled: bool = False
+    attached: bool = False  # prefix reuse decided (first admission)
+    prefix_hit: int = 0
+    preemptions: int = 0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    def __init__(self, pages: PageAllocator, max_batch_size: int, token_budget: int, max_model_len: int) -> None:
+        self.pages = pages
+        self.max_batch_size = max_batch_size
+        self.token_budget = token_budget
+        self.max_model_len = max_model_len
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.held: OrderedDict[str, Seq] = OrderedDict()  # episode id -> its last finished request
+
+    # ---- queue ----------------------------------------------------------------------------
+
+    def add(self, seq: Seq) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self, admit: bool = True) -> bool:
+        return bool(self.running) or (admit and bool(self.waiting))
+
+    def release_episode(self, episode_id: str) -> None:
+        seq = self.held.pop(episode_id, None)
+        if seq is not None:
+            self.pages.release(seq.pages)
+            seq.pages = []
+
+    def drop_held(self) -> None:
+        for eid in list(self.held):
+            self.release_episode(eid)
+
+    def drop_cancelled(self) -> list[Seq]:
+        """Remove cancelled sequences (their pages freed); returned so the engine can finish them."""
+        gone = [s for s in self.running if s.cancelled] + [s for s in self.waiting if s.cancelled]
+        if gone:
+            self.running = [s for s in self.running if not s.cancelled]
+            self.waiting = deque(s for s in self.waiting if not s.cancelled)
+            for s in gone:
+                self.pages.release(s.pages)
+                s.pages = []
+                s.finish = FinishReason.ABORT
+        return gone
+
+    def holders(self) -> list[list[int]]:
+        """Every page list holding references (for PageAllocator.check)."""
+        return [s.pages for s in self.running] + [s.pages for s in self.waiting] + [s.pages for s in self.held.values()]
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def schedule(self, admit: bool = True) -> list[tuple[Seq, int]]:
+        rows: dict[Seq, int] = {}
+        budget = self.token_budget
+        for decoding in (True, False):
+            for seq in list(self.running):
+                todo = len(seq.tokens) - seq.num_cached
+                if seq not in self.running or (todo == 1) != decoding or seq in rows:
+                    continue
+                n = min(todo, budget)
+                if n <= 0:
+                    continue
+                if self._reserve_or_preempt(seq, seq.num_cached + n, rows):
+                    rows[seq] = n
+                    budget -= n
+        budget = self.token_budget - sum(rows.values())
+        while admit and self.waiting and len(self.running) < self.max_batch_size and budget > 0:
+            seq = self.waiting[0]
+            if not seq.attached:
+                self._attach(seq)
+            n = min(len(seq.tokens) - seq.num_cached, budget)
+            if not self._reserve(seq, seq.num_cached + n):
+                if not self.running:
+                    raise RuntimeError(f"the KV page pool ({self.pages.num_pages} pages of {PAGE}) cannot hold "
+                                       f"one sequence of {seq.num_cached + n} tokens: give the engine more pages")
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            rows[seq] = n
+            budget -= n
+        return list(rows.items())
+
+    def advance(self, rows: list[tuple[Seq, int]], sampled: dict[Seq, tuple[int, float]]) -> list[Seq]:
+        """Account a finished step: K/V now cached, full pages offered to the prefix cache, sampled
+        tokens appended; returns the sequences that finished (their pages held for their episode)."""
+        done = []
+        for seq, n in rows:
+            seq.num_cached += n
+            full = seq.num_cached // PAGE
+            if full > seq.num_settled:
+                self.pages.register(seq.pages, seq.tokens, seq.num_settled, full)
+                seq.num_settled = full
+            if seq not in sampled:
+                continue
+            tok, lp = sampled[seq]
+            seq.tokens.append(tok)
+            seq.out_ids.append(tok)
+            seq.out_logprobs.append(lp)
+            p = seq.request.params
+            if tok in p.stop_token_ids:
+                seq.finish = FinishReason.STOP
+            elif len(seq.out_ids) >= p.max_tokens or len(seq.tokens) >= self.max_model_len:
+                seq.finish = FinishReason.LENGTH
+            if seq.finish is not None:
+                self.running.remove(seq)
+                self._hold(seq)
+                done.append(seq)
+        return done
+
+    # ---- pages ----------------------------------------------------------------------------
+
+    def _attach(self, seq: Seq) -> None:
+        """Decide prefix reuse for a sequence's first admission."""
+        seq.attached = True
+        limit = len(seq.tokens) - 1
+        eid = seq.request.episode_id
+        prev = self.held.pop(eid, None) if eid else None
+        if prev is not None:
+            keep_len = min(common_prefix(prev.tokens[: prev.num_cached], seq.tokens), limit)
+            keep = -(-keep_len // PAGE)
+            if keep_len % PAGE and self.pages.is_registered(prev.pages[keep - 1]):
+                keep -= 1  # the match ends inside an immutable page: recompute that page
+                keep_len = keep * PAGE
+            seq.pages = prev.pages[:keep]
+            self.pages.release(prev.pages[keep:])
+            seq.num_cached = keep_len
+            seq.num_settled = keep_len // PAGE
+        else:
+            seq.pages = self.pages.match(seq.tokens, limit)
+            seq.num_cached = seq.num_settled = len(seq.pages) * PAGE
+        seq.prefix_hit = seq.num_cached
+
+    def _hold(self, seq: Seq) -> None:
+        eid = seq.request.episode_id
+        if eid and not seq.cancelled:
+            self.release_episode(eid)
+            self.held[eid] = seq
+        else:
+            self.pages.release(seq.pages)
+            seq.pages = []
+
+    def _reserve(self, seq: Seq, upto: int) -> bool:
+        """Pages for tokens [0, upto) of seq, dropping held episode caches (oldest first) if needed."""
+        need = -(-upto // PAGE) - len(seq.pages)
+        while need > self.pages.available() and self.held:
+            self.release_episode(next(iter(self.held)))
+        if need <= 0:
+            return True
+        fresh = self.pages.allocate(need)
+        if fresh is None:
+            return False
+        seq.pages.extend(fresh)
+        return True
+
+    def _reserve_or_preempt(self, seq: Seq, upto: int, rows: dict[Seq, int]) -> bool:
+        while not self._reserve(seq, upto):
+            victim = self.running[-1]
+            self._preempt(victim)
+            rows.pop(victim, None)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Seq) -> None:
+        """Free a running sequence's pages and queue it first; it is recomputed from its token list."""
+        self.running.remove(seq)
+        self.pages.release(seq.pages)
+        seq.pages = []
+        seq.num_cached = seq.num_settled = 0
+        seq.attached = False  # re-admission reuses what the prefix cache still holds
+        seq.preemptions += 1
+        self.waiting.appendleft(seq)
