@@ -11,9 +11,12 @@ so teacher and student never occupy the GPU at once. The teacher's weights are c
 CUDA they live in pinned host memory, `load` copies them in at PCIe speed and `offload` just
 drops the device copy.
 
-Micro-batches are right-padded: a padded position comes after every real one, is masked out of
-attention and is never read, so padding counts as nothing. Streams are sorted by length
-so little padding is formed.
+On CUDA (with torch's flash varlen kernel, `agentopd.trainer.attention`) streams are PACKED:
+back to back in one row of at most `max_tokens_per_batch` tokens, positions restarting per
+stream, each attending to itself only (cu_seqlens) — no padding computed at all. Elsewhere
+(`pack=False`, CPU) micro-batches are right-padded: a padded position comes after every real
+one, is masked out of attention and is never read, so padding counts as nothing; streams are
+sorted by length so little padding is formed.
 
 Logits are never built for the batch: the decoder's final hidden states are gathered at the
 positions that predict response tokens (position p predicts token p+1, so response token i is
@@ -57,6 +60,24 @@ def _tf32_matmuls(enabled: bool):
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
+def plan_packed_rows(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Group stream indices into packed rows of at most max_tokens tokens (first-fit decreasing;
+    a stream longer than the budget gets a row of its own)."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens_per_batch must be >= 1, got {max_tokens}")
+    rows: list[list[int]] = []
+    used: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        slot = next((r for r, u in enumerate(used) if u + lengths[i] <= max_tokens), None)
+        if slot is None:
+            rows.append([i])
+            used.append(lengths[i])
+        else:
+            rows[slot].append(i)
+            used[slot] += lengths[i]
+    return rows
+
+
 def plan_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Group stream indices so that each group's padded size (count x longest) <= max_tokens.
 
@@ -89,6 +110,7 @@ class HFTeacher:
         head_chunk: int = 1024,
         head_fp32: bool = True,
         offload_after_score: bool = True,
+        pack: bool | None = None,
     ):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -120,6 +142,11 @@ class HFTeacher:
         self.head_chunk = head_chunk
         self.head_fp32 = head_fp32
         self.offload_after_score = offload_after_score
+        from agentopd.trainer import attention
+
+        self.pack = attention.available(self.device) if pack is None else pack
+        if self.pack and not attention.available(self.device):
+            raise ValueError("pack=True needs CUDA and torch.nn.attention.varlen (flash varlen attention)")
         self._host: dict[int, torch.Tensor] = {}  # id(parameter or buffer) -> its pinned CPU copy
         plan_micro_batches([], max_tokens_per_batch)  # validates the budget
 
@@ -194,8 +221,9 @@ class HFTeacher:
             half = weight_VH.dtype in (torch.bfloat16, torch.float16)
             if self.head_fp32:
                 weight_VH = weight_VH.float()
+            plan = plan_packed_rows if self.pack else plan_micro_batches
             with _tf32_matmuls(self.head_fp32 and half and self.device.type == "cuda"):
-                for group in plan_micro_batches([len(s.token_ids) for s in streams], self.max_tokens_per_batch):
+                for group in plan([len(s.token_ids) for s in streams], self.max_tokens_per_batch):
                     for i, scores in zip(group, self._score_group([streams[i] for i in group], mode, weight_VH)):
                         out[i] = scores
             assert all(s is not None for s in out)
@@ -204,7 +232,23 @@ class HFTeacher:
             if self.offload_after_score:
                 self.offload()
 
-    def _score_group(self, streams: list[TokenStream], mode: TeacherMode, weight_VH: torch.Tensor) -> list[TeacherScores]:
+    def _hidden_packed(self, streams: list[TokenStream]) -> torch.Tensor:
+        """Final hidden states at the response-predicting positions of streams packed in one row."""
+        from agentopd.trainer import attention
+
+        lens = [len(s.token_ids) for s in streams]
+        ids_1T = torch.tensor([t for s in streams for t in s.token_ids], dtype=torch.long)[None]
+        pos_1T = torch.cat([torch.arange(n) for n in lens])[None]
+        with attention.use_varlen(self.model):
+            hidden_TH = self.model.base_model(
+                input_ids=ids_1T.to(self.device, non_blocking=True), position_ids=pos_1T.to(self.device, non_blocking=True),
+                use_cache=False, **attention.varlen_kwargs(lens, self.device),
+            ).last_hidden_state[0]
+        starts = torch.tensor([0] + lens[:-1]).cumsum(0).tolist()
+        rows = torch.cat([torch.arange(o + s.prompt_len - 1, o + len(s.token_ids) - 1) for o, s in zip(starts, streams)])
+        return hidden_TH[rows.to(self.device)]
+
+    def _hidden_padded(self, streams: list[TokenStream]) -> torch.Tensor:
         longest = max(len(s.token_ids) for s in streams)
         ids_BT = torch.zeros(len(streams), longest, dtype=torch.long)
         attention_BT = torch.zeros(len(streams), longest, dtype=torch.long)
@@ -216,7 +260,10 @@ class HFTeacher:
             input_ids=ids_BT.to(self.device), attention_mask=attention_BT.to(self.device), use_cache=False
         ).last_hidden_state
         # Position prompt_len + i - 1 predicts response token i.
-        hidden_NH = torch.cat([hidden_BTH[b, s.prompt_len - 1 : len(s.token_ids) - 1] for b, s in enumerate(streams)])
+        return torch.cat([hidden_BTH[b, s.prompt_len - 1 : len(s.token_ids) - 1] for b, s in enumerate(streams)])
+
+    def _score_group(self, streams: list[TokenStream], mode: TeacherMode, weight_VH: torch.Tensor) -> list[TeacherScores]:
+        hidden_NH = self._hidden_packed(streams) if self.pack else self._hidden_padded(streams)
         targets_N = torch.cat([torch.tensor(s.response_ids, dtype=torch.long) for s in streams]).to(self.device)
         mask_N = torch.cat([torch.tensor(s.response_mask, dtype=torch.float32) for s in streams])
         assert hidden_NH.shape[0] == targets_N.shape[0] == mask_N.shape[0]

@@ -76,7 +76,7 @@ def save(trainer: Trainer, directory: Path, extra: dict[str, Any]) -> None:
         dcp.save(_app_state(trainer), checkpoint_id=str(directory / "dcp"))
     torch.save(_rng_state(), directory / f"rng_rank{trainer.rank}.pt")
     if trainer.rank == 0:
-        trainer.hf.config.to_json_file(directory / "config.json")  # self-describing: export_checkpoint needs it
+        trainer.model_config().to_json_file(directory / "config.json")  # self-describing: export_checkpoint needs it
         meta = {
             "step": trainer.step,
             "scheduler": trainer.scheduler.state_dict(),
@@ -136,7 +136,7 @@ def export(trainer: Trainer, out_dir: Path, tokenizer=None) -> None:
     if trainer.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(copy.deepcopy(trainer.hf.config), dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(trainer.model_config(), dtype=torch.float32)
         model.load_state_dict(sd, assign=True, strict=True)
         model.tie_weights()
         model.generation_config = copy.deepcopy(trainer.hf.generation_config)

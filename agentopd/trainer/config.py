@@ -75,6 +75,9 @@ class TrainerConfig:
     task_reward_coef: float = 0.0  # weight of the GRPO task-reward term added to the loss; 0 = off
     tcad_power: float | None = None  # TCAD teacher-confidence episode weights (c_e ** power per group); None = off
     activation_checkpointing: bool = False
+    checkpoint_every: int = 1  # with activation_checkpointing: recompute every k-th decoder layer only (selective)
+    compile: bool = False  # torch.compile each decoder layer's forward (CUDA: fuses norms, RoPE, SiLU-mul)
+    varlen_attention: bool = True  # CUDA: one packed row per micro-batch, flash varlen attention (trainer/attention.py)
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer state on CPU)
     mixed_precision: Precision = Precision.AUTO
     seed: int = 0  # the Trainer seeds torch's RNG with seed + rank when built (as HF Trainer does)
@@ -84,7 +87,7 @@ class TrainerConfig:
             self._coerce(name, enum)
         self._coerce("mixed_precision", Precision)
         self.betas = tuple(self.betas)  # YAML gives lists
-        positive = ("lr", "temperature", "chunk_size", "micro_batch_tokens", "total_steps")
+        positive = ("lr", "temperature", "chunk_size", "micro_batch_tokens", "total_steps", "checkpoint_every")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"trainer.{name} must be > 0, got {getattr(self, name)!r}")

@@ -21,6 +21,18 @@ the GLOBAL batch (all micro-batches, all ranks: an all_reduce before the step), 
 not depend on micro-batching or world size. Ranks with fewer micro-batches run empty ones so
 FSDP collectives line up.
 
+Speed: under FSDP2 the micro-batches before the last accumulate unsharded gradients (in the fp32
+reduce dtype) with parameters kept gathered (`set_requires_gradient_sync(False)`,
+`set_reshard_after_backward(False)`), so a step reduce-scatters once, not once per micro-batch.
+`cfg.compile` compiles each decoder layer's forward; `cfg.checkpoint_every` = k recomputes only
+every k-th layer under activation checkpointing; AdamW is fused on CUDA. The full-vocabulary
+losses take the fused Triton path on CUDA (agentopd/losses/fused.py).
+
+`perf/mfu` = 6 * N * tokens/s / (world size * the GPU's dense bf16 peak), N = parameters that do
+matmul work per token (decoder + lm_head; an untied input embedding is a lookup and not counted),
+tokens = real (unpadded) tokens; attention and the teacher's head are not counted. It is reported
+on GPUs whose peak is known (`_BF16_PEAK`) and omitted on CPU.
+
 Legend: T = packed tokens, N = loss tokens, H = hidden, V = vocab, E = episodes.
 """
 
@@ -38,6 +50,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentopd.batch import MicroBatch, TrainSample, dummy_micro_batch, pack
+from agentopd.trainer import attention
 from agentopd.trainer import checkpoint as ckpt
 from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
 from agentopd.trainer.objective import MAXIMA, WEIGHTED_BY_PG, micro_batch_loss
@@ -50,20 +63,46 @@ class _Student(nn.Module):
         super().__init__()
         self.hf = hf
 
-    def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None, autocast_dtype=None):
+    def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None, autocast_dtype=None,
+                varlen: bool = False):
         # autocast (plain bf16 mode) covers the decoder only: the losses pick their own fp32 accumulation
         device_type = mb.input_ids_BT.device.type
+        extra = attention.varlen_kwargs(mb.seq_lens[0], mb.input_ids_BT.device) if varlen else {}
         with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             hidden_BTH = self.hf.model(
-                input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, use_cache=False
+                input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, use_cache=False, **extra
             ).last_hidden_state
         head_VH = self.hf.lm_head.weight
+        if teacher_head_VH is not None and teacher_head_VH.shape[0] != head_VH.shape[0]:
+            # a pair whose vocabularies differ by padding rows only (teacher.check_compatible, e.g. 151,936
+            # vs 152,064): both distributions over the shared rows
+            rows = min(head_VH.shape[0], teacher_head_VH.shape[0])
+            head_VH, teacher_head_VH = head_VH[:rows], teacher_head_VH[:rows]
         hidden_NH = hidden_BTH[mb.loss_mask_BT]
         if autocast_dtype is not None:  # the loss matmuls in bf16 too (fp32 accumulation inside the losses)
             hidden_NH, head_VH = hidden_NH.to(autocast_dtype), head_VH.to(autocast_dtype)
         if mb.num_loss_tokens == 0:  # still touch every parameter so every rank reduces the same grads
             return (hidden_BTH.sum() + head_VH.sum()) * 0.0, {}
         return micro_batch_loss(hidden_NH, head_VH, mb, cfg, teacher_head_VH=teacher_head_VH)
+
+
+# dense bf16 tensor-core peak FLOP/s by device-name substring (vendor datasheets, no sparsity)
+_BF16_PEAK = (("H200", 989.4e12), ("H100 PCIe", 756.5e12), ("H100", 989.4e12), ("H800", 989.4e12),
+              ("A100", 312e12), ("L40S", 362e12))
+
+
+def _bf16_peak(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in _BF16_PEAK if key in name), None)
+
+
+def matmul_params(hf: PreTrainedModel) -> int:
+    """Parameters doing matmul work per token: all, less an untied input embedding (a lookup)."""
+    total = sum(p.numel() for p in hf.parameters())
+    embed, head = hf.get_input_embeddings().weight, hf.get_output_embeddings().weight
+    return total if embed is head else total - embed.numel()
 
 
 def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
@@ -96,11 +135,23 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.rank)
 
         hf = _load(model).float()  # fp32 master weights; bf16 is a compute policy
+        self.matmul_params = matmul_params(hf)
+        self._peak_flops = _bf16_peak(self.device)
         if cfg.activation_checkpointing:
             if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.2x
                 hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            for i, layer in enumerate(hf.model.layers):  # selective: keep every k-th layer's recompute
+                if i % cfg.checkpoint_every:
+                    layer.gradient_checkpointing = False
+        self.varlen = cfg.varlen_attention and attention.available(self.device)
+        self._attn_implementation = hf.config._attn_implementation  # what checkpoints and exports carry
+        if self.varlen:  # one packed row per micro-batch, no padding, no dense mask
+            attention.set_varlen(hf)
+        if cfg.compile:  # the bound forward, not the module: FSDP2's hooks stay eager, names stay the same
+            for layer in hf.model.layers:
+                layer.forward = torch.compile(layer.forward)
         hf.train()
         self.hf = hf
         self.student = _Student(hf)
@@ -113,7 +164,8 @@ class Trainer:
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        fused = self.device.type == "cuda" and not cfg.cpu_offload
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
         self.step = 0
 
@@ -213,7 +265,11 @@ class Trainer:
         for i in range(n_micro):
             mb = micro_batches[i] if i < len(micro_batches) else dummy_micro_batch()
             mb = mb.to(self.device)
-            loss_sum, stats = self.student(mb, cfg, teacher_head_VH, self._autocast_dtype)
+            if self.distributed:  # reduce-scatter (and reshard) after the last micro-batch only
+                last = i == n_micro - 1
+                self.student.set_requires_gradient_sync(last)
+                self.student.set_reshard_after_backward(last)
+            loss_sum, stats = self.student(mb, cfg, teacher_head_VH, self._autocast_dtype, self.varlen)
             (loss_sum * scale).backward()
             sums["loss"] += loss_sum.detach().double()
             for k, v in stats.items():
@@ -238,6 +294,8 @@ class Trainer:
             "perf/train_step_s": elapsed,
             "perf/train_tokens_per_s": n_tokens / elapsed,
         }
+        if self._peak_flops is not None:
+            metrics["perf/mfu"] = 6 * self.matmul_params * n_tokens / elapsed / (self._peak_flops * self.world_size)
         return metrics
 
     def _clip_grad_norm(self, max_norm: float) -> float:
@@ -261,7 +319,7 @@ class Trainer:
     def _row_tokens(self, samples: list[TrainSample]) -> int | None:
         """Flash-attention kernels take one packed row (varlen); dense-mask kernels (sdpa, eager)
         get rows about as long as the longest sample (batch.py: their cost is B x T^2)."""
-        if "flash" in str(self.hf.config._attn_implementation):
+        if self.varlen or "flash" in str(self.hf.config._attn_implementation):
             return None
         return max((s.num_tokens for s in samples), default=1)
 
@@ -294,6 +352,14 @@ class Trainer:
     def _autocast_dtype(self) -> torch.dtype | None:
         """bf16 without FSDP is autocast over fp32 weights; under FSDP the MixedPrecisionPolicy does it."""
         return torch.bfloat16 if not self.distributed and self.precision == Precision.BF16 else None
+
+    def model_config(self):
+        """A copy of the student's config as loaded (the attention implementation it came with)."""
+        import copy
+
+        config = copy.deepcopy(self.hf.config)
+        config._attn_implementation = self._attn_implementation
+        return config
 
     # ---- weights out and back in ---------------------------------------------------------------
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,100 @@
+"""Varlen attention for packed rows: sequences back to back in one row, no padding, no dense mask.
+
+    from agentopd.trainer import attention
+    if attention.available(device):
+        with attention.use_varlen(model):                    # the model's attention -> varlen
+            hidden = model.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False,
+                                 **attention.varlen_kwargs(seq_lens, device)).last_hidden_state
+
+transformers builds a block-diagonal mask for packed rows under sdpa/eager (B x T^2, and the
+kernel still computes every masked block); flash-attention varlen takes `cu_seqlens` instead and
+computes each sequence's causal triangle only. This registers torch's own flash varlen kernel
+(`torch.nn.attention.varlen.varlen_attn`, CUDA, bf16/fp16) as a transformers attention function
+named "agentopd_varlen": transformers then builds no mask for it, and the cumulative lengths reach
+every attention call as keyword arguments (the FlashAttentionKwargs names). Used by the trainer
+(one packed row per micro-batch) and by HFTeacher (packed scoring) on CUDA.
+
+Legend: T = tokens of the packed row, H = heads, D = head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from contextlib import contextmanager
+
+import torch
+
+VARLEN = "agentopd_varlen"
+
+
+@functools.cache
+def _varlen_fn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def available(device: torch.device | str) -> bool:
+    """CUDA and a torch with `torch.nn.attention.varlen`."""
+    return torch.device(device).type == "cuda" and _varlen_fn() is not None
+
+
+def _causal_kwargs() -> dict:
+    params = inspect.signature(_varlen_fn()).parameters
+    return {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+
+
+def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers attention function: query (1, H, T, D), key/value (1, H_kv, T, D) -> (1, T, H, D)."""
+    assert query.shape[0] == 1, f"varlen attention takes one packed row, got {query.shape[0]}"
+    assert dropout == 0.0, "varlen attention runs without dropout"
+    cu = kwargs["cu_seq_lens_q"]
+    longest = kwargs["max_length_q"]
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    if k.shape[1] != q.shape[1]:  # GQA: the kernel wants as many K/V heads as Q heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    out = _varlen_fn()(q, k, v, cu, cu, longest, longest, scale=scaling, **_causal_kwargs())
+    return out[None], None
+
+
+@functools.cache
+def register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN, _varlen_forward)
+
+
+def varlen_kwargs(seq_lens: list[int], device: torch.device | str) -> dict:
+    """The keyword arguments a packed row's forward passes down to the attention calls."""
+    cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(seq_lens, dtype=torch.int32).cumsum(0)
+    cu = cu.to(device, non_blocking=True)
+    longest = max(seq_lens)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def set_varlen(model) -> str:
+    """Switch `model` (a transformers model) to varlen attention; returns the previous implementation."""
+    register()
+    previous = model.config._attn_implementation
+    for module in model.modules():  # sub-configs (text_config, ...) share the setting
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            config._attn_implementation = VARLEN
+    return previous
+
+
+@contextmanager
+def use_varlen(model):
+    previous = set_varlen(model)
+    try:
+        yield
+    finally:
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation"):
+                config._attn_implementation = previous
