@@ -42,9 +42,19 @@ def available(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and _varlen_fn() is not None
 
 
-def _causal_kwargs() -> dict:
-    params = inspect.signature(_varlen_fn()).parameters
-    return {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+@functools.cache
+def _params() -> frozenset[str]:
+    return frozenset(inspect.signature(_varlen_fn()).parameters)
+
+
+def _call_kwargs(scaling: float | None, head_dim: int) -> dict:
+    """Causal (torch 2.9-2.10 take is_causal, later ones a (-1, 0) window) and the softmax scale."""
+    kw = {"is_causal": True} if "is_causal" in _params() else {"window_size": (-1, 0)}
+    if "scale" in _params():
+        kw["scale"] = scaling
+    elif scaling is not None and abs(scaling - head_dim**-0.5) > 1e-6:
+        raise ValueError(f"this torch's varlen_attn has no scale argument; the model wants {scaling}")
+    return kw
 
 
 def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -57,7 +67,7 @@ def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 
     if k.shape[1] != q.shape[1]:  # GQA: the kernel wants as many K/V heads as Q heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    out = _varlen_fn()(q, k, v, cu, cu, longest, longest, scale=scaling, **_causal_kwargs())
+    out = _varlen_fn()(q, k, v, cu, cu, longest, longest, **_call_kwargs(scaling, q.shape[-1]))
     return out[None], None
 
 
