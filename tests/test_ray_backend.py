@@ -112,3 +112,22 @@ def test_killed_rollout_actor_is_replaced_and_nothing_duplicates(ray_cluster, ho
     rows = _train_ids(run_dir)
     assert len(rows) == len({r[0] for r in rows}) == steps * TASKS * N
     assert sorted({r[1] for r in rows}) == list(range(1, steps + 1))
+
+
+def test_weight_version_is_the_trainer_step_a_skipped_step_included(ray_cluster, home, tmp_path):
+    """Defect 6 (issue 12): the version rose on every train call, also when the trainer skipped the
+    step for lack of student tokens, so versions (and staleness) drifted from trainer.step."""
+    one_each = ["backend=ray", "ray.rollout_workers=1", "ray.trainer_workers=1", "ray.cpus_per_rollout_worker=0",
+                "ray.cpus_per_teacher=0", "ray.cpus_per_trainer_worker=0"]  # fmt: skip
+    runner = Runner(load_config("calculator", overrides=[*SHORT, "steps=2", *one_each]), tmp_path / "run")
+    runner._setup(resume_after=None)
+    try:
+        backend = runner.backend
+        assert backend.policy_version == 0
+        backend.train([], None)  # nothing to learn from: the trainer skips the step
+        assert backend.policy_version == 0
+        runner._step(1)
+        assert backend.policy_version == 1
+        assert {ep.policy_version for _, ep in runner.store.iter_episodes(step=1)} == {0}  # sampled by step 0's weights
+    finally:
+        backend.close()

@@ -15,7 +15,7 @@ or its caller is cancelled; its future resolves right away while the others keep
 Model work runs in one worker thread, so the event loop stays free for env steps.
 
 Positions are `cumsum(attention_mask) - 1`, so a left-padded row computes exactly what it would
-alone (NOTES.md). Logprobs follow engines/base.py: `log_softmax(logits / T)` in fp32.
+alone (tests/test_hf_engine.py checks a row alone against the same row in a batch). Logprobs follow engines/base.py: `log_softmax(logits / T)` in fp32.
 `max_batch_size=1` decodes one request at a time (the benchmark's sequential baseline).
 
 A model object passed in is used as is: `device`/`dtype` move or cast it in place, and

@@ -52,7 +52,7 @@ def _pg(logprobs_N, mb: MicroBatch, advantages_N, cfg: TrainerConfig) -> tuple[t
         clip_eps_high=cfg.clip_eps_high,
         is_cap=cfg.is_cap,
     )
-    # the library reports weighted means over the micro-batch: keep weighted sums (see STAT_RULES)
+    # the library reports weighted means over the micro-batch: keep weighted sums (WEIGHTED_BY_PG; MAXIMA are reduced by max)
     weight = stats["tokens"].detach().float()
     return loss_sum, {
         "pg/clip_fraction": stats["clip_fraction"].float() * weight,

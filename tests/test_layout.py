@@ -1,0 +1,108 @@
+"""The dependency direction of DESIGN 4, checked on the source: a forbidden import anywhere in a
+module (top level or inside a function; `if TYPE_CHECKING:` blocks excepted, they never run),
+directly or through the modules it imports, fails here with the chain that reaches it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("agentopd", "envs", "tools")
+
+# (importer prefix, forbidden prefix, why)
+RULES = [
+    ("agentopd.backends", "agentopd.bootstrap", "backends know no bootstrap (the runner resolves models)"),
+    ("agentopd.engines", "agentopd.rollout", "engines know no agent loop"),
+    ("agentopd.trainer", "agentopd.rollout", "the trainer knows no agent loop (it sees batches)"),
+    ("agentopd.trainer", "agentopd.env", "the trainer knows no environment"),
+    ("agentopd.trainer", "envs", "the trainer knows no environment"),
+    ("envs", "agentopd.engines", "environments know no engine"),
+    ("envs", "agentopd.trainer", "environments know no trainer"),
+    ("envs", "torch", "environments know no model"),
+    ("tools", "agentopd.engines", "tools know no engine"),
+    ("tools", "torch", "tools know no model"),
+    ("agentopd.viewer", "torch", "the viewer loads no model"),
+    ("agentopd.viewer", "agentopd.trainer", "the viewer loads no model"),
+    ("agentopd.types", "agentopd.", "types depend on nothing above them"),
+    ("agentopd.backends", "agentopd.runner", "backends do not call back into the runner"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def imports_of(path: Path, name: str) -> set[str]:
+    """Every module `path` imports when it runs (absolute names; TYPE_CHECKING blocks skipped)."""
+    out: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub)
+                continue
+            if isinstance(child, ast.Import):
+                out.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                out.add(base)
+                out.update(f"{base}.{a.name}" for a in child.names)  # `from pkg import module`
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {name: {m for m in imports_of(path, name)} for name, path in files.items()}, set(files)
+
+
+def _matches(module: str, prefix: str) -> bool:
+    return module == prefix.rstrip(".") or module.startswith(prefix if prefix.endswith(".") else prefix + ".")
+
+
+def reaches(graph: dict[str, set[str]], known: set[str], start: str, forbidden: str) -> list[str] | None:
+    """The import chain from `start` to a module matching `forbidden`, or None."""
+    seen, stack = {start}, [(start, [start])]
+    while stack:
+        mod, chain = stack.pop()
+        for dep in graph.get(mod, ()):
+            if _matches(dep, forbidden):
+                return [*chain, dep]
+            if dep in known and dep not in seen:
+                seen.add(dep)
+                stack.append((dep, [*chain, dep]))
+    return None
+
+
+@pytest.mark.parametrize("importer, forbidden, why", RULES, ids=[f"{a}-x-{b}" for a, b, _ in RULES])
+def test_dependency_direction(graph, importer, forbidden, why):
+    g, known = graph
+    for module in sorted(m for m in known if _matches(m, importer)):
+        chain = reaches(g, known, module, forbidden)
+        assert chain is None, f"{why}: {' -> '.join(chain)}"
+
+
+def test_the_rule_checker_sees_a_forbidden_edge(tmp_path):
+    """The checker itself: a synthetic chain a -> b -> forbidden is reported with its path."""
+    g = {"agentopd.backends.x": {"agentopd.models"}, "agentopd.models": {"agentopd.bootstrap"}}
+    assert reaches(g, set(g), "agentopd.backends.x", "agentopd.bootstrap") == ["agentopd.backends.x", "agentopd.models", "agentopd.bootstrap"]
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\ndef f():\n    from agentopd import rollout\n")
+    assert imports_of(src, "agentopd.m") == {"typing", "typing.TYPE_CHECKING", "agentopd", "agentopd.rollout"}
