@@ -64,6 +64,9 @@ def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 
     cu = kwargs["cu_seq_lens_q"]
     longest = kwargs["max_length_q"]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    if q.dtype not in (torch.bfloat16, torch.float16):  # fp32 weights under autocast: RoPE left q, k in fp32
+        dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if k.shape[1] != q.shape[1]:  # GQA: the kernel wants as many K/V heads as Q heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
