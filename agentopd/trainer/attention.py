@@ -42,19 +42,18 @@ def available(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and _varlen_fn() is not None
 
 
-@functools.cache
-def _params() -> frozenset[str]:
-    return frozenset(inspect.signature(_varlen_fn()).parameters)
+# set by register(), read as plain globals inside compiled layers (no functools.cache under dynamo)
+_CAUSAL: dict = {}
+_HAS_SCALE = False
 
 
 def _call_kwargs(scaling: float | None, head_dim: int) -> dict:
     """Causal (torch 2.9-2.10 take is_causal, later ones a (-1, 0) window) and the softmax scale."""
-    kw = {"is_causal": True} if "is_causal" in _params() else {"window_size": (-1, 0)}
-    if "scale" in _params():
-        kw["scale"] = scaling
-    elif scaling is not None and abs(scaling - head_dim**-0.5) > 1e-6:
+    if _HAS_SCALE:
+        return {**_CAUSAL, "scale": scaling}
+    if scaling is not None and abs(scaling - head_dim**-0.5) > 1e-6:
         raise ValueError(f"this torch's varlen_attn has no scale argument; the model wants {scaling}")
-    return kw
+    return _CAUSAL
 
 
 def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -78,6 +77,10 @@ def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 
 def register() -> None:
     from transformers import AttentionInterface
 
+    global _CAUSAL, _HAS_SCALE
+    params = inspect.signature(_varlen_fn()).parameters
+    _CAUSAL = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    _HAS_SCALE = "scale" in params
     AttentionInterface.register(VARLEN, _varlen_forward)
 
 
