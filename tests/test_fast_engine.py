@@ -413,6 +413,19 @@ KERNEL_CHECK = textwrap.dedent("""
         for splits in (1, 3):
             err = (ta.decode_attention(qd, k, v, table[dec], ctx[dec], 0.3, splits) - refd).abs().max().item()
             assert err < 1e-5, ("decode", hq, hkv, d, splits, err)
+    from agentopd.engines.base import SamplingParams
+    from agentopd.engines.fast.sampler import row_key, sample
+    from agentopd.engines.fast.triton_sampler import fused_sample
+    logits = torch.randn(6, 1000) * 3
+    params = [SamplingParams(temperature=t) for t in (0, 1.0, 0.7, 1.0, 0, 1.3)]
+    seeds, pos = [1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 14, 15]
+    tokens, logprobs = sample(logits, params, seeds, pos)
+    temps = torch.tensor([p.temperature or 1.0 for p in params])
+    keys = torch.tensor([row_key(s, q) if p.temperature > 0 else 0 for p, s, q in zip(params, seeds, pos)])
+    greedy = torch.tensor([p.temperature == 0 for p in params], dtype=torch.int8)
+    t2, l2 = fused_sample(logits, temps, keys, greedy, block=256)
+    assert t2.tolist() == tokens, (t2.tolist(), tokens)
+    assert (l2 - torch.tensor(logprobs)).abs().max() < 1e-5
     print("kernels match the reference")
 """)
 

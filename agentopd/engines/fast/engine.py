@@ -34,6 +34,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
@@ -238,26 +239,30 @@ class FastEngine:
         """Run the rows' new tokens through the model; sample for rows that reached their end."""
         ids, positions, slots, q_starts, q_lens, ctx_lens, sample_idx, samplers = [], [], [], [], [], [], [], []
         width = max(len(seq.pages) for seq, _ in rows)
-        table_RP = torch.zeros(len(rows), width, dtype=torch.int32)
+        table_RP = np.zeros((len(rows), width), dtype=np.int32)
         for r, (seq, n) in enumerate(rows):
             start = seq.num_cached
             assert not self.pages.is_registered(seq.pages[start // PAGE]), "a cached page would be written"
             q_starts.append(len(ids))
-            ids += seq.tokens[start : start + n]
-            positions += range(start, start + n)
-            slots += [seq.pages[p // PAGE] * PAGE + p % PAGE for p in range(start, start + n)]
             q_lens.append(n)
             ctx_lens.append(start + n)
-            table_RP[r, : len(seq.pages)] = torch.tensor(seq.pages, dtype=torch.int32)
+            table_RP[r, : len(seq.pages)] = seq.pages
+            if n == 1:
+                ids.append(seq.tokens[start])
+                positions.append(start)
+                slots.append(seq.pages[start // PAGE] * PAGE + start % PAGE)
+            else:
+                ids += seq.tokens[start : start + n]
+                positions += range(start, start + n)
+                slots += [seq.pages[p // PAGE] * PAGE + p % PAGE for p in range(start, start + n)]
             if start + n == len(seq.tokens):
                 sample_idx.append(len(ids) - 1)
                 samplers.append(seq)
         dev = self.device
-        ids_N = torch.tensor(ids, dtype=torch.long).to(dev)
-        pos_N = torch.tensor(positions, dtype=torch.long).to(dev)
-        slots_N = torch.tensor(slots, dtype=torch.long).to(dev)
-        ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev)
-        table_RP = table_RP.to(dev)
+        flat_3N = torch.tensor([ids, positions, slots], dtype=torch.long).to(dev, non_blocking=True)
+        ids_N, pos_N, slots_N = flat_3N
+        ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
+        table_RP = torch.from_numpy(table_RP).to(dev, non_blocking=True)
         decode = len(ids) == len(rows)
         if decode and self.graphs is not None and len(rows) == len(samplers):
             logits_SV = self.graphs.run(ids_N, pos_N, slots_N, table_RP, ctx_R)

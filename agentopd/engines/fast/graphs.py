@@ -37,11 +37,13 @@ class DecodeGraphs:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self._inputs: list = []  # tensors the graphs read: they must outlive the capture
         pool = None
         for b in reversed(self.buckets):  # largest first: the smaller ones reuse its memory pool
             batch = AttnBatch(self.positions[:b], self.slots[:b], self.page_table[:b], self.ctx_lens[:b], q_starts[:b],
                               decode=True, num_splits=decode_splits(b, runner.shape.kv_heads, sms))
             sample_idx = torch.arange(b, device=dev)
+            self._inputs.append((batch, sample_idx))
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):  # warm-up: Triton compiles, allocator settles

@@ -11,6 +11,9 @@ request's seed and the position being sampled: not on which batch it lands in, o
 recompute, or on any generator state. Top-k / top-p set the tokens outside them to -inf before the
 race (so they narrow what is sampled) and are not renormalised into the reported logprob.
 
+On CUDA, rows without top-k / top-p go through one fused Triton kernel (triton_sampler.py) that
+computes the same numbers in two passes over the logits.
+
 The hash is lowbias32 (Chris Wellons' integer-hash search), evaluated in int64 torch arithmetic with
 32-bit wraparound, so CPU and CUDA draw the same numbers.
 
@@ -55,7 +58,7 @@ _token_keys: dict[tuple[str, int], torch.Tensor] = {}
 def _token_key_V(vocab: int, device: torch.device) -> torch.Tensor:
     key = (str(device), vocab)
     if key not in _token_keys:
-        _token_keys[key] = mix32(torch.arange(vocab, dtype=torch.int64, device=device) * 0x9E37 + 0x85EB)
+        _token_keys[key] = mix32((torch.arange(vocab, dtype=torch.int64, device=device) * 0x9E37 + 0x85EB) & M32)
     return _token_keys[key]
 
 
@@ -71,6 +74,16 @@ def sample(logits_BV: torch.Tensor, params: list[SamplingParams], seeds: list[in
     assert logits_BV.shape[0] == len(params) == len(seeds) == len(positions)
     device = logits_BV.device
     temps = [logprob_temperature(p.temperature) for p in params]
+    if logits_BV.is_cuda and all(p.top_k == 0 and p.top_p == 1.0 for p in params):
+        from agentopd.engines.fast import triton_sampler
+
+        if triton_sampler.available():
+            keys = [row_key(s, pos) if p.temperature > 0 else 0 for p, s, pos in zip(params, seeds, positions)]
+            meta_3B = torch.tensor([temps, keys, [p.temperature == 0 for p in params]], dtype=torch.float64)
+            meta_3B = meta_3B.to(device, non_blocking=True)
+            tokens_B, logprobs_B = triton_sampler.fused_sample(
+                logits_BV, meta_3B[0].float(), meta_3B[1].long(), meta_3B[2].to(torch.int8))
+            return tokens_B.tolist(), logprobs_B.tolist()
     if all(t == 1.0 for t in temps):
         logprobs_BV = torch.log_softmax(logits_BV.float(), dim=-1)
     else:

@@ -1,0 +1,185 @@
+"""The fast engine on one GPU, every arm in one process: decode bandwidth, multi-turn rollouts, HFEngine baseline.
+
+    PYTHONUNBUFFERED=1 python benchmarks/engine_gpu.py [--quick]
+
+Model: Qwen3-0.6B shape (28 layers, hidden 1024, 16 q / 8 kv heads, head_dim 128, vocab 151,936, tied),
+random weights, bf16. Arms:
+1. copy bandwidth (device-to-device, bytes read + written) -> the bandwidth floor of a decode step:
+   (weights + rows x context x KV bytes per token) / bandwidth.
+2. fixed-batch decode: the captured decode graph at 64/128/256 rows x context 512/1024/2048
+   (tokens/s and % of the floor), plus the sampler's time per step at that row count.
+3. synthetic multi-turn rollouts through the async engine: E episodes x 4 turns, a 256-token first
+   prompt (128 shared system tokens + 128 own), 128 sampled tokens per turn (T=1), observations of
+   64-256 tokens: generated tokens/s, prefix-hit tokens, and the largest |logprob - teacher-forced|
+   against an fp32 and a bf16 HF forward of the same weights (8 episodes' final streams).
+4. HFEngine (transformers) on a smaller multi-turn workload, with the fast engine on the same one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from agentopd.engines import GenerateRequest, SamplingParams
+from agentopd.engines.fast import FastEngine
+from agentopd.engines.fast.attention import PAGE
+from agentopd.engines.fast.kv_cache import KVPool
+from agentopd.engines.fast.sampler import sample
+from agentopd.engines.hf import HFEngine
+
+VOCAB = 151936
+
+
+def model_bf16() -> Qwen3ForCausalLM:
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg)
+    return model.to(torch.bfloat16).eval()
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    bw = 10 * 2 * x.numel() / (time.perf_counter() - t)
+    del x, y
+    return bw
+
+
+def fixed_batch(engine: FastEngine, bw: float, weight_bytes: int) -> list[str]:
+    s = engine.runner.shape
+    kv_tok = KVPool.bytes_per_token(s.layers, s.kv_heads, s.head_dim, engine.runner.dtype)
+    lines = ["| rows | context | step ms | tok/s | floor ms | % of floor | sampler ms |", "|---|---|---|---|---|---|---|"]
+    params = [SamplingParams(temperature=1.0)]
+    for rows in (64, 128, 256):
+        for ctx in (512, 1024, 2048):
+            pages = ctx // PAGE
+            table = torch.arange(1, 1 + rows * pages, dtype=torch.int32, device="cuda").view(rows, pages)
+            ids = torch.randint(0, VOCAB, (rows,), device="cuda")
+            pos = torch.full((rows,), ctx - 1, dtype=torch.long, device="cuda")
+            slots = table[:, -1].long() * PAGE + PAGE - 1
+            ctx_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
+            for _ in range(3):
+                logits = engine.graphs.run(ids, pos, slots, table, ctx_lens)
+            torch.cuda.synchronize()
+            n = 20
+            t = time.perf_counter()
+            for _ in range(n):
+                logits = engine.graphs.run(ids, pos, slots, table, ctx_lens)
+            torch.cuda.synchronize()
+            step = (time.perf_counter() - t) / n
+            t = time.perf_counter()
+            for i in range(5):
+                sample(logits, params * rows, list(range(rows)), [ctx + i] * rows)
+            torch.cuda.synchronize()
+            samp = (time.perf_counter() - t) / 5
+            floor = (weight_bytes + rows * ctx * kv_tok) / bw
+            lines.append(f"| {rows} | {ctx} | {step * 1e3:.2f} | {rows / step:,.0f} | {floor * 1e3:.2f} | "
+                         f"{100 * floor / step:.0f}% | {samp * 1e3:.2f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+async def multi_turn(engine, episodes: int, turns: int, max_tokens: int, seed: int, check: int = 0):
+    rng = random.Random(seed)
+    system = [rng.randrange(VOCAB) for _ in range(128)]
+    starts = [system + [rng.randrange(VOCAB) for _ in range(128)] for _ in range(episodes)]
+    obs = [[[rng.randrange(VOCAB) for _ in range(rng.randrange(64, 257))] for _ in range(turns)] for _ in range(episodes)]
+    streams = []
+
+    async def play(i):
+        ids, gen, hits, positions, logprobs = list(starts[i]), 0, 0, [], []
+        for t in range(turns):
+            params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed * 100000 + i * 10 + t)
+            r = await engine.generate(GenerateRequest(ids, params, f"bench-{seed}-{i}"))
+            positions += range(len(ids), len(ids) + len(r.token_ids))
+            logprobs += r.logprobs
+            gen += len(r.token_ids)
+            hits += r.info.get("prefix_hit_tokens", 0)
+            ids = ids + r.token_ids + (obs[i][t] if t < turns - 1 else [])
+        engine.release(f"bench-{seed}-{i}")
+        streams.append((ids, positions, logprobs))
+        return gen, hits
+
+    t = time.perf_counter()
+    out = await asyncio.gather(*[play(i) for i in range(episodes)])
+    wall = time.perf_counter() - t
+    return wall, sum(g for g, _ in out), sum(h for _, h in out), streams[:check]
+
+
+def logprob_gap(model_fp32, model_bf16, streams) -> tuple[float, float]:
+    worst32 = worst16 = 0.0
+    with torch.no_grad():
+        for ids, positions, logprobs in streams:
+            ids_1T = torch.tensor([ids], device="cuda")
+            pos = torch.tensor(positions, device="cuda")
+            got = torch.tensor(logprobs, device="cuda")
+            for m, which in ((model_fp32, 32), (model_bf16, 16)):
+                lp_TV = torch.log_softmax(m(input_ids=ids_1T).logits[0].float(), -1)
+                ref = lp_TV[pos - 1, ids_1T[0, pos]]
+                gap = (got - ref).abs().max().item()
+                if which == 32:
+                    worst32 = max(worst32, gap)
+                else:
+                    worst16 = max(worst16, gap)
+    return worst32, worst16
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller arms (a smoke run)")
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    bw = copy_bandwidth()
+    print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    model = model_bf16()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    t = time.perf_counter()
+    engine = FastEngine(model, device="cuda", dtype=torch.bfloat16, max_batch_size=256, max_model_len=4096,
+                        num_pages=33000)
+    print(f"FastEngine built in {time.perf_counter() - t:.1f} s (graphs for {engine.graphs.buckets})", flush=True)
+    asyncio.run(multi_turn(engine, 4, 2, 16, seed=99))  # warm-up: Triton prefill kernel compiles
+    print("\n## fixed-batch decode (captured graph; sampler timed separately)", flush=True)
+    fixed_batch(engine, bw, weight_bytes)
+
+    print("\n## multi-turn rollouts (FastEngine, 4 turns, 128 tokens/turn)", flush=True)
+    model32 = None
+    for episodes in ((64, 128) if args.quick else (64, 128, 256)):
+        wall, gen, hits, streams = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=episodes, check=8))
+        if model32 is None:
+            model32 = model_bf16().float()  # same seed: the same weights, in fp32
+            model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+        g32, g16 = logprob_gap(model32, model, streams)
+        print(f"| {episodes} episodes | {gen} generated | {wall:.1f} s | {gen / wall:,.0f} tok/s | "
+              f"prefix hits {hits} tokens | max |lp - fp32 TF| {g32:.3f} | max |lp - bf16 TF| {g16:.3f} |", flush=True)
+    del model32
+    torch.cuda.empty_cache()
+
+    print("\n## baseline: HFEngine vs FastEngine, 64 episodes x 2 turns x 64 tokens", flush=True)
+    fast_wall, fast_gen, _, _ = asyncio.run(multi_turn(engine, 64, 2, 64, seed=7))
+    asyncio.run(engine.close())
+    del engine
+    torch.cuda.empty_cache()
+    hf = HFEngine(model, max_batch_size=64)
+    hf_wall, hf_gen, _, _ = asyncio.run(multi_turn(hf, 64 if not args.quick else 16, 2, 64, seed=7))
+    asyncio.run(hf.close())
+    print(f"HFEngine: {hf_gen} tokens in {hf_wall:.1f} s = {hf_gen / hf_wall:,.0f} tok/s", flush=True)
+    print(f"FastEngine: {fast_gen} tokens in {fast_wall:.1f} s = {fast_gen / fast_wall:,.0f} tok/s "
+          f"({(fast_gen / fast_wall) / (hf_gen / hf_wall):.0f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
