@@ -325,7 +325,9 @@ def test_allocator_never_leaks_or_shares_wrongly(ops, num_pages):
                 m.content[page] = tuple(tokens[i * PAGE:(i + 1) * PAGE])
             pages = pages + fresh
             full = len(tokens) // PAGE
-            m.alloc.register(pages, tokens, len(pages) - len(fresh), full)
+            first = len(pages) - len(fresh)
+            chain = m.alloc.register(pages, tokens, first, full, m.alloc.chain_after(pages[:first]))
+            assert m.alloc.register(pages, tokens, 0, full) == chain  # the carried chain state = recomputed
             m.seqs.append((pages, tokens))
         elif op == "grow" and m.seqs:
             pages, tokens = m.seqs[arg % len(m.seqs)]

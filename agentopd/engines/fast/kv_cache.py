@@ -4,7 +4,7 @@
     pages = PageAllocator(num_pages)                           # who holds which page
     shared = pages.match(prompt_ids, limit=len(prompt_ids) - 1)  # reuse cached full pages (held)
     fresh = pages.allocate(3)                                  # None when the pool is exhausted
-    pages.register(seq_pages, seq_tokens, first=2, upto=5)     # full pages 2..4 join the prefix cache
+    chain = pages.register(seq_pages, seq_tokens, first=2, upto=5, chain=chain)  # full pages 2..4 join
     pages.release(seq_pages)                                   # refcount -1 each
 
 A page holds PAGE (16) consecutive tokens of one sequence. A *registered* page is full, keyed by
@@ -23,6 +23,10 @@ from collections import OrderedDict, deque
 import torch
 
 from agentopd.engines.fast.attention import PAGE
+
+
+Chain = tuple[int, int]  # (hash key, page) of the last settled page of a sequence
+ROOT: Chain = (0, -1)
 
 
 class KVPool:
@@ -106,29 +110,40 @@ class PageAllocator:
         self.hold(pages)
         return pages
 
-    def register(self, pages: list[int], tokens: list[int], first: int, upto: int) -> int:
+    def chain_after(self, pages: list[int]) -> Chain:
+        """The chain state after a run of matched (registered) pages."""
+        return (self.key_of[pages[-1]], pages[-1]) if pages else ROOT
+
+    def register(self, pages: list[int], tokens: list[int], first: int, upto: int,
+                 chain: Chain | None = None) -> Chain | None:
         """Enter full pages pages[first:upto] (holding tokens[16i:16i+16]) into the prefix cache.
 
-        Returns how many pages are settled (`upto`, or where a hash collision stopped the chain).
-        A page whose content is already cached under another page stays private (not registered)."""
-        key, parent = 0, -1
-        for i in range(upto):
+        `chain` is the state after pages[:first] as this call returned it last time (None: recompute
+        it from page 0). Returns the state after pages[:upto], or None when a hash collision stopped
+        the chain (the caller registers no more of this sequence). A page whose content is already
+        cached under another page stays private; the chain goes on through the cached one."""
+        start = 0 if chain is None else first
+        key, parent = ROOT if chain is None else chain
+        for i in range(start, upto):
             chunk = tuple(tokens[i * PAGE : (i + 1) * PAGE])
             key = hash((key, chunk))
             page = pages[i]
-            if i >= first and page not in self.key_of:
+            if page in self.key_of:
+                if self.key_of[page] != key or self.tokens_of[page] != chunk or self.parent_of[page] != parent:
+                    return None
+            else:
                 other = self.page_of.get(key)
                 if other is None:
+                    if i < first:
+                        return None  # an earlier page was never cached: nothing after it can be found
                     self.key_of[page], self.page_of[key] = key, page
                     self.tokens_of[page], self.parent_of[page] = chunk, parent
                 elif self.tokens_of[other] != chunk or self.parent_of[other] != parent:
-                    return i  # a collision: stop extending this chain
+                    return None  # a collision
                 else:
-                    page = other  # same content cached elsewhere: the chain goes on through it
-            elif page in self.key_of and self.tokens_of[page] != chunk:
-                return i
+                    page = other
             parent = page
-        return upto
+        return key, parent
 
     def invalidate(self) -> None:
         """Forget every cached page's content (new weights): idle pages become free, held ones private."""

@@ -46,6 +46,8 @@ class Seq:
     pages: list[int] = field(default_factory=list)
     num_cached: int = 0  # tokens whose K/V are in `pages`
     num_settled: int = 0  # leading full pages already offered to the prefix cache
+    chain: tuple[int, int] | None = None  # prefix-cache chain state after them (None: recompute)
+    registering: bool = True  # False after a hash collision: this sequence caches no more pages
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
@@ -148,7 +150,9 @@ class Scheduler:
             seq.num_cached += n
             full = seq.num_cached // PAGE
             if full > seq.num_settled:
-                self.pages.register(seq.pages, seq.tokens, seq.num_settled, full)
+                if seq.registering:
+                    seq.chain = self.pages.register(seq.pages, seq.tokens, seq.num_settled, full, seq.chain)
+                    seq.registering = seq.chain is not None
                 seq.num_settled = full
             if seq not in sampled:
                 continue
@@ -185,9 +189,12 @@ class Scheduler:
             self.pages.release(prev.pages[keep:])
             seq.num_cached = keep_len
             seq.num_settled = keep_len // PAGE
+            seq.chain = None
         else:
             seq.pages = self.pages.match(seq.tokens, limit)
-            seq.num_cached = seq.num_settled = len(seq.pages) * PAGE
+            seq.num_cached = len(seq.pages) * PAGE
+            seq.num_settled = len(seq.pages)
+            seq.chain = self.pages.chain_after(seq.pages)
         seq.prefix_hit = seq.num_cached
 
     def _hold(self, seq: Seq) -> None:
@@ -227,6 +234,7 @@ class Scheduler:
         self.pages.release(seq.pages)
         seq.pages = []
         seq.num_cached = seq.num_settled = 0
+        seq.chain, seq.registering = None, True
         seq.attached = False  # re-admission reuses what the prefix cache still holds
         seq.preemptions += 1
         self.waiting.appendleft(seq)
