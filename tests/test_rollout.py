@@ -14,6 +14,7 @@ from agentopd import make_env
 from agentopd.chat import check_stored_episode
 from agentopd.corpus import env_corpus
 from agentopd.chat import build_tokenizer
+from agentopd.engines import make_engine
 from agentopd.engines.hf import HFEngine
 from agentopd.engines.scripted import ScriptedEngine
 from agentopd.rollout import PARSE_ERROR_TOOL, Rollout, RolloutConfig
@@ -79,9 +80,10 @@ def test_oracle_episodes_are_exact_and_succeed(tok, env_name):
         assert_exact(tok, ep)
 
 
+@pytest.mark.parametrize("kind", ["hf", "fast"])
 @pytest.mark.parametrize("env_name", ["sql_db", "calculator"])
-def test_random_model_episodes_are_exact(tok, tiny_model, env_name):
-    engine = HFEngine(tiny_model, max_batch_size=64, seed=0)
+def test_random_model_episodes_are_exact(tok, tiny_model, env_name, kind):
+    engine = make_engine(kind, tiny_model, max_batch_size=64, seed=0)
     env = make_env(env_name)
     specs = Rollout.specs_for([t.id for t in env.tasks[:50]], n=2)
     cfg = RolloutConfig(max_context=900, max_new_tokens=24, max_turns=3, temperature=1.0)
