@@ -45,6 +45,7 @@ def available(device: torch.device | str) -> bool:
 # set by register(), read as plain globals inside compiled layers (no functools.cache under dynamo)
 _CAUSAL: dict = {}
 _HAS_SCALE = False
+_VARLEN_ATTN = None
 
 
 def _call_kwargs(scaling: float | None, head_dim: int) -> dict:
@@ -69,7 +70,7 @@ def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 
     if k.shape[1] != q.shape[1]:  # GQA: the kernel wants as many K/V heads as Q heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    out = _varlen_fn()(q, k, v, cu, cu, longest, longest, **_call_kwargs(scaling, q.shape[-1]))
+    out = _VARLEN_ATTN(q, k, v, cu, cu, longest, longest, **_call_kwargs(scaling, q.shape[-1]))
     return out[None], None
 
 
@@ -77,8 +78,9 @@ def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 
 def register() -> None:
     from transformers import AttentionInterface
 
-    global _CAUSAL, _HAS_SCALE
-    params = inspect.signature(_varlen_fn()).parameters
+    global _CAUSAL, _HAS_SCALE, _VARLEN_ATTN
+    _VARLEN_ATTN = _varlen_fn()
+    params = inspect.signature(_VARLEN_ATTN).parameters
     _CAUSAL = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
     _HAS_SCALE = "scale" in params
     AttentionInterface.register(VARLEN, _varlen_forward)
