@@ -132,7 +132,7 @@ def bench_train(args) -> list[dict]:
             "mfu": 6 * trainer.matmul_params * tokens / wall / (989.4e12 * world),
             "perf_mfu_median": statistics.median(m.get("perf/mfu", float("nan")) for m in metrics),
             "peak_GiB": _cuda("max_memory_allocated", default=0) / 2**30, "warmup_s": warm,
-            "loss": metrics[-1]["loss"], "varlen": trainer.varlen,
+            "loss": metrics[-1]["loss"], "varlen": trainer.varlen, "fsdp": trainer.distributed,
         }
         rows.append(row)
         if rank == 0:
@@ -230,18 +230,23 @@ def check() -> None:
 def report(jsonl: Path) -> str:
     rows = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
     train = [r for r in rows if "shape" in r]
-    one = {(r["shape"], r["config"]): r for r in train if r.get("world") == 1 and "error" not in r}
-    lines = ["| shape | config | GPUs | tokens/s | tokens/s per GPU | per GPU / 1 GPU | MFU | peak GiB (rank 0) | varlen |",
-             "|---|---|---|---|---|---|---|---|---|"]
+
+    def key(r):  # scaling baseline: the same run on one FSDP rank (torchrun --nproc_per_node 1)
+        return r["shape"], r["config"], r.get("micro_batch_tokens"), r.get("chunk_size")
+
+    one = {key(r): r for r in train if r.get("world") == 1 and r.get("fsdp") and "error" not in r}
+    lines = ["| shape | config | launch | GPUs | micro-batch tokens | loss chunk | tokens/s | tokens/s per GPU | "
+             "per GPU / 1 FSDP rank | MFU | peak GiB (rank 0) |", "|" + "---|" * 11]
     for r in train:
+        launch = "torchrun (FSDP2)" if r.get("fsdp") else "python (no FSDP)"
         if "error" in r:
-            lines.append(f"| {r['shape']} | {r['config']} | {r['world']} | {r['error']} | - | - | - | - | - |")
+            lines.append(f"| {r['shape']} | {r['config']} | {launch} | {r['world']} | {r['error']} |" + " - |" * 6)
             continue
-        base = one.get((r["shape"], r["config"]))
-        ratio = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.2f}" if base else "-"
-        lines.append(f"| {r['shape']} | {r['config']} | {r['world']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['tokens_per_s_per_gpu']:,.0f} | {ratio} | {100 * r['mfu']:.1f}% | {r['peak_GiB']:.1f} | "
-                     f"{r['varlen']} |")
+        base = one.get(key(r))
+        ratio = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.2f}" if base and r.get("fsdp") else "-"
+        lines.append(f"| {r['shape']} | {r['config']} | {launch} | {r['world']} | {r['micro_batch_tokens']} | "
+                     f"{r['chunk_size']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | {ratio} | "
+                     f"{100 * r['mfu']:.1f}% | {r['peak_GiB']:.1f} |")
     teach = [r for r in rows if "pack" in r]
     if teach:
         lines += ["", "| teacher | mode | layout | tokens/s | peak GiB |", "|---|---|---|---|---|"]
