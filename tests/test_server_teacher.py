@@ -1,4 +1,5 @@
-"""ServerTeacher against a FAKE of vLLM's `/v1/completions` (real vLLM cannot run here).
+"""ServerTeacher against a FAKE of vLLM's `/v1/completions` (fast, in the main suite; the real
+vLLM server is tested in tests/test_vllm_real.py, marked `vllm`).
 
 The fake is a small FastAPI app that runs a tiny random-init Qwen3 model (a plain forward,
 not HFTeacher) and answers in the response shape of vLLM's CompletionResponse as read from

@@ -85,8 +85,12 @@ def test_our_engine_options_map_to_vllm_names():
     assert kw["distributed_executor_backend"] == "uni" and "gpu_memory_utilization" not in kw
     assert kw["logprobs_mode"] == "processed_logprobs" and kw["skip_tokenizer_init"] is True
     assert "max_batch_size" not in kw and "device" not in kw
+    # CPU: whole prefills only (a split seeded prefill kills vLLM's CPU engine), in a budget that fits the context
+    assert kw["enable_chunked_prefill"] is False and kw["max_num_batched_tokens"] == 8192
+    assert vllm_engine_kwargs("m", platform="cpu", model_max_len=40960)["max_num_batched_tokens"] == 40960
     gpu = vllm_engine_kwargs("m", platform="cuda", dtype="bfloat16", gpu_memory_utilization=0.4, tensor_parallel_size=2)
     assert gpu["dtype"] == "bfloat16" and gpu["gpu_memory_utilization"] == 0.4 and "distributed_executor_backend" not in gpu
+    assert "enable_chunked_prefill" not in gpu and "max_num_batched_tokens" not in gpu
     assert vllm_engine_kwargs("m", platform="cuda")["dtype"] == "auto"
     with pytest.raises(ValueError, match="runs on 'cpu'"):
         vllm_engine_kwargs("m", platform="cpu", device="cuda")

@@ -56,7 +56,7 @@ def build_pair(root: Path) -> tuple[Path, Path]:
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(ModelSize(hidden=64, layers=2, heads=2, kv_heads=1).config(tok, 1024))
     with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(12.0)
+        model.get_output_embeddings().weight.mul_(4.0)
     paths = []
     for name, norm in (("teacher", 1.2), ("student", 0.5)):
         with torch.no_grad():
@@ -185,6 +185,19 @@ def test_concurrent_requests_each_get_their_own_stream(student_engine, runner):
     assert [r.token_ids for r in runner.run(together())] == alone
 
 
+def test_many_seeded_requests_with_long_prompts_at_once(student_engine, runner):
+    """More prompt tokens at once than vLLM's default step budget (2048): no seeded prefill may be split
+    over two steps (vLLM's CPU build dies rewinding the request's generator), so the engine turns chunked
+    prefill off on CPU."""
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(600)] for i in range(12)]
+
+    async def all_at_once():
+        return await asyncio.gather(*(student_engine.generate(GenerateRequest(p, SamplingParams(max_tokens=4, seed=i)))
+                                      for i, p in enumerate(prompts)))
+
+    assert [len(r.token_ids) for r in runner.run(all_at_once())] == [4] * len(prompts)
+
+
 def test_update_weights_then_generate_equals_a_fresh_engine_with_the_new_weights(pair, runner):
     teacher, student = pair
     engine = make(runner, student, max_batch_size=8)
@@ -219,16 +232,37 @@ def test_the_engine_lives_on_one_event_loop_and_refuses_another(student_engine, 
 
 # ---- a multi-turn rollout with prefix caching ---------------------------------------------------
 
-def test_multi_turn_rollout_reuses_the_prefix_cache_and_streams_are_exact(pair, runner):
+def build_rambler(folder: Path, tokenizer) -> Path:
+    """A tiny Qwen3 (untied, head_dim 32) that writes newlines whatever it reads: every embedding carries a
+    large constant in dimension 0, which the lm_head row of the newline token alone reads. A turn of newlines
+    is no answer and no valid tool call (a parse error), so every episode plays to the turn limit."""
+    from transformers import Qwen3ForCausalLM
+
+    from agentopd.bootstrap import ModelSize
+
+    cfg = ModelSize(hidden=64, layers=2, heads=2, kv_heads=1).config(tokenizer, 1024)
+    cfg.tie_word_embeddings = False
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg)
+    (newline,) = tokenizer.encode("\n", add_special_tokens=False)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 50.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[newline, 0] = 5.0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_multi_turn_rollout_reuses_the_prefix_cache_and_streams_are_exact(pair, runner, tmp_path):
     from transformers import AutoTokenizer
 
     from agentopd import make_env
     from agentopd.chat import check_stored_episode
     from agentopd.rollout import Rollout, RolloutConfig
 
-    teacher, _ = pair
-    tok = AutoTokenizer.from_pretrained(teacher)
-    engine = make(runner, teacher, max_batch_size=16, enable_prefix_caching=True)
+    tok = AutoTokenizer.from_pretrained(pair[0])
+    engine = make(runner, build_rambler(tmp_path / "rambler", tok), max_batch_size=16, enable_prefix_caching=True)
     try:
         rollout = Rollout(lambda: make_env("sql_db"), engine, tok,
                           RolloutConfig(max_turns=3, max_new_tokens=24, max_context=1024, temperature=1.0))
@@ -237,9 +271,9 @@ def test_multi_turn_rollout_reuses_the_prefix_cache_and_streams_are_exact(pair, 
         episodes = runner.run(rollout.run(rollout.specs_for(task_ids, n=2, seed=0)))
     finally:
         runner.run(engine.close())
-    multi = [e for e in episodes if e.num_turns > 1]
-    assert multi, "no episode took a second turn: the prefix cache was never asked"
-    assert engine.cached_tokens_total > 0
+    assert all(e.num_turns == 3 for e in episodes), [e.num_turns for e in episodes]
+    # Turns 2 and 3 of every episode extend its earlier prompt: their common prefix is served from the cache.
+    assert engine.cached_tokens_total > 0.5 * engine.prompt_tokens_total / 3
     share = engine.cached_tokens_total / engine.prompt_tokens_total
     print(f"prefix-hit tokens {engine.cached_tokens_total} of {engine.prompt_tokens_total} prompt tokens ({share:.0%})")
     for e in episodes:
@@ -304,9 +338,8 @@ def test_server_teacher_scores_like_a_forward_against_vllm_serve(pair, tmp_path)
         ids = [rng.randrange(vocab) for _ in range(prompt_len + len(mask))]
         streams.append(TokenStream(ids, prompt_len, mask, [-0.5 * m for m in mask], [0] * len(mask)))
     with vllm_server(teacher, tmp_path / "serve.log") as url:
-        st = ServerTeacher(url, model=str(teacher), top_k=5)
-        lp = st.score(streams, mode=TeacherMode.LOGPROBS)
-        topk = st.score(streams, mode=TeacherMode.TOPK)
+        lp = ServerTeacher(url, top_k=5).score(streams, mode=TeacherMode.LOGPROBS)  # the served model by default
+        topk = ServerTeacher(url, model=str(teacher), top_k=5).score(streams, mode=TeacherMode.TOPK)
     for s, a, b in zip(streams, lp, topk):
         with torch.no_grad():
             lp_TV = torch.log_softmax(model(torch.tensor([s.token_ids])).logits[0].float(), -1)[s.prompt_len - 1:-1]
@@ -316,3 +349,33 @@ def test_server_teacher_scores_like_a_forward_against_vllm_serve(pair, tmp_path)
         top = lp_TV.topk(5)
         assert [set(r) for r in b.topk_ids] == [set(r) for r in top.indices.tolist()]
         assert torch.allclose(torch.tensor(b.topk_logprobs).sort(-1).values, top.values.sort(-1).values, atol=1e-4)
+
+
+# ---- the main job -------------------------------------------------------------------------------
+
+def test_agentopd_run_with_the_vllm_engine_has_zero_token_drift(pair, tmp_path):
+    """`agentopd run --env sql_db engine.kind=vllm` for 3 steps, then `agentopd check-tokens`: zero drift,
+    sampler (vLLM) and trainer logprobs equal, the weights synced every step."""
+    import json
+
+    teacher, student = pair
+    run = tmp_path / "run"
+    env = {**os.environ, **VLLM_ENV, "AGENTOPD_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "engine.kind=vllm",
+           f"student={student}", f"teacher={teacher}", "steps=3", "rollout.tasks_per_step=4", "rollout.n=2",
+           "rollout.max_new_tokens=24", "rollout.max_turns=3", "eval.num_tasks=4", "eval.every=1",
+           "run.checkpoint_every=0", "trainer.lr=1e-3", "trainer.loss=sampled_k1"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    check = subprocess.run([sys.executable, "-m", "agentopd.cli", "check-tokens", str(run)], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and " 0 drifted" in check.stdout, check.stdout[-3000:] + check.stderr[-3000:]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in steps if "loss" in m]
+    assert len(train) == 3
+    for m in train:
+        print(f"step {m['step']}: logprob_diff_sampler {m['train/logprob_diff_sampler']:.2e}, "
+              f"weight sync {m['perf/weight_sync_s']:.3f} s")
+        assert m["train/logprob_diff_sampler"] < 1e-4  # vLLM's logprobs are the trainer's at the same weights
+        assert m["perf/weight_sync_s"] > 0
+    print(check.stdout.strip().splitlines()[-1])

@@ -44,6 +44,10 @@ is the GPU path (tensors are copied to CPU first); on GPUs it suits models of a 
 parameters. NCCL / CUDA-IPC transfer is not built; vLLM is not installed on our GPU machines, so
 the engine was run on vLLM's CPU build only (tests/test_vllm_real.py).
 
+On vLLM's CPU build, chunked prefill is off (`max_num_batched_tokens` >= the context length): with
+it, a seeded request whose prefill is split over two steps kills the engine ("CPU Generator does
+not use offset", vLLM 0.32), and rollout requests are seeded.
+
 Prefix caching: `cached_tokens_total` / `prompt_tokens_total` count prompt tokens served from
 vLLM's prefix cache (`RequestOutput.num_cached_tokens`); each result's `info["cached_tokens"]`
 holds its own.
@@ -90,8 +94,10 @@ def vllm_engine_kwargs(
     enable_prefix_caching: bool = True,
     enable_sleep_mode: bool = False,
     tensor_parallel_size: int = 1,
+    model_max_len: int | None = None,
 ) -> dict[str, Any]:
-    """`AsyncEngineArgs` keywords for our engine options on a vLLM whose platform device is `platform`."""
+    """`AsyncEngineArgs` keywords for our engine options on a vLLM whose platform device is `platform`
+    (`model_max_len`: the model's own context length, used on CPU when `max_model_len` is None)."""
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, str):
@@ -123,6 +129,12 @@ def vllm_engine_kwargs(
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     if tensor_parallel_size == 1:
         kwargs["distributed_executor_backend"] = "uni"  # the worker in the engine-core process
+    if platform == "cpu":
+        # vLLM's CPU build dies when a seeded request's prefill is split over two steps (it rewinds the
+        # request's torch.Generator, which CPU generators cannot do: "CPU Generator does not use offset"),
+        # and every rollout request is seeded. Whole prefills only, in a budget that fits the longest one.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(max_model_len or model_max_len or 0, 8192)
     return kwargs
 
 
@@ -253,8 +265,14 @@ class VLLMEngine:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        platform = current_platform.device_type
+        model_max_len = None
+        if platform == "cpu" and max_model_len is None and isinstance(model, (str, os.PathLike)):
+            from transformers import AutoConfig
+
+            model_max_len = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
         args = vllm_engine_kwargs(
-            model, platform=current_platform.device_type, device=device, dtype=dtype,
+            model, platform=platform, model_max_len=model_max_len, device=device, dtype=dtype,
             max_batch_size=max_batch_size, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
             enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size)
