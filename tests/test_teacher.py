@@ -218,3 +218,16 @@ def test_transformers_tokenizers_and_added_special_tokens():
 def test_a_matrix_smaller_than_the_tokenizer_is_refused():
     with pytest.raises(ValueError, match="teacher model has 8 vocabulary rows"):
         check_compatible(word_tokenizer(WORDS), word_tokenizer(WORDS), 10, Qwen3Config(vocab_size=8))
+
+
+def test_plan_packed_rows_respects_the_budget():
+    from agentopd.teacher.hf import plan_packed_rows
+
+    lengths = [5, 30, 7, 7, 12, 3, 50, 18]
+    rows = plan_packed_rows(lengths, 30)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    for r in rows:
+        assert len(r) == 1 or sum(lengths[i] for i in r) <= 30
+    assert [6] in rows and [1] in rows  # at or over the budget: alone
+    assert len(rows) == 4  # 50 | 30 | 18+12 | 7+7+5+3: first-fit decreasing leaves no row that could merge
+    assert not HFTeacher(tiny_model(), device="cpu").pack  # packing needs CUDA's flash varlen kernel

@@ -280,3 +280,31 @@ def test_each_loss_moves_the_student_toward_the_teacher(kind, steps, batch_size,
         trainer.train_step(samples, teacher_head_VH=teacher.lm_head.weight.detach())
     after = on_policy_kl()
     assert after < max_ratio * before, (kind, before, after)
+
+
+def test_selective_checkpointing_recomputes_every_kth_layer_and_changes_no_gradient():
+    samples = make_samples(6, seed=4)
+    deltas = []
+    for opts in ({}, {"activation_checkpointing": True, "checkpoint_every": 2}):
+        trainer = Trainer(tiny_model(), TrainerConfig(**CFG | opts, loss="sft"))
+        if opts:
+            assert [layer.gradient_checkpointing for layer in trainer.hf.model.layers] == [True, False]
+        before = _params(trainer)
+        metrics = trainer.train_step(samples)
+        after = _params(trainer)
+        deltas.append({k: after[k] - before[k] for k in before})
+        assert "perf/mfu" not in metrics  # CPU: no known peak, so no MFU
+    for k in deltas[0]:
+        torch.testing.assert_close(deltas[1][k], deltas[0][k], atol=1e-7, rtol=0, msg=k)
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        TrainerConfig(checkpoint_every=0)
+
+
+def test_matmul_params_count_the_head_once_and_no_untied_embedding():
+    from agentopd.trainer.core import matmul_params
+
+    tied, untied = tiny_model(tie=True), tiny_model(tie=False)
+    assert matmul_params(tied) == sum(p.numel() for p in tied.parameters())
+    embed = untied.get_input_embeddings().weight.numel()
+    assert matmul_params(untied) == sum(p.numel() for p in untied.parameters()) - embed
+    assert matmul_params(untied) == matmul_params(tied)  # same shapes: the head counts once either way

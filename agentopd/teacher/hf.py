@@ -11,7 +11,7 @@ so teacher and student never occupy the GPU at once. The teacher's weights are c
 CUDA they live in pinned host memory, `load` copies them in at PCIe speed and `offload` just
 drops the device copy.
 
-On CUDA (with torch's flash varlen kernel, `agentopd.trainer.attention`) streams are PACKED:
+On CUDA with a bf16/fp16 teacher (torch's flash varlen kernel, `agentopd.trainer.attention`) streams are PACKED:
 back to back in one row of at most `max_tokens_per_batch` tokens, positions restarting per
 stream, each attending to itself only (cu_seqlens) — no padding computed at all. Elsewhere
 (`pack=False`, CPU) micro-batches are right-padded: a padded position comes after every real
@@ -144,9 +144,10 @@ class HFTeacher:
         self.offload_after_score = offload_after_score
         from agentopd.trainer import attention
 
-        self.pack = attention.available(self.device) if pack is None else pack
-        if self.pack and not attention.available(self.device):
-            raise ValueError("pack=True needs CUDA and torch.nn.attention.varlen (flash varlen attention)")
+        half = model.dtype in (torch.bfloat16, torch.float16)  # the flash kernel's dtypes
+        self.pack = attention.available(self.device) and half if pack is None else pack
+        if self.pack and not (attention.available(self.device) and half):
+            raise ValueError("pack=True needs CUDA, torch.nn.attention.varlen and a bf16/fp16 teacher (flash varlen)")
         self._host: dict[int, torch.Tensor] = {}  # id(parameter or buffer) -> its pinned CPU copy
         plan_micro_batches([], max_tokens_per_batch)  # validates the budget
 

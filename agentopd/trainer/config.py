@@ -77,7 +77,7 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     checkpoint_every: int = 1  # with activation_checkpointing: recompute every k-th decoder layer only (selective)
     compile: bool = False  # torch.compile each decoder layer's forward (CUDA: fuses norms, RoPE, SiLU-mul)
-    varlen_attention: bool = True  # CUDA: one packed row per micro-batch, flash varlen attention (trainer/attention.py)
+    varlen_attention: bool = True  # CUDA + bf16: one packed row per micro-batch, flash varlen attention (trainer/attention.py)
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer state on CPU)
     mixed_precision: Precision = Precision.AUTO
     seed: int = 0  # the Trainer seeds torch's RNG with seed + rank when built (as HF Trainer does)

@@ -145,7 +145,8 @@ class Trainer:
             for i, layer in enumerate(hf.model.layers):  # selective: keep every k-th layer's recompute
                 if i % cfg.checkpoint_every:
                     layer.gradient_checkpointing = False
-        self.varlen = cfg.varlen_attention and attention.available(self.device)
+        # flash varlen computes in bf16: only where the step computes in bf16 anyway
+        self.varlen = cfg.varlen_attention and attention.available(self.device) and self.precision == Precision.BF16
         self._attn_implementation = hf.config._attn_implementation  # what checkpoints and exports carry
         if self.varlen:  # one packed row per micro-batch, no padding, no dense mask
             attention.set_varlen(hf)
