@@ -275,16 +275,19 @@ class HFTeacher:
             h_nH = hidden_NH[start : start + self.head_chunk]
             logits_nV = F.linear(h_nH.to(weight_VH.dtype), weight_VH).float() / self.temperature
             logprobs_nV = torch.log_softmax(logits_nV, dim=-1)
-            logprob_chunks.append(logprobs_nV.gather(1, targets_N[start : start + self.head_chunk, None])[:, 0].cpu())
+            logprob_chunks.append(logprobs_nV.gather(1, targets_N[start : start + self.head_chunk, None])[:, 0])
             if mode is TeacherMode.TOPK:
                 top_nK = logprobs_nV.topk(k, dim=-1)
-                ids_chunks.append(top_nK.indices.cpu())
-                topk_chunks.append(top_nK.values.cpu())
-        logprobs_N = torch.cat(logprob_chunks) if logprob_chunks else torch.zeros(0)
+                ids_chunks.append(top_nK.indices)
+                topk_chunks.append(top_nK.values)
+        # one device-to-host copy per group (not per chunk and stream): the GPU is not stopped in between
+        logprobs_N = torch.cat(logprob_chunks).cpu() if logprob_chunks else torch.zeros(0)
         logprobs_N = torch.where(mask_N > 0, logprobs_N, torch.zeros_like(logprobs_N))
         if mode is TeacherMode.TOPK:
-            ids_NK = torch.cat(ids_chunks) if ids_chunks else torch.zeros(0, k, dtype=torch.long)
-            top_NK = torch.cat(topk_chunks) if topk_chunks else torch.zeros(0, k)
+            ids_NK = torch.cat(ids_chunks).cpu() if ids_chunks else torch.zeros(0, k, dtype=torch.long)
+            top_NK = torch.cat(topk_chunks).cpu() if topk_chunks else torch.zeros(0, k)
+        if mode is TeacherMode.HIDDEN:
+            hidden_host_NH = hidden_NH.to("cpu")
 
         out, start = [], 0
         for s in streams:
@@ -294,7 +297,7 @@ class HFTeacher:
                 scores.topk_ids = ids_NK[start:end].tolist()
                 scores.topk_logprobs = top_NK[start:end].tolist()
             if mode is TeacherMode.HIDDEN:
-                scores.hidden = hidden_NH[start:end].to("cpu", copy=True)
+                scores.hidden = hidden_host_NH[start:end].clone()  # its own storage, not a view of the group's
             out.append(scores)
             start = end
         return out
