@@ -15,6 +15,8 @@ gradient does not depend on micro-batching or world size:
 Modules:
     divergence  forward KL, reverse KL, generalized JSD(beta): reference + closed-form per-chunk math
     chunked     the chunked autograd function (bounded forward AND backward memory) and its entry points
+    fused       the CUDA default of chunked_divergence: both lm_heads + one Triton kernel per chunk
+                (loss and logits-gradient in one pass, gradients in forward); the torch path is the reference
     topk        top-k forward KL with a tail bucket; TCAD support-symmetric truncation and coverage regulariser
     policy      sampled-token k1/k3 reverse KL as advantages; importance-sampling / PPO-clip losses
     weighting   reward_beta weights, GRPO advantages, TCAD teacher-confidence weights, global normalisation
