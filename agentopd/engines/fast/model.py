@@ -97,6 +97,9 @@ class ModelRunner:
         self.lm_head = params["lm_head.weight"]
         self.k_cache: list[torch.Tensor] = []  # set by attach_cache: per layer [slots, Hkv, D]
         self.v_cache: list[torch.Tensor] = []
+        from agentopd.engines.fast import triton_ops
+
+        self.fused = self.device.type == "cuda" and triton_ops.available()  # Triton small-op kernels
 
     # ---- building -----------------------------------------------------------------------
 
@@ -180,6 +183,8 @@ class ModelRunner:
 
     def forward(self, ids_N: torch.Tensor, batch: AttnBatch, sample_idx_S: torch.Tensor) -> torch.Tensor:
         """fp32 logits of the rows at `sample_idx_S` after running the flat batch (K/V written to the pool)."""
+        if self.fused:
+            return self._forward_fused(ids_N, batch, sample_idx_S)
         s = self.shape
         n = ids_N.shape[0]
         cos_ND, sin_ND = self.cos_LD[batch.positions_N], self.sin_LD[batch.positions_N]
@@ -205,3 +210,24 @@ class ModelRunner:
             h_NE = h_NE + F.linear(F.silu(gate) * up, w["down"])
         h_SE = rms_norm(h_NE[sample_idx_S], self.norm, s.eps)
         return F.linear(h_SE, self.lm_head).float()
+
+    def _forward_fused(self, ids_N: torch.Tensor, batch: AttnBatch, sample_idx_S: torch.Tensor) -> torch.Tensor:
+        """`forward` with the small ops as fused Triton kernels (triton_ops.py): same math, ~10 launches a layer."""
+        from agentopd.engines.fast import triton_ops as ops
+
+        s = self.shape
+        n = ids_N.shape[0]
+        h_NE = F.embedding(ids_N, self.embed)
+        x_NE = ops.rms_norm(h_NE, self.layers[0]["ln1"], s.eps)
+        for i, w in enumerate(self.layers):
+            qkv = F.linear(x_NE, w["qkv"], w.get("qkv_bias"))
+            q_NHD = ops.qk_norm_rope_store(qkv, w.get("q_norm"), w.get("k_norm"), self.cos_LD, self.sin_LD,
+                                           batch.positions_N, batch.slots_N, self.k_cache[i], self.v_cache[i],
+                                           s.q_heads, s.kv_heads, s.eps)
+            o_NHD = paged_attention(q_NHD, self.k_cache[i], self.v_cache[i], batch, self.scale)
+            x_NE, h_NE = ops.add_rms_norm(F.linear(o_NHD.reshape(n, -1), w["o"], w.get("o_bias")), h_NE, w["ln2"], s.eps)
+            down_NE = F.linear(ops.silu_mul(F.linear(x_NE, w["gate_up"])), w["down"])
+            if i + 1 < len(self.layers):
+                x_NE, h_NE = ops.add_rms_norm(down_NE, h_NE, self.layers[i + 1]["ln1"], s.eps)
+        h_SE = h_NE[sample_idx_S] + down_NE[sample_idx_S]
+        return F.linear(ops.rms_norm(h_SE, self.norm, s.eps), self.lm_head).float()

@@ -38,15 +38,16 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _decode_kernel(Q, K, V, PT, CTX, O, LSE, scale,
-                       stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_or, stride_oh, stride_os, stride_lr, stride_lh,
+    def _decode_kernel(Q, K, V, PT, CTX, O, OP, LSE, scale,
+                       stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
+                       stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
                        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
         r = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
         ctx = tl.load(CTX + r)
-        per_split = tl.cdiv(tl.cdiv(ctx, PAGE_SIZE), SPLITS) * PAGE_SIZE
+        per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), SPLITS) * BLOCK_N
         t0 = s * per_split
         t1 = tl.minimum(t0 + per_split, ctx)
         offs_g = tl.arange(0, G_PAD)
@@ -54,7 +55,6 @@ if triton is not None:
         heads = h * G + offs_g
         gmask = offs_g < G
         q = tl.load(Q + r * stride_qn + heads[:, None] * stride_qh + offs_d[None, :], mask=gmask[:, None], other=0.0)
-        q = q.to(tl.float32) * scale
         m = tl.full([G_PAD], float("-inf"), tl.float32)
         l = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D], tl.float32)
@@ -64,22 +64,41 @@ if triton is not None:
             page = tl.load(PT + r * stride_pr + offs_t // PAGE_SIZE, mask=tmask, other=0)
             slot = page.to(tl.int64) * PAGE_SIZE + offs_t % PAGE_SIZE
             kv_off = slot[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
-            k = tl.load(K + kv_off, mask=tmask[:, None], other=0.0).to(tl.float32)
-            qk = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+            k = tl.load(K + kv_off, mask=tmask[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             qk = tl.where(tmask[None, :], qk, float("-inf"))
             m_new = tl.maximum(m, tl.max(qk, axis=1))
             alpha = tl.exp(m - m_new)
             p = tl.exp(qk - m_new[:, None])
             l = l * alpha + tl.sum(p, axis=1)
-            v = tl.load(V + kv_off, mask=tmask[:, None], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            v = tl.load(V + kv_off, mask=tmask[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m = m_new
         has = l > 0
         out = acc / tl.where(has, l, 1.0)[:, None]
-        lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), float("-inf"))
-        o_off = r * stride_or + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
-        tl.store(O + o_off, out, mask=gmask[:, None])
-        tl.store(LSE + r * stride_lr + heads * stride_lh + s, lse, mask=gmask)
+        if SPLITS == 1:
+            tl.store(O + r * stride_on + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
+                     mask=gmask[:, None])
+        else:
+            lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), float("-inf"))
+            tl.store(OP + r * stride_pr_ + heads[:, None] * stride_ph + s * stride_ps + offs_d[None, :], out,
+                     mask=gmask[:, None])
+            tl.store(LSE + r * stride_lr + heads * stride_lh + s, lse, mask=gmask)
+
+    @triton.jit
+    def _combine_kernel(OP, LSE, O, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_on, stride_oh,
+                        D: tl.constexpr, SPLITS: tl.constexpr, S_PAD: tl.constexpr):
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        offs_s = tl.arange(0, S_PAD)
+        offs_d = tl.arange(0, D)
+        smask = offs_s < SPLITS
+        lse = tl.load(LSE + r * stride_lr + h * stride_lh + offs_s, mask=smask, other=float("-inf"))
+        w = tl.exp(lse - tl.max(lse, 0))
+        part = tl.load(OP + r * stride_pr + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                       mask=smask[:, None], other=0.0)
+        out = tl.sum(w[:, None] * part, 0) / tl.sum(w, 0)
+        tl.store(O + r * stride_on + h * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
     @triton.jit
     def _prefill_kernel(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale,
@@ -125,31 +144,39 @@ if triton is not None:
 
 
 def decode_splits(rows: int, kv_heads: int, num_sms: int = 132, max_splits: int = 16) -> int:
-    """Split-KV factor for a decode grid of rows x kv heads: enough programs for ~2 waves of SMs."""
-    return max(1, min(max_splits, -(-2 * num_sms // (rows * kv_heads))))
+    """Split-KV factor for a decode grid of rows x kv heads: enough programs for ~4 per SM."""
+    return max(1, min(max_splits, -(-4 * num_sms // (rows * kv_heads))))
 
 
 def decode_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table_RP: torch.Tensor,
-                     ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1) -> torch.Tensor:
+                     ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1, block_n: int = 64) -> torch.Tensor:
     """One query per row (row r = token r): [R, Hq, D] attention output, split-KV, merged by log-sum-exp."""
     R, Hq, D = q_NHD.shape
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
-    g_pad = triton.next_power_of_2(G)
-    block_n = max(16, 64 // g_pad) if D <= 128 else 16
-    o_RHSD = torch.empty(R, Hq, num_splits, D, device=q_NHD.device, dtype=torch.float32)
-    lse_RHS = torch.empty(R, Hq, num_splits, device=q_NHD.device, dtype=torch.float32)
+    g_pad = max(16, triton.next_power_of_2(G))  # tl.dot needs 16 rows: the kv head's G query heads, padded
+    o_NHD = torch.empty_like(q_NHD)
+    if num_splits > 1:
+        part_RHSD = torch.empty(R, Hq, num_splits, D, device=q_NHD.device, dtype=torch.float32)
+        lse_RHS = torch.empty(R, Hq, num_splits, device=q_NHD.device, dtype=torch.float32)
+    else:
+        part_RHSD = lse_RHS = o_NHD.new_empty(1, 1, 1, 1)
+    precision = "ieee" if q_NHD.dtype == torch.float32 else "tf32"
     _decode_kernel[(R, Hkv, num_splits)](
-        q_NHD, k_cache, v_cache, page_table_RP, ctx_lens_R, o_RHSD, lse_RHS, scale,
+        q_NHD, k_cache, v_cache, page_table_RP, ctx_lens_R, o_NHD, part_RHSD, lse_RHS, scale,
         q_NHD.stride(0), q_NHD.stride(1), k_cache.stride(0), k_cache.stride(1), page_table_RP.stride(0),
-        o_RHSD.stride(0), o_RHSD.stride(1), o_RHSD.stride(2), lse_RHS.stride(0), lse_RHS.stride(1),
-        G=G, G_PAD=g_pad, D=D, PAGE_SIZE=PAGE, BLOCK_N=block_n, SPLITS=num_splits, num_warps=4,
+        o_NHD.stride(0), o_NHD.stride(1), part_RHSD.stride(0), part_RHSD.stride(1), part_RHSD.stride(2),
+        lse_RHS.stride(0), lse_RHS.stride(1),
+        G=G, G_PAD=g_pad, D=D, PAGE_SIZE=PAGE, BLOCK_N=block_n, SPLITS=num_splits, PRECISION=precision,
+        num_warps=4, num_stages=2,
     )
-    if num_splits == 1:
-        return o_RHSD[:, :, 0].to(q_NHD.dtype)
-    w_RHS = torch.exp(lse_RHS - lse_RHS.amax(-1, keepdim=True))
-    o_RHD = (w_RHS[..., None] * o_RHSD).sum(2) / w_RHS.sum(-1, keepdim=True)
-    return o_RHD.to(q_NHD.dtype)
+    if num_splits > 1:
+        _combine_kernel[(R, Hq)](
+            part_RHSD, lse_RHS, o_NHD, part_RHSD.stride(0), part_RHSD.stride(1), part_RHSD.stride(2),
+            lse_RHS.stride(0), lse_RHS.stride(1), o_NHD.stride(0), o_NHD.stride(1),
+            D=D, SPLITS=num_splits, S_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return o_NHD
 
 
 def prefill_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
