@@ -8,24 +8,36 @@ Legend: N tokens, H student hidden, H_t teacher hidden, V vocab.
 
 import math
 import os
+import subprocess
 import sys
 
 import pytest
 import torch
 
 # Triton's own jit helpers (tl.sum, tl.max) become interpretable only when it is imported with the
-# flag set; the flag is then set per test only, so the other CPU tests keep their default path.
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process", allow_module_level=True)
-_flag = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
+# flag set; the flag is then set per test only, so the other CPU tests keep their default path. If
+# something in this process imported Triton before, these tests run in a fresh process instead.
+_FRESH = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if not _FRESH:
+    _flag = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
 try:
     triton = pytest.importorskip("triton")
 finally:
-    if _flag is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _flag
+    if not _FRESH:
+        if _flag is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = _flag
+in_process = pytest.mark.skipif(_FRESH, reason="Triton was imported without the interpreter: run in a fresh process")
+
+
+def test_the_file_in_a_fresh_process_when_triton_was_imported_before():
+    if not _FRESH:
+        pytest.skip("the tests below run in this process")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 from agentopd import losses as L  # noqa: E402
 from agentopd.losses import fused as F  # noqa: E402
@@ -35,6 +47,8 @@ KINDS = ["forward_kl", "reverse_kl", "jsd"]
 
 @pytest.fixture(autouse=True)
 def interpret(monkeypatch):
+    if _FRESH:
+        return
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     torch.set_num_threads(1)
 
@@ -51,6 +65,7 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
+@in_process
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("teacher", ["hidden", "logits"])
 def test_fused_matches_fp64_reference(kind, teacher):
@@ -74,6 +89,7 @@ def test_fused_matches_fp64_reference(kind, teacher):
                 assert _rel(got, 3.0 * want) < 1e-4, (chunk_size, _rel(got, 3.0 * want))
 
 
+@in_process
 def test_fused_is_the_default_where_it_runs_and_the_reference_is_kept():
     x = _inputs(2)
     common = dict(teacher_hidden_NH=x["th"], teacher_head_VH=x["tw"], kind="jsd", chunk_size=7)
@@ -90,6 +106,7 @@ def test_fused_is_the_default_where_it_runs_and_the_reference_is_kept():
                              teacher_head_VH=x["tw"].double(), kind="jsd", fused=True)
 
 
+@in_process
 @pytest.mark.parametrize("kind", KINDS)
 def test_fused_masking_removes_exactly_the_masked_tokens(kind):
     x = _inputs(3)
@@ -105,6 +122,7 @@ def test_fused_masking_removes_exactly_the_masked_tokens(kind):
     assert _rel(g_weights[0], g_sel[0]) < 1e-6 and _rel(g_weights[1], g_sel[1]) < 1e-6
 
 
+@in_process
 def test_fused_zero_when_student_equals_teacher_and_empty_batch():
     x = _inputs(4)
     for kind in KINDS:
@@ -119,6 +137,7 @@ def test_fused_zero_when_student_equals_teacher_and_empty_batch():
     assert out.item() == 0.0 and gw.abs().sum() == 0.0
 
 
+@in_process
 @pytest.mark.parametrize("kind", ["forward_kl", "jsd"])
 def test_trainer_gradient_independent_of_micro_batching_on_the_fused_path(kind):
     from _tiny import VOCAB, make_samples, tiny_model
