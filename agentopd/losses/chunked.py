@@ -20,6 +20,10 @@ inputs: no recompute, still never N x V.) Accumulation is in fp32
 (fp64 for fp64 inputs) even when hidden states and heads are bf16; the matmuls run in the
 inputs' dtype. Costs one extra pair of logit matmuls per chunk (the recompute).
 
+On CUDA, `chunked_divergence` takes the fused Triton path of `fused.py` by default (same values
+and gradients, no fp32 logits copies, gradients in forward); this module's torch path is the
+exact reference, the CPU default, and the path of support_k, top-k and coverage.
+
 Legend: N tokens, C chunk tokens, H student hidden, H_t teacher hidden, V vocab, K top-k.
 """
 
