@@ -120,6 +120,13 @@ async def multi_turn(engine, episodes: int, turns: int, max_tokens: int, seed: i
     return wall, sum(g for g, _ in out), sum(h for _, h in out), streams[:check]
 
 
+def timing_line(before: dict, after: dict) -> str:
+    d = {k: after[k] - before[k] for k in after}
+    return (f"  worker: {d['steps']} steps ({d['decode_steps']} decode-only); per step: schedule "
+            f"{1e3 * d['schedule'] / d['steps']:.2f} ms, inputs {1e3 * d['prepare'] / d['steps']:.2f} ms, inputs+model+sampler {1e3 * d['step'] / d['steps']:.2f} ms, "
+            f"advance {1e3 * d['advance'] / d['steps']:.2f} ms")
+
+
 def logprob_gap(model_fp32, model_bf16, streams) -> tuple[float, float]:
     worst32 = worst16 = 0.0
     with torch.no_grad():
@@ -163,13 +170,17 @@ def main() -> None:
         t0 = time.perf_counter()
         out = await asyncio.gather(*[engine.generate(r) for r in reqs])
         return sum(len(r.token_ids) for r in out), time.perf_counter() - t0
+    before = dict(engine.timings)
     gen, wall = asyncio.run(plain())
     print(f"{gen} tokens in {wall:.2f} s = {gen / wall:,.0f} tok/s (prefill of 65,536 prompt tokens included)", flush=True)
+    print(timing_line(before, engine.timings), flush=True)
 
     print("\n## multi-turn rollouts (FastEngine, 4 turns, 128 tokens/turn)", flush=True)
     model32 = None
     for episodes in ((64, 128) if args.quick else (64, 128, 256)):
+        before = dict(engine.timings)
         wall, gen, hits, streams = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=episodes, check=8))
+        print(timing_line(before, engine.timings), flush=True)
         if model32 is None:
             model32 = model_bf16().float()  # same seed: the same weights, in fp32
             model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})

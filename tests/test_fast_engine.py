@@ -31,7 +31,7 @@ from agentopd.engines import FinishReason, GenerateRequest, SamplingParams, make
 from agentopd.engines.fast import FastEngine
 from agentopd.engines.fast.attention import PAGE
 from agentopd.engines.fast.kv_cache import PageAllocator
-from agentopd.engines.fast.sampler import row_key, uniforms
+from agentopd.engines.fast.sampler import row_key, row_keys, uniforms
 from agentopd.engines.hf import HFEngine
 
 LOGPROB_TOL = 5e-5  # fp32 CPU, engine vs one teacher-forced HF forward (measured ~5e-6, printed)
@@ -363,6 +363,8 @@ def test_counter_based_draws_are_uniform_and_keyed():
     assert 0 < u.min() and u.max() < 1
     assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
     assert row_key(1, 5) != row_key(1, 6) != row_key(2, 5)
+    seeds, positions = [0, 1, 2**40 + 3, 2**63 - 1, -5], [0, 7, 2**31, 5, 9]
+    assert row_keys(seeds, positions).tolist() == [row_key(s, p) for s, p in zip(seeds, positions)]
     assert torch.equal(uniforms(keys[:3], 1000), u[:3])  # a row's draws do not depend on the others
 
 
@@ -445,7 +447,7 @@ KERNEL_CHECK = textwrap.dedent("""
     temps = torch.tensor([p.temperature or 1.0 for p in params])
     keys = torch.tensor([row_key(s, q) if p.temperature > 0 else 0 for p, s, q in zip(params, seeds, pos)])
     greedy = torch.tensor([p.temperature == 0 for p in params], dtype=torch.int8)
-    t2, l2 = fused_sample(logits, temps, keys, greedy, block=256)
+    t2, l2 = fused_sample(logits, temps, keys, greedy, chunk=256, block=64)
     assert t2.tolist() == tokens, (t2.tolist(), tokens)
     assert (l2 - torch.tensor(logprobs)).abs().max() < 1e-5
     print("kernels match the reference")

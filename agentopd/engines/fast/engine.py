@@ -21,7 +21,8 @@ max_batch_size full contexts of up to 2048 tokens on CPU), `token_budget` (new t
 
 `update_weights` stops admitting new requests, waits for the running ones to finish, copies the
 tensors in place, drops every cached page (their K/V belong to the old weights) and bumps
-`weight_version` (reported in each result's info, with `prefix_hit_tokens` and `preemptions`).
+`weight_version` (reported in each result's info, with `prefix_hit_tokens` and `preemptions`). `timings` adds up
+the worker's seconds per phase (schedule, prepare = inputs, step = prepare + model + sampler, advance) for benchmarks.
 
 Legend: N flat tokens, R rows, P pages per row, V vocabulary.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -106,6 +108,8 @@ class FastEngine:
             from agentopd.engines.fast.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self.runner, max_batch_size, need)
+        self._table = np.zeros((max_batch_size, need), dtype=np.int32)  # page-table rows of live sequences
+        self._free_rows = list(range(max_batch_size - 1, -1, -1))
         self.weight_version = 0
         self._seeds = random.Random(seed)
         self._lock = threading.Lock()  # scheduler state: worker steps vs. the event loop's add/release
@@ -115,6 +119,7 @@ class FastEngine:
         self._idle: asyncio.Event | None = None
         self._paused = False
         self._closed = False
+        self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0}  # seconds
 
     # ---- the protocol -------------------------------------------------------------------
 
@@ -214,6 +219,9 @@ class FastEngine:
 
     def _deliver(self, seqs: list[Seq]) -> None:
         for seq in seqs:
+            if seq.row >= 0:  # its page-table row is free again
+                self._free_rows.append(seq.row)
+                seq.row = -1
             loop = seq.future.get_loop()
             if not loop.is_closed():
                 try:
@@ -225,28 +233,46 @@ class FastEngine:
     def _work(self) -> None:
         """Run steps until nothing is left to run (or the engine closes / pauses with nothing running)."""
         while not self._closed:
+            t0 = time.perf_counter()
             with self._lock:
                 self._deliver(self.scheduler.drop_cancelled())
                 rows = self.scheduler.schedule(admit=not self._paused)
             if not rows:
                 return
+            t1 = time.perf_counter()
             sampled = self._step(rows)
+            t2 = time.perf_counter()
             with self._lock:
                 done = self.scheduler.advance(rows, sampled)
             self._deliver(done)
+            t = self.timings
+            t["schedule"] += t1 - t0
+            t["step"] += t2 - t1
+            t["advance"] += time.perf_counter() - t2
+            t["steps"] += 1
+            t["decode_steps"] += all(n == 1 for _, n in rows)
 
     def _step(self, rows: list[tuple[Seq, int]]) -> dict[Seq, tuple[int, float]]:
         """Run the rows' new tokens through the model; sample for rows that reached their end."""
+        t0 = time.perf_counter()
         ids, positions, slots, q_starts, q_lens, ctx_lens, sample_idx, samplers = [], [], [], [], [], [], [], []
         width = max(len(seq.pages) for seq, _ in rows)
-        table_RP = np.zeros((len(rows), width), dtype=np.int32)
+        table_rows = []
         for r, (seq, n) in enumerate(rows):
             start = seq.num_cached
             assert not self.pages.is_registered(seq.pages[start // PAGE]), "a cached page would be written"
             q_starts.append(len(ids))
             q_lens.append(n)
             ctx_lens.append(start + n)
-            table_RP[r, : len(seq.pages)] = seq.pages
+            if seq.row < 0:
+                if not self._free_rows:  # preempted sequences keep theirs: grow the table
+                    self._free_rows = list(range(2 * len(self._table) - 1, len(self._table) - 1, -1))
+                    self._table = np.concatenate([self._table, np.zeros_like(self._table)])
+                seq.row, seq.table_len = self._free_rows.pop(), 0
+            if seq.table_len != len(seq.pages):  # mirror pages added since the last step
+                self._table[seq.row, seq.table_len : len(seq.pages)] = seq.pages[seq.table_len :]
+                seq.table_len = len(seq.pages)
+            table_rows.append(seq.row)
             if n == 1:
                 ids.append(seq.tokens[start])
                 positions.append(start)
@@ -262,8 +288,9 @@ class FastEngine:
         flat_3N = torch.tensor([ids, positions, slots], dtype=torch.long).to(dev, non_blocking=True)
         ids_N, pos_N, slots_N = flat_3N
         ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
-        table_RP = torch.from_numpy(table_RP).to(dev, non_blocking=True)
+        table_RP = torch.from_numpy(self._table[table_rows, :width]).to(dev, non_blocking=True)
         decode = len(ids) == len(rows)
+        self.timings["prepare"] += time.perf_counter() - t0
         if decode and self.graphs is not None and len(rows) == len(samplers):
             logits_SV = self.graphs.run(ids_N, pos_N, slots_N, table_RP, ctx_R)
         else:

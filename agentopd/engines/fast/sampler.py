@@ -22,6 +22,7 @@ Legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from agentopd.engines.base import SamplingParams, logprob_temperature
@@ -52,6 +53,24 @@ def row_key(seed: int, position: int) -> int:
     return mix32(k ^ (position & M32))
 
 
+def row_keys(seeds: list[int], positions: list[int]) -> np.ndarray:
+    """`row_key` of many rows at once (numpy uint64 arithmetic; equal to row_key row by row)."""
+    m = np.uint64(M32)
+    s = np.array([x & 0xFFFFFFFFFFFFFFFF for x in seeds], dtype=np.uint64)
+    pos = np.array(positions, dtype=np.uint64) & m
+
+    def mix(x):
+        x = x ^ (x >> np.uint64(16))
+        x = (x * np.uint64(0x7FEB352D)) & m
+        x = x ^ (x >> np.uint64(15))
+        x = (x * np.uint64(0x846CA68B)) & m
+        return x ^ (x >> np.uint64(16))
+
+    k = mix((s & m) ^ np.uint64(0x9E3779B9))
+    k = mix(k ^ ((s >> np.uint64(32)) & m))
+    return mix(k ^ pos)
+
+
 _token_keys: dict[tuple[str, int], torch.Tensor] = {}
 
 
@@ -78,12 +97,13 @@ def sample(logits_BV: torch.Tensor, params: list[SamplingParams], seeds: list[in
         from agentopd.engines.fast import triton_sampler
 
         if triton_sampler.available():
-            keys = [row_key(s, pos) if p.temperature > 0 else 0 for p, s, pos in zip(params, seeds, positions)]
-            meta_3B = torch.tensor([temps, keys, [p.temperature == 0 for p in params]], dtype=torch.float64)
+            keys = row_keys(seeds, positions).astype(np.float64)  # < 2**32: exact in float64
+            meta_3B = torch.tensor(np.stack([np.array(temps), keys, [p.temperature == 0 for p in params]]))
             meta_3B = meta_3B.to(device, non_blocking=True)
             tokens_B, logprobs_B = triton_sampler.fused_sample(
                 logits_BV, meta_3B[0].float(), meta_3B[1].long(), meta_3B[2].to(torch.int8))
-            return tokens_B.tolist(), logprobs_B.tolist()
+            both = torch.stack([tokens_B.double(), logprobs_B.double()]).tolist()  # one device sync
+            return [int(t) for t in both[0]], both[1]
     if all(t == 1.0 for t in temps):
         logprobs_BV = torch.log_softmax(logits_BV.float(), dim=-1)
     else:
@@ -99,7 +119,8 @@ def sample(logits_BV: torch.Tensor, params: list[SamplingParams], seeds: list[in
             race_SV = race_SV.clone()
             for j in narrowed:
                 race_SV[j] = filter_logprobs(race_SV[j], params[drawn[j]].top_k, params[drawn[j]].top_p)
-        keys_S = torch.tensor([row_key(seeds[i], positions[i]) for i in drawn], dtype=torch.int64, device=device)
+        keys_S = torch.from_numpy(row_keys([seeds[i] for i in drawn], [positions[i] for i in drawn]).astype(np.int64))
+        keys_S = keys_S.to(device)
         u_SV = uniforms(keys_S, logits_BV.shape[1])
         picked_S = (race_SV - torch.log(-torch.log(u_SV))).argmax(dim=-1)
         if rows is None:

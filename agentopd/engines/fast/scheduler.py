@@ -55,6 +55,8 @@ class Seq:
     attached: bool = False  # prefix reuse decided (first admission)
     prefix_hit: int = 0
     preemptions: int = 0
+    row: int = -1  # the engine's page-table row while it has one (engine.py)
+    table_len: int = 0  # how many of `pages` that row mirrors; reset whenever `pages` is replaced
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -114,10 +116,11 @@ class Scheduler:
     def schedule(self, admit: bool = True) -> list[tuple[Seq, int]]:
         rows: dict[Seq, int] = {}
         budget = self.token_budget
+        self._preempted: set[Seq] = set()
         for decoding in (True, False):
             for seq in list(self.running):
                 todo = len(seq.tokens) - seq.num_cached
-                if seq not in self.running or (todo == 1) != decoding or seq in rows:
+                if (todo == 1) != decoding or seq in rows or seq in self._preempted:
                     continue
                 n = min(todo, budget)
                 if n <= 0:
@@ -176,6 +179,7 @@ class Scheduler:
     def _attach(self, seq: Seq) -> None:
         """Decide prefix reuse for a sequence's first admission."""
         seq.attached = True
+        seq.table_len = 0
         limit = len(seq.tokens) - 1
         eid = seq.request.episode_id
         prev = self.held.pop(eid, None) if eid else None
@@ -231,8 +235,10 @@ class Scheduler:
     def _preempt(self, seq: Seq) -> None:
         """Free a running sequence's pages and queue it first; it is recomputed from its token list."""
         self.running.remove(seq)
+        self._preempted.add(seq)
         self.pages.release(seq.pages)
         seq.pages = []
+        seq.table_len = 0
         seq.num_cached = seq.num_settled = 0
         seq.chain, seq.registering = None, True
         seq.attached = False  # re-admission reuses what the prefix cache still holds
