@@ -38,7 +38,7 @@ from agentopd.corpus import env_corpus
 from agentopd.engines.scripted import ScriptedEngine
 from agentopd.evaluate import evaluate
 from agentopd.paths import agentopd_home
-from agentopd.registry import make_env
+from agentopd.splits import make_env_for_split
 from agentopd.rollout import Rollout, RolloutConfig
 
 BUILTIN_ENVS = ("sql_db", "calculator", "math")
@@ -144,14 +144,70 @@ def _atomic_dir(final: Path, build: Callable[[Path], None]) -> None:
             shutil.rmtree(tmp)
 
 
-def ensure_tokenizer(spec: BootstrapSpec = BootstrapSpec(), force: bool = False, home: Path | None = None) -> PreTrainedTokenizerBase:
-    """The shared tokenizer of the built-in envs (built once)."""
-    path = (home or agentopd_home()) / "tokenizer"
+def env_set(env_name: str | Sequence[str] = ()) -> tuple[str, ...]:
+    """The envs a tokenizer covers: the built-ins, plus any other env named (a plugin's)."""
+    names = [env_name] if isinstance(env_name, str) else list(env_name)
+    extra = sorted({n for n in names if n not in BUILTIN_ENVS})
+    return (*BUILTIN_ENVS, *extra)
+
+
+def tokenizer_dir(envs: Sequence[str] = BUILTIN_ENVS, home: Path | None = None) -> Path:
+    """Where the tokenizer of an env set is cached: `tokenizer/` for the built-ins alone (what every
+    built-in model uses), `tokenizers/<env+env+...>/` for a set with other envs in it."""
+    home = home or agentopd_home()
+    if tuple(envs) == BUILTIN_ENVS:
+        return home / "tokenizer"
+    return home / "tokenizers" / "+".join(envs)
+
+
+def ensure_tokenizer(spec: BootstrapSpec = BootstrapSpec(), force: bool = False, home: Path | None = None,
+                     envs: Sequence[str] = BUILTIN_ENVS) -> PreTrainedTokenizerBase:  # fmt: skip
+    """The shared tokenizer of an env set (`env_set`), trained on the envs' own oracle episodes (built once)."""
+    path = tokenizer_dir(tuple(envs), home)
     if force or not (path / "tokenizer.json").exists():
-        texts = env_corpus(BUILTIN_ENVS, spec.corpus_tasks_per_env)
+        texts = env_corpus(envs, spec.corpus_tasks_per_env)
         tok = build_tokenizer(texts, vocab_size=spec.tokenizer_vocab)
         _atomic_dir(path, tok.save_pretrained)
     return AutoTokenizer.from_pretrained(path)
+
+
+def env_version(env_name: str) -> str | None:
+    """The version of the package an env comes from when it is not a built-in (a plugin's), else None."""
+    if env_name in BUILTIN_ENVS:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    from agentopd.registry import ENV_GROUP, plugins
+
+    plugin = plugins(ENV_GROUP).get(env_name)
+    try:
+        return version(plugin.package) if plugin is not None else None
+    except (PackageNotFoundError, ValueError):
+        return None
+
+
+def require_oracle(env_name: str, env_kwargs: dict[str, Any]) -> None:
+    """ValueError unless the env can solve its own tasks (`oracle`): the embedded default trains its
+    teacher on those reference solutions."""
+    env = make_env_for_split(env_name, "train", **env_kwargs)
+    try:
+        oracle = getattr(env.unwrapped, "oracle", None)
+        tasks = getattr(env.unwrapped, "tasks", None) or []
+        if oracle is None or not tasks:
+            missing = "oracle(task) method" if oracle is None else "tasks"
+        else:
+            try:
+                oracle(tasks[0])
+                return
+            except NotImplementedError:
+                missing = "oracle (its oracle(task) raises NotImplementedError, as ToolEnv's does)"
+    finally:
+        env.close()
+    raise ValueError(
+        f"env {env_name!r} has no {missing}: the embedded default trains its teacher on the env's reference solutions "
+        f"(ToolEnv.oracle(task) -> the assistant actions that solve it). Implement it, or pass your own models: "
+        f"agentopd run --env {env_name} student=PATH teacher=PATH (Hugging Face folders or hub ids)"
+    )
 
 
 def preset_env_kwargs(env_name: str) -> dict[str, Any]:
@@ -165,8 +221,8 @@ def demonstrations(
     env_name: str, tokenizer: PreTrainedTokenizerBase, num: int, max_context: int, seed: int = 0, env_kwargs: dict[str, Any] | None = None
 ) -> list[TrainSample]:
     """Oracle solutions of `num` training tasks as token streams (mask 1 on the assistant turns)."""
-    env_kwargs = dict(env_kwargs or {})
-    env = make_env(env_name, **env_kwargs)
+    env_kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "split"}
+    env = make_env_for_split(env_name, "train", **env_kwargs)
     rng = random.Random(seed)
     task_ids = [t.id for t in env.tasks]
     rng.shuffle(task_ids)
@@ -175,7 +231,7 @@ def demonstrations(
     specs = Rollout.specs_for(task_ids, n=1, split="demo")
     for spec in specs:
         engine.script(spec.episode_id, env.oracle(env.tasks[env.task_index(options={"task_id": spec.task_id})]))
-    rollout = Rollout(lambda: make_env(env_name, **env_kwargs), engine, tokenizer, RolloutConfig(max_context=max_context, max_new_tokens=max_context))
+    rollout = Rollout(lambda: make_env_for_split(env_name, "train", **env_kwargs), engine, tokenizer, RolloutConfig(max_context=max_context, max_new_tokens=max_context))
     episodes = rollout.run_sync(specs)
     rollout.close()
     bad = [e for e in episodes if not e.success]
@@ -225,22 +281,33 @@ def bootstrap(
     spec: BootstrapSpec | None = None,
     home: Path | None = None,
     progress: Progress | None = None,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> BuiltinModels:
-    """The built-in teacher and student of a built-in env (built on first use, then cached);
-    `spec` defaults to the env's own recipe (`default_spec`)."""
-    if env_name not in BUILTIN_ENVS:
-        raise ValueError(f"no built-in models for env {env_name!r}: built-in envs are {list(BUILTIN_ENVS)}; pass student=PATH teacher=PATH")
+    """The embedded teacher and student of an env (built on first use, then cached under
+    `$AGENTOPD_HOME/models/<env>/`, keyed by the recipe, the env's constructor arguments of its preset
+    and, for an env of another package (a plugin), that package's version); `spec` defaults to the
+    env's own recipe (`default_spec`). Any env with an oracle has them: a plugin's models use the
+    tokenizer of the built-ins plus that env (`env_set`).
+
+    A built-in env's models are trained on its preset's tasks, whatever a run's `env.*` says (a run on
+    your own task file still starts from them); another env's on the constructor arguments given
+    (`env_kwargs`, its defaults when None), so a plugin's run gets models for the tasks it plays."""
     spec = spec or default_spec(env_name)
     home = home or agentopd_home()
     root = home / "models" / env_name
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
-    env_kwargs = preset_env_kwargs(env_name)
+    if env_name in BUILTIN_ENVS or env_kwargs is None:
+        env_kwargs = preset_env_kwargs(env_name)
+    env_kwargs = {k: v for k, v in env_kwargs.items() if k != "split"}
+    version = env_version(env_name)
     if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
         report = json.loads(report_path.read_text())
         same_env = report.get("env_kwargs", {}) == json.loads(json.dumps(env_kwargs))
-        if same_env and report.get("recipe") == RECIPE:
+        if same_env and report.get("recipe") == RECIPE and report.get("env_version") == version:
             return BuiltinModels(env_name, teacher_dir, student_dir, report)
-        # the preset's env or the recipe changed since these were built: rebuild
+        # the preset's env, the env's package or the recipe changed since these were built: rebuild
+    if env_name not in BUILTIN_ENVS:
+        require_oracle(env_name, env_kwargs)
 
     torch.manual_seed(0)
     # torch's own thread count: on the 2-core machine two threads train these models 1.75x faster than one
@@ -250,7 +317,7 @@ def bootstrap(
 def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home: Path, root: Path, progress: Progress | None) -> BuiltinModels:
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
     t0 = time.perf_counter()
-    tok = ensure_tokenizer(spec, home=home)
+    tok = ensure_tokenizer(spec, home=home, envs=env_set(env_name))
     if progress:
         progress("demonstrations", 0.0, {})
     demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs)
@@ -262,7 +329,8 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
         model.train()
         return r.success_rate
 
-    report: dict[str, Any] = {"env": env_name, "recipe": RECIPE, "env_kwargs": env_kwargs, "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}
+    report: dict[str, Any] = {"env": env_name, "recipe": RECIPE, "env_kwargs": env_kwargs, "env_version": env_version(env_name),
+                              "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}  # fmt: skip
     for role, plan, out in (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir)):
         torch.manual_seed(plan.seed)
         model = Qwen3ForCausalLM(plan.size.config(tok, spec.max_context))
@@ -290,7 +358,10 @@ def mixed_student(env_names: Sequence[str], *, spec: BootstrapSpec | None = None
     names = sorted(set(env_names))
     bad = [n for n in names if n not in BUILTIN_ENVS]
     if bad:
-        raise ValueError(f"no built-in models for env {bad[0]!r}: built-in envs are {list(BUILTIN_ENVS)}; pass student=PATH and teachers")
+        raise ValueError(
+            f"a mixed run's embedded models cover the built-in envs {list(BUILTIN_ENVS)} (one tokenizer); {bad[0]!r} is not "
+            f"one: pass student=PATH and teachers.<name>=PATH, or run {bad[0]!r} alone on its embedded default"
+        )
     per_env_spec, spec = spec, spec or BootstrapSpec()  # each env's own models: its own recipe unless one is given
     home = home or agentopd_home()
     root = home / "models" / "mixed" / "+".join(names)

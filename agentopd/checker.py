@@ -113,6 +113,8 @@ def check_env(
         ("hostile_values", lambda: _hostile_values(env, max_step_s)),
         ("close_twice", lambda: _close_twice(env)),
     ]
+    if isinstance(name_or_env, str):
+        steps.append(("split", lambda: _split(name_or_env, kwargs)))
     for name, run in steps:
         report.checks.append(_run_check(name, run))
     return report
@@ -133,6 +135,28 @@ def _run_check(name: str, run: Callable[[], str]) -> Check:
 
 class _Skip(Exception):
     pass
+
+
+def _split(name: str, kwargs: dict[str, Any]) -> str:
+    """Training and evaluation get disjoint, non-empty task sets (agentopd.splits: the env's own
+    `split` argument, or a share of its tasks held out by the runner)."""
+    from agentopd.splits import describe_split, make_env_for_split
+
+    kwargs = {k: v for k, v in kwargs.items() if k != "split"}
+    ids = {}
+    for split in ("train", "eval"):
+        try:
+            env = make_env_for_split(name, split, **kwargs)
+        except ValueError as e:
+            raise CheckFailed(f"no held-out tasks for evaluation: {e}") from None
+        ids[split] = {t.id for t in getattr(env.unwrapped, "tasks", [])}
+        env.close()
+        if not ids[split]:
+            raise CheckFailed(f"the {split} split has no tasks")
+    shared = ids["train"] & ids["eval"]
+    if shared:
+        raise CheckFailed(f"{len(shared)} task id(s) in both train and eval, e.g. {sorted(shared)[0]!r}")
+    return f"{len(ids['train'])} train / {len(ids['eval'])} eval tasks, disjoint ({describe_split(name)})"
 
 
 def _expect(cond: bool, message: str) -> None:

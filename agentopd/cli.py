@@ -224,7 +224,7 @@ def eval_command(
 
     if n > 1 and temperature == 0:
         raise ValueError("--n > 1 with --temperature 0 gives n identical samples: set --temperature")
-    path = resolve_model(model, cfg.env.name, "student")
+    path = resolve_model(model, cfg.env.name, "student", env_kwargs=cfg.env.kwargs)
     device, dtype = pick_device(cfg.run.device)
     kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "split"}
     rollout = RolloutConfig(**{**cfg.rollout.build().__dict__, "temperature": temperature, "top_p": top_p, "top_k": top_k})

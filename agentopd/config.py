@@ -3,7 +3,7 @@
 One scheme for every command. A config is resolved in three layers:
 
     1. the preset `configs/<env>.yaml` (or the file given with `--config`, which replaces it);
-       an env without a preset starts from `{env: {name: <env>}}`,
+       an env without a preset (a plugin's) starts from `configs/defaults/embedded.yaml`,
     2. dotted overrides `a.b=c` on top, each value parsed as a YAML scalar
        (`env.max_turns=4` -> 4, `env.tasks=my.jsonl` -> "my.jsonl", `x=null` -> None,
        `lr=1e-6` -> 1e-06: YAML 1.2 numbers, which PyYAML alone would leave as strings),
@@ -555,8 +555,8 @@ def load_config(env_name: str | None, config_file: str | Path | None = None, ove
         data = mixed_preset(env_name)
     elif env_name is not None and (preset_dir() / f"{env_name}.yaml").is_file():
         data = read_yaml(preset_dir() / f"{env_name}.yaml")
-    elif env_name is not None:
-        data = {}
+    elif env_name is not None:  # an env without a preset of its own (a plugin's): the embedded-default recipe
+        data = read_yaml(preset_dir() / "defaults" / "embedded.yaml")
     else:
         raise ValueError("no env given: pass an env name or a config file with env.name")
     if env_name is not None and not (isinstance(data.get("envs"), dict) and data["envs"] and "env" not in data):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from agentopd.chat import TRUNCATION_MARKER
 from agentopd.chat.template import DEFAULT_CHAT_TEMPLATE
-from agentopd.registry import make_env
+from agentopd.splits import make_env_for_split
 
 _EXTRA = [
     TRUNCATION_MARKER.format(kept=120, total=4096),
@@ -40,7 +40,7 @@ def env_corpus(env_names: Sequence[str], tasks_per_env: int = 2000) -> list[str]
     template = jinja2.Environment(trim_blocks=False, lstrip_blocks=False).from_string(DEFAULT_CHAT_TEMPLATE)
     texts = list(_EXTRA)
     for name in env_names:
-        env = make_env(name)
+        env = make_env_for_split(name, "train")  # never the held-out tasks
         for task in env.tasks[:tasks_per_env]:
             messages, tools = oracle_conversation(env, task.id)
             texts.append(template.render(messages=messages, tools=tools or None, add_generation_prompt=False))

@@ -35,6 +35,16 @@ Action = dict[str, Any]
 Messages = list[dict[str, Any]]
 
 
+class EnvError(ValueError):
+    """A user's environment failed (its constructor, reset, step or grader raised): one line naming
+    the env, the method and the error, which `agentopd` prints and exits with code 2."""
+
+    def __init__(self, env: str, method: str, error: BaseException):
+        message = str(error) if isinstance(error, (ValueError, EnvError)) else f"{type(error).__name__}: {error}"
+        super().__init__(f"env {env!r}: {method} failed: {message}")
+        self.env, self.method = env, method
+
+
 class Split(StrEnum):
     """Which tasks an env serves: generated envs hold some out for evaluation."""
 
@@ -170,6 +180,13 @@ class ToolEnv(gymnasium.Env):
         """Assistant actions that solve `task` (the last one answers without tool calls)."""
         raise NotImplementedError
 
+    def restrict_tasks(self, tasks: Sequence[Task]) -> None:
+        """Serve only `tasks` (a subset of this env's), e.g. the train or eval share agentopd.splits holds out."""
+        if not tasks:
+            raise ValueError(f"{self.name}: no tasks left after restricting")
+        self.tasks = list(tasks)
+        self._by_id = {t.id: i for i, t in enumerate(self.tasks)}
+
     # --- the Gym contract ------------------------------------------------------------
     def initial_messages(self, task: Task) -> Messages:
         return [{"role": "system", "content": self.system_prompt()}, {"role": "user", "content": task.question}]
@@ -209,7 +226,10 @@ class ToolEnv(gymnasium.Env):
         if not calls:
             content = action.get("content")
             answer = content if isinstance(content, str) else ""
-            reward = float(self.grade(self.task, answer))
+            try:
+                reward = float(self.grade(self.task, answer))
+            except Exception as e:  # the env's own grader: not a bad action of the model
+                raise EnvError(self.name, f"grade(task {self.task.id!r})", e) from e
             self._done = True
             info["success"] = reward >= 1.0
             return [], reward, True, False, info

@@ -20,8 +20,8 @@ from transformers import PreTrainedTokenizerBase
 
 from agentopd.engines.base import Engine
 from agentopd.env import Task, ToolEnv
-from agentopd.registry import make_env
 from agentopd.rollout import Rollout, RolloutConfig
+from agentopd.splits import make_env_for_split
 from agentopd.types import Episode
 
 
@@ -121,31 +121,22 @@ def evaluate(
     n: int = 1,
     rollout: RolloutConfig = RolloutConfig(temperature=0.0),
     engine_kwargs: dict[str, Any] | None = None,
+    engine_kind: str = "hf",
 ) -> EvalResult:
-    """Evaluate a model (PreTrainedModel or path) with the transformers engine."""
-    from agentopd.engines.hf import HFEngine
+    """Evaluate a model (PreTrainedModel or path) with an engine of `engine_kind` (agentopd.engines:
+    hf, fast, vllm or auto) on the env's `split` (agentopd.splits: the env's own, or a held-out share)."""
+    from agentopd.engines import make_engine
 
-    kwargs = dict(env_kwargs or {})
-    if "split" in _env_params(env_name):
-        kwargs.setdefault("split", split)
-    engine = HFEngine(model, **(engine_kwargs or {}))
+    kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "split"}
+    engine = make_engine(engine_kind, model, **(engine_kwargs or {}))
 
     async def go() -> EvalResult:
         try:
             return await evaluate_async(
-                engine, tokenizer, lambda: make_env(env_name, **kwargs), env_name=env_name, split=split,
+                engine, tokenizer, lambda: make_env_for_split(env_name, split, **kwargs), env_name=env_name, split=split,
                 num_tasks=num_tasks, n=n, rollout=rollout,
             )  # fmt: skip
         finally:
             await engine.close()
 
     return asyncio.run(go())
-
-
-def _env_params(env_name: str) -> set[str]:
-    import inspect
-
-    from agentopd.registry import plugins, ENV_GROUP
-
-    obj = plugins(ENV_GROUP)[env_name].obj
-    return set(inspect.signature(obj).parameters)

@@ -26,25 +26,26 @@ def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
     return d, (torch.bfloat16 if d.type == "cuda" else torch.float32)
 
 
-def resolve_student(path: str, env_names: list[str], *, mixed: bool, progress=None) -> Path | str:
+def resolve_student(path: str, env_names: list[str], *, mixed: bool, progress=None, env_kwargs: dict | None = None) -> Path | str:
     """The student reference: a mixed run's `builtin` is the built-in student that has seen every env
     (agentopd.bootstrap.mixed_student)."""
     if mixed and path in (BUILTIN, f"{BUILTIN}:student"):
         from agentopd.bootstrap import mixed_student
 
         return mixed_student(env_names, progress=progress)
-    return resolve_model(path, env_names[0], "student", progress)
+    return resolve_model(path, env_names[0], "student", progress, env_kwargs=env_kwargs)
 
 
-def resolve_model(spec: str, env_name: str, role: str, progress=None) -> Path | str:
-    """A model reference (`builtin`, `builtin:student`, a folder, a hub id) as something from_pretrained takes."""
+def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs: dict | None = None) -> Path | str:
+    """A model reference (`builtin`, `builtin:student`, a folder, a hub id) as something from_pretrained
+    takes; `builtin` models are bootstrapped for `env_name` (with `env_kwargs`: agentopd.bootstrap)."""
     if spec in (BUILTIN, f"{BUILTIN}:{role}") or spec.startswith(f"{BUILTIN}:"):
         from agentopd.bootstrap import bootstrap
 
         which = spec.split(":", 1)[1] if ":" in spec else role
         if which not in ("student", "teacher"):
             raise ValueError(f"{role}={spec!r}: say builtin, builtin:student or builtin:teacher")
-        models = bootstrap(env_name, progress=progress)
+        models = bootstrap(env_name, progress=progress, env_kwargs=env_kwargs)
         return models.student_dir if which == "student" else models.teacher_dir
     path = Path(spec).expanduser()
     if path.exists():

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentopd.env import Task, ToolEnv
 from agentopd.evaluate import eval_task_ids
-from agentopd.registry import make_env
+from agentopd.splits import make_env_for_split
 from agentopd.rollout import EpisodeSpec, Rollout
 
 if TYPE_CHECKING:
@@ -41,10 +41,9 @@ class Source:
     weight: float = 1.0
 
     def factory(self, split: str = "train") -> Callable[[], ToolEnv]:
-        kwargs = dict(self.kwargs)
-        if "split" in kwargs or split != "train":
-            kwargs["split"] = split
-        return lambda: make_env(self.env_name, **kwargs)
+        """Envs of this source serving `split` (agentopd.splits: the env's own `split`, or a held-out share)."""
+        kwargs = {k: v for k, v in self.kwargs.items() if k != "split"}
+        return lambda: make_env_for_split(self.env_name, split, **kwargs)
 
 
 @dataclass(frozen=True)

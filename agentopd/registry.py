@@ -85,8 +85,22 @@ def env_factory(name: str) -> Any:
 
 
 def make_env(name: str, **kwargs: Any):
-    """Instantiate a registered environment. Unknown or broken names raise ValueError saying why."""
-    return env_factory(name)(**kwargs)
+    """Instantiate a registered environment. Unknown or broken names raise ValueError saying why; an
+    env whose constructor raises is an EnvError (a ValueError) naming the env and the error."""
+    from agentopd.env import EnvError
+
+    factory = env_factory(name)
+    try:
+        return factory(**kwargs)
+    except EnvError:
+        raise
+    except Exception as e:
+        raise EnvError(name, f"{getattr(factory, '__qualname__', name)}({_kwargs_text(kwargs)})", e) from e
+
+
+def _kwargs_text(kwargs: dict[str, Any]) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def describe(obj: Any) -> str:

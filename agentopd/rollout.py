@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from agentopd.chat import ContextFull, StreamBuilder, parse_assistant
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, SamplingParams
-from agentopd.env import ToolEnv
+from agentopd.env import EnvError, ToolEnv
 from agentopd.types import Episode, Message, StopReason, Turn
 
 PARSE_ERROR_TOOL = "parse_error"
@@ -79,6 +79,16 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model_config: Any = None)
     eos = getattr(getattr(model_config, "generation_config", None), "eos_token_id", None)
     ids.extend(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
     return tuple(dict.fromkeys(ids))
+
+
+def _env_call(env: Any, method: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call the env; whatever it raises becomes an EnvError naming the env and the method."""
+    try:
+        return fn(*args, **kwargs)
+    except EnvError:
+        raise
+    except Exception as e:
+        raise EnvError(getattr(env.unwrapped, "name", type(env.unwrapped).__name__), method, e) from e
 
 
 def turn_seed(episode_seed: int, turn: int) -> int:
@@ -193,6 +203,8 @@ class Rollout:
         except TimeoutError:
             stop = StopReason.TIMEOUT
             env = None  # its state is mid-step in a worker; don't reuse it
+        except EnvError:
+            raise  # the env itself failed (not the model): the run stops and names it
         except (ContextFull, ValueError, RuntimeError) as e:
             live.info["error"] = f"{type(e).__name__}: {e}"
             stop = StopReason.ERROR
@@ -203,13 +215,14 @@ class Rollout:
         return live.finish(stop)
 
     async def _step(self, env: ToolEnv, action: dict[str, Any]) -> tuple:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, env.step, action)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _env_call, env, "step", env.step, action)
 
     async def _play(self, env: ToolEnv, live: _Live) -> StopReason:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        options = {"task_id": live.spec.task_id}
         obs, info = await loop.run_in_executor(
-            self._pool, lambda: env.reset(seed=live.spec.seed, options={"task_id": live.spec.task_id})
+            self._pool, lambda: _env_call(env, f"reset(task {live.spec.task_id!r})", env.reset, seed=live.spec.seed, options=options)
         )
         live.tools = info.get("tools", [])
         live.messages = [Message.from_dict(m) for m in obs]

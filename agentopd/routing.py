@@ -80,8 +80,13 @@ class Router:
         out = {}
         for name, ref in self.refs.items():
             env = self._builtin_env(name, ref)
-            out[name] = resolve_model(BUILTIN if env else ref, env or "", "teacher", progress)
+            out[name] = resolve_model(BUILTIN if env else ref, env or "", "teacher", progress, env_kwargs=self._kwargs_of(env))
         return out
+
+    def _kwargs_of(self, env: str | None) -> dict[str, Any] | None:
+        """The constructor arguments the run gives `env` (its one source's), for its embedded models."""
+        kwargs = [s.kwargs for s in self.mixture.sources.values() if s.env_name == env]
+        return kwargs[0] if len(kwargs) == 1 else None
 
     def _builtin_env(self, name: str, ref: str) -> str | None:
         """The env whose built-in teacher `ref` means: `builtin:<env>`, or `builtin` for the one env it scores."""

@@ -97,8 +97,9 @@ class Runner:
         self.trainer_cfg = cfg.trainer_config()
         self.mode = teacher_mode(self.trainer_cfg.loss)
         with self.progress.phase("bootstrap", total=None):
+            kwargs = next(iter(self.mixture.sources.values())).kwargs if not self.mixture.mixed else None
             student_ref = resolve_student(cfg.student.path, self.mixture.env_names, mixed=self.mixture.mixed,
-                                          progress=self.progress.bootstrap_callback)  # fmt: skip
+                                          progress=self.progress.bootstrap_callback, env_kwargs=kwargs)  # fmt: skip
             teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export

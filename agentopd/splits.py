@@ -1,0 +1,83 @@
+"""How the train/eval split reaches an environment (the env contract, DESIGN 3.2).
+
+    env = make_env_for_split("sql_db", "eval", max_turns=4)     # the env serves its eval split
+    env = make_env_for_split("reverse_words", "eval")          # a plugin without `split`: held out for it
+    describe_split("reverse_words")                            # how the split reaches that env, in words
+
+Training plays train tasks; evals play held-out ones. Two ways, picked per env:
+1. The env's constructor takes `split` ("train" | "eval" | "all") and serves that split itself —
+   the built-ins do, holding out entities (sql_db) or questions (calculator) of generated tasks.
+2. Any other env that has a `tasks` list of `agentopd.env.Task` (every `ToolEnv`): a fixed share
+   (`HELD_OUT_SHARE`) of its tasks is held out for evaluation, chosen by a hash of each task's id,
+   so the same tasks are held out in every process, run and order of the list; train is the rest.
+An env with neither cannot be evaluated on held-out tasks: that is a ValueError saying so (and
+`agentopd check-env` reports it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from agentopd.env import Split, Task
+from agentopd.registry import env_factory, make_env
+
+HELD_OUT_SHARE = 0.2
+
+
+def takes_split(factory: Any) -> bool:
+    """Whether an env class or factory accepts a `split` keyword."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "split" in params
+
+
+def held_out_ids(task_ids: Sequence[str], env_name: str) -> set[str]:
+    """The ids held out for evaluation: the `HELD_OUT_SHARE` of them (at least 1) with the smallest
+    hash of their id. ValueError when there are too few tasks to hold any out."""
+    if len(task_ids) < 2:
+        raise ValueError(
+            f"env {env_name!r} has {len(task_ids)} task(s): at least 2 are needed to hold one out for evaluation "
+            f"(or give the env a `split` constructor argument that serves its own eval tasks)"
+        )
+    n_eval = max(1, math.floor(len(task_ids) * HELD_OUT_SHARE))
+    ranked = sorted(task_ids, key=lambda i: hashlib.sha256(str(i).encode()).digest())
+    return set(ranked[:n_eval])
+
+
+def split_tasks(tasks: Sequence[Task], split: str, env_name: str) -> list[Task]:
+    if Split.parse(split, env_name) is Split.ALL:
+        return list(tasks)
+    held = held_out_ids([t.id for t in tasks], env_name)
+    return [t for t in tasks if (t.id in held) == (split == Split.EVAL)]
+
+
+def make_env_for_split(name: str, split: str = "train", **kwargs: Any) -> Any:
+    """An env of `name` serving `split` (see the module docstring); `kwargs` are its constructor's."""
+    kwargs.pop("split", None)
+    if takes_split(env_factory(name)):
+        return make_env(name, split=split, **kwargs)
+    env = make_env(name, **kwargs)
+    if Split.parse(split, name) is Split.ALL:
+        return env
+    tasks = getattr(env.unwrapped, "tasks", None)
+    restrict = getattr(env.unwrapped, "restrict_tasks", None)
+    if not isinstance(tasks, list) or restrict is None:
+        env.close()
+        raise ValueError(
+            f"env {name!r} cannot serve held-out tasks: its constructor takes no `split` argument and it is not a "
+            f"ToolEnv with a `tasks` list (agentopd.splits explains both ways)"
+        )
+    restrict(split_tasks(tasks, split, name))
+    return env
+
+
+def describe_split(name: str) -> str:
+    if takes_split(env_factory(name)):
+        return "the env's own `split` argument"
+    return f"{HELD_OUT_SHARE:.0%} of its tasks held out by a hash of their ids"
