@@ -229,7 +229,8 @@ def eval_command(
     kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "split"}
     rollout = RolloutConfig(**{**cfg.rollout.build().__dict__, "temperature": temperature, "top_p": top_p, "top_k": top_k})
     r = evaluate(str(path), AutoTokenizer.from_pretrained(path), cfg.env.name, env_kwargs=kwargs, split=split,
-                 num_tasks=num_tasks, n=n, rollout=rollout, engine_kwargs={"device": device, "dtype": dtype})  # fmt: skip
+                 num_tasks=num_tasks, n=n, rollout=rollout, engine_kind=cfg.engine.kind,
+                 engine_kwargs={"device": device, "dtype": dtype, "seed": cfg.run.seed})  # fmt: skip
     if as_json:
         print(json.dumps(r.summary(), indent=2))
         return
