@@ -36,9 +36,10 @@ Weight updates (`update_weights`): wait for in-flight requests (new ones wait), 
 state dict with `torch.save` into chunks of at most `weight_chunk_bytes`, send each chunk as
 bytes through `collective_rpc("agentopd_stage_weights", ...)` (vLLM's RPC carries bytes, not
 tensors), then `collective_rpc("agentopd_commit_weights")` loads everything in one pass with
-`model_runner.reload_weights(weights_iterator=...)` (on vLLM's CPU build `model.load_weights`
-changes the parameters but not the outputs: the CPU linear layers keep pre-packed copies;
-`reload_weights` redoes the post-load processing) and `reset_prefix_cache()` drops KV computed with
+`model_runner.reload_weights(weights_iterator=...)`, which redoes vLLM's post-load processing
+(on the CPU build a plain `model.load_weights` after start-up fails in 0.32 with "'Parameter' object
+has no attribute 'weight_loader'", and leaves the outputs unchanged where it runs: the CPU linear
+layers keep pre-packed copies) and `reset_prefix_cache()` drops KV computed with
 the old weights. `last_weight_sync_s` holds the time of the latest update. The same bytes route
 is the GPU path (tensors are copied to CPU first); on GPUs it suits models of a few billion
 parameters. NCCL / CUDA-IPC transfer is not built; vLLM is not installed on our GPU machines, so
