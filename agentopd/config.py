@@ -149,21 +149,31 @@ class LogConfig(Section):
 
 
 class RayConfig(Section):
-    """`ray`: where the actors of `run.backend=ray` run and what each role gets (agentopd.backends.ray)."""
+    """`ray`: where the actors of `run.backend=ray` run and what each role gets (agentopd.backends.ray).
+    A `cpus_per_*` left null is sized to the cluster (agentopd.backends.placement); every role is
+    reserved up front, and a request the cluster cannot meet fails within `placement_timeout_s`."""
 
     address: str | None = Field(None, description="cluster address; null = $RAY_ADDRESS, else a local ray.init()")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local cluster started by the run (null = all)")
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of a local cluster started by the run (null = all)")
     rollout_workers: int = Field(2, ge=1, description="rollout actors (engine + env instances each)")
-    cpus_per_rollout_worker: float = Field(1.0, ge=0)
+    cpus_per_rollout_worker: float | None = Field(None, ge=0, description="null = a share of the cluster's CPUs")
     gpus_per_rollout_worker: float = Field(0.0, ge=0)
     teacher_replicas: int = Field(1, ge=1, description="scoring actors per teacher")
-    cpus_per_teacher: float = Field(1.0, ge=0)
+    cpus_per_teacher: float | None = Field(None, ge=0, description="null = a share of the cluster's CPUs")
     gpus_per_teacher: float = Field(0.0, ge=0)
     trainer_workers: int = Field(1, ge=1, description="ranks of the trainer's torch.distributed group (FSDP2)")
-    cpus_per_trainer_worker: float = Field(1.0, ge=0)
+    cpus_per_trainer_worker: float | None = Field(None, ge=0, description="null = a share of the cluster's CPUs")
     gpus_per_trainer_worker: float = Field(0.0, ge=0)
+    min_cpus_per_actor: float = Field(
+        0.25, gt=0, le=1, description="the smallest share a CPU-sized role gets (null cpus_per_*); fewer CPUs fail the run"
+    )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy of the reservation of every role"
+    )
+    placement_timeout_s: float = Field(20.0, gt=0, description="how long to wait for the reservation before failing")
     episodes_per_call: int = Field(8, ge=1, description="episodes per rollout work item (what is re-run when an actor dies)")
-    max_restarts: int = Field(3, ge=0, description="replacements of dead rollout/teacher actors before the run fails")
+    max_restarts: int = Field(3, ge=0, description="replacements of dead rollout/teacher actors (and trainer group restarts) before the run fails")
     threads_per_actor: int = Field(1, ge=1, description="torch intra-op threads in each actor")
 
 

@@ -16,7 +16,8 @@ the trainer took. At the end: `final/` (a Hugging Face folder) and the before/af
 Resume (`run(resume=True)`) continues after the newest finished checkpoint: the store and the
 metrics (metrics.jsonl and TensorBoard) forget later steps, and since every episode's sampling
 seeds derive from (run seed, step, slot, turn), the replayed steps play token for token what an
-uninterrupted run plays.
+uninterrupted run plays. A Ray trainer group that lost a rank and restarted from its last checkpoint
+(`TrainerRestarted`) is rewound the same way mid-run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from agentopd.backends import make_backend
+from agentopd.backends.ray_group import TrainerRestarted
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episodes
 from agentopd.batch import TrainSample
 from agentopd.diagnostics import step_metrics
@@ -94,6 +96,9 @@ class Runner:
         random.seed(cfg.run.seed)
         self.mixture = Mixture.from_config(cfg)
         self.router = Router.from_config(cfg, self.mixture)  # a task without a teacher fails here, before any model
+        self.backend = make_backend(cfg)
+        if cfg.run.backend == "ray":  # a cluster that cannot hold the run's actors fails here too (issue 17)
+            self.backend.connect(cfg, list(self.router.refs))  # type: ignore[attr-defined]
         self.trainer_cfg = cfg.trainer_config()
         self.mode = teacher_mode(self.trainer_cfg.loss)
         with self.progress.phase("bootstrap", total=None):
@@ -109,10 +114,9 @@ class Runner:
         self.rollout_cfg = cfg.rollout.build()
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
         self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype)
-        self.backend = make_backend(cfg)
         self.backend.setup(self.ctx, self.tokenizer)
         self.store = Store(self.rd.db)
-        self.log = MetricsLog(self.rd, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, mlflow=cfg.log.mlflow, resume_after=resume_after)
+        self.log = self._open_log(resume_after)
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self, resume: bool = False) -> RunSummary:
@@ -136,21 +140,27 @@ class Runner:
             if start == 0:
                 summary.before = self._eval(0, with_teacher=self.cfg.eval.teacher, summary=summary)
                 summary.teacher = self._teacher_result
-            for step in range(start + 1, self.cfg.run.steps + 1):
-                metrics = self._step(step)
-                if self.cfg.eval.every and step % self.cfg.eval.every == 0 and step != self.cfg.run.steps:
-                    self._eval(step, with_teacher=False, summary=summary, metrics=metrics)
-                if step == self.cfg.run.steps:
-                    summary.after = self._eval(step, with_teacher=False, summary=summary, metrics=metrics)
-                self._write(step, metrics)
-                self.progress.step_line(step, self.cfg.run.steps, metrics)
-                if self._stop_requested and step < self.cfg.run.steps:
-                    self._checkpoint(step, summary)
-                    self.progress.note(f"stopped: checkpoint at step {step}; continue with --resume")
-                    interrupted = True
-                    break
-                if self.cfg.run.checkpoint_every and step % self.cfg.run.checkpoint_every == 0:
-                    self._checkpoint(step, summary)
+            step = start + 1
+            while step <= self.cfg.run.steps:
+                try:
+                    metrics = self._step(step)
+                    if self.cfg.eval.every and step % self.cfg.eval.every == 0 and step != self.cfg.run.steps:
+                        self._eval(step, with_teacher=False, summary=summary, metrics=metrics)
+                    if step == self.cfg.run.steps:
+                        summary.after = self._eval(step, with_teacher=False, summary=summary, metrics=metrics)
+                    self._write(step, metrics)
+                    self.progress.step_line(step, self.cfg.run.steps, metrics)
+                    if self._stop_requested and step < self.cfg.run.steps:
+                        self._checkpoint(step, summary)
+                        self.progress.note(f"stopped: checkpoint at step {step}; continue with --resume")
+                        interrupted = True
+                        break
+                    if self.cfg.run.checkpoint_every and step % self.cfg.run.checkpoint_every == 0:
+                        self._checkpoint(step, summary)
+                except TrainerRestarted as restart:  # Ray: a trainer rank died, its group restarted from a checkpoint
+                    step = self._rewind(restart, summary)
+                    continue
+                step += 1
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, keep what the trainer has
             interrupted = True
             # the checkpoint is labelled with the last step the trainer took (its update is in the weights, so
@@ -182,6 +192,28 @@ class Runner:
         if checkpoint_step(ckpt) >= self.cfg.run.steps:
             raise ValueError(f"--resume: {self.run_dir} already finished its {self.cfg.run.steps} steps (raise steps= to train on)")
         return ckpt
+
+    def _rewind(self, restart: TrainerRestarted, summary: RunSummary) -> int:
+        """The trainer went back to the checkpoint of `restart.step`: forget later steps (store, metrics,
+        evals, rollouts submitted ahead), give the engines those weights; the step to play next."""
+        while True:
+            step = restart.step
+            self.progress.note(f"{restart}: continuing at step {step + 1}")
+            self.store.delete_after(step)
+            self.log.close()
+            self.log = self._open_log(resume_after=step)
+            self._pending.clear()
+            summary.evals = [e for e in summary.evals if e["step"] <= step]
+            self._trained_through, self._unlogged = step, None
+            try:
+                self.backend.sync_weights()
+                return step + 1
+            except TrainerRestarted as again:
+                restart = again
+
+    def _open_log(self, resume_after: int | None) -> MetricsLog:
+        log = self.cfg.log
+        return MetricsLog(self.rd, tensorboard=log.tensorboard, wandb=log.wandb, mlflow=log.mlflow, resume_after=resume_after)
 
     def _write(self, step: int, metrics: dict[str, Any]) -> None:
         self.log.write(step, metrics)
@@ -276,9 +308,10 @@ class Runner:
             return None
         with self.progress.phase("teacher", total=None):
             scores = score_episodes(self.backend, teacher_of, [e.tokens for e in episodes], self.mode)
-        for p, ep, sc in zip(planned, episodes, scores):
-            ep.teacher_logprobs = sc.logprobs
-            self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
+        with self.store.batch():  # one transaction: the scores arrive together
+            for p, ep, sc in zip(planned, episodes, scores):
+                ep.teacher_logprobs = sc.logprobs
+                self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
         return scores
 
     def _samples(self, planned: list[Planned], episodes: list[Episode], scores: list[TeacherScores] | None) -> list[TrainSample]:

@@ -1,8 +1,10 @@
 """The trajectory store: `trajectories.db` in a run directory (DESIGN 3.5), via sqlite-utils.
 
 One row per episode in table `episodes`, written (and committed) the moment the episode
-finishes, in WAL mode, so a crash loses nothing already finished and a viewer can read
-while the run writes. Token streams are JSON arrays; `teacher_logprobs` is null until
+finishes, in WAL mode with synchronous=NORMAL, so a killed process loses nothing already
+finished (a power cut may lose the last commits, never the file) and a viewer can read
+while the run writes; `with store.batch():` commits the writes inside it together. Token
+streams are JSON arrays; `teacher_logprobs` is null until
 the teacher scored the episode.
 
     store = Store(run_dir / "trajectories.db")
@@ -19,6 +21,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,7 @@ EPISODE_COLUMNS: dict[str, type] = {
 }
 
 
+_INSERT = f"INSERT OR REPLACE INTO episodes ({', '.join(EPISODE_COLUMNS)}) VALUES ({', '.join('?' * len(EPISODE_COLUMNS))})"
 JSON_COLUMNS = ("token_ids", "response_mask", "logprobs", "turn_index", "teacher_logprobs", "messages", "tools", "turns", "info")
 
 
@@ -83,6 +87,11 @@ def _dumps(x: Any) -> str:
     return json.dumps(x, separators=(",", ":"), ensure_ascii=False)
 
 
+def _ints(xs: list[int]) -> str:
+    """A JSON array of ints, as `_dumps` writes it (3-4x faster for token ids)."""
+    return "[" + ",".join(map(str, xs)) + "]"
+
+
 def episode_row(episode: Episode, episode_id: str, split: str = "train", teacher: str | None = None) -> dict[str, Any]:
     """The `episodes` row of an episode (JSON arrays for the token stream)."""
     s = episode.tokens
@@ -106,10 +115,10 @@ def episode_row(episode: Episode, episode_id: str, split: str = "train", teacher
         "teacher": teacher,
         "kl_mean": None,
         "created_at": time.time(),
-        "token_ids": _dumps(s.token_ids) if s else None,
-        "response_mask": _dumps(s.response_mask) if s else None,
+        "token_ids": _ints(s.token_ids) if s else None,
+        "response_mask": _ints(s.response_mask) if s else None,
         "logprobs": _dumps(s.logprobs) if s else None,
-        "turn_index": _dumps(s.turn_index) if s else None,
+        "turn_index": _ints(s.turn_index) if s else None,
         "teacher_logprobs": None,
         "messages": _dumps([m.to_dict() for m in episode.messages]),
         "tools": _dumps(episode.tools),
@@ -204,6 +213,9 @@ class Store:
         self.db = sqlite_utils.Database(conn)
         if not readonly:
             self.db.enable_wal()
+            # WAL + synchronous=NORMAL: a commit is an append to the WAL, no fsync; what was committed survives the
+            # process being killed (the OS holds it), a power cut may lose the last commits but never corrupts the file
+            self.db.execute("PRAGMA synchronous=NORMAL")
             table = self.db["episodes"]
             if not table.exists():
                 table.create(EPISODE_COLUMNS, pk="id")
@@ -221,15 +233,23 @@ class Store:
         return self.db["episodes"]  # type: ignore[return-value]
 
     def add(self, episode: Episode, episode_id: str, split: str = "train", teacher: str | None = None) -> None:
-        """Write one finished episode now (replacing a row of the same id: re-runs never duplicate)."""
+        """Write one finished episode now (replacing a row of the same id: re-runs never duplicate);
+        committed at once, or with the rest of a `batch()` it is written in."""
         assert not self.readonly
-        with self.db.conn:
-            self.table.insert(episode_row(episode, episode_id, split, teacher), replace=True)
+        row = episode_row(episode, episode_id, split, teacher)
+        with self.db.atomic():
+            self.db.conn.execute(_INSERT, [row[c] for c in EPISODE_COLUMNS])
 
     def set_teacher_logprobs(self, episode_id: str, teacher_logprobs: list[float], stream: TokenStream) -> None:
         assert not self.readonly
-        with self.db.conn:
+        with self.db.atomic():
             self.table.update(episode_id, _teacher_fields(stream, teacher_logprobs))
+
+    def batch(self) -> AbstractContextManager[Any]:
+        """Writes inside commit together, at the end (one transaction): for episodes that finished
+        together, e.g. one Ray work item; nothing of it is visible or kept until the commit."""
+        assert not self.readonly
+        return self.db.atomic()
 
     def get(self, episode_id: str) -> Episode:
         return row_to_episode(self.table.get(episode_id))

@@ -49,10 +49,21 @@ def test_async_overlaps_with_bounded_staleness(ray_cluster, home, tmp_path):
 
 
 def test_stale_episodes_are_regenerated(ray_cluster, home, tmp_path):
-    records, rows = _run(tmp_path, ["async.max_staleness=0", "async.stale=regenerate", "steps=3"])
-    assert [r["async/regenerated"] for r in records][1:] == [8.0, 8.0]
+    """Step 3's rollouts submitted before any training (version 0) are two versions old when step 3
+    trains (version 2 > async.max_staleness=1): they are played again with the current weights, and
+    the regenerated rows replace the stale ones."""
+    cfg = load_config("calculator", overrides=[*BASE, "async.max_staleness=1", "async.stale=regenerate", "steps=3"])
+    runner = Runner(cfg, tmp_path / "run")
+    runner._setup(resume_after=None)
+    try:
+        runner._pending[3] = runner._submit(3)
+        records = [runner._step(step) for step in (1, 2, 3)]
+    finally:
+        runner.backend.close()
+    assert [r["async/regenerated"] for r in records] == [0.0, 0.0, 8.0]
+    rows = [(i, ep.step, ep.policy_version) for i, ep in runner.store.iter_episodes(split="train")]
     assert len(rows) == len({r[0] for r in rows}) == 3 * 4 * 2  # regenerated rows replaced the stale ones
-    assert all(version == step - 1 for _, step, version in rows)  # what was trained on is on-policy
+    assert {v for _, step, v in rows if step == 3} == {2}  # what step 3 trained on is on-policy
 
 
 def test_local_backend_refuses_async(home, tmp_path):

@@ -30,7 +30,7 @@ RAY = [
     "ray.cpus_per_teacher=0", "ray.cpus_per_trainer_worker=0", "ray.episodes_per_call=4",
 ]  # fmt: skip
 TEACHERS = ["teachers.calculator=builtin:calculator", "teachers.sql_db=builtin:sql_db", "teacher_key=env"]
-RAY_ONLY = {"perf/weight_gather_s", "perf/weight_push_s", "ray/rollout_restarts", "ray/teacher_restarts"}
+RAY_ONLY = {"perf/weight_gather_s", "perf/weight_push_s", "ray/rollout_restarts", "ray/teacher_restarts", "ray/trainer_restarts"}
 
 
 def _records(run):

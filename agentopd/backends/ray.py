@@ -3,6 +3,10 @@
     agentopd run --env calculator,sql_db backend=ray ray.rollout_workers=2 ray.trainer_workers=2
     RAY_ADDRESS=ray://head:10001 agentopd run --env sql_db backend=ray    # an existing cluster
 
+Placement (agentopd.backends.placement): roles whose `ray.cpus_per_*` is null share the cluster's
+free CPUs; every role is reserved in one placement group before any actor starts, and a run the
+cluster cannot hold fails within `ray.placement_timeout_s`, naming what it asked and what is free.
+
 Roles and resources (`ray.*`, see agentopd.config.RayConfig):
 - `rollout_workers` RolloutWorker actors, each with its own engine and env instances of every
   source. A step's episodes are cut into work items of at most `episodes_per_call` episodes, spread
@@ -21,11 +25,13 @@ before training the current one; rollout actors run calls in order, so those epi
 with the weights the actor holds then and carry that version (`Episode.policy_version`). Weight
 pushes are not waited for in async mode (they queue behind the in-flight rollouts).
 
-Fault tolerance: a rollout or teacher actor that dies is replaced (up to `ray.max_restarts`
-times per run); the replacement starts from the latest weights, and the work items the dead actor
-held are played again. Episode ids are stable per step and slot, so the store replaces rows and
-never duplicates them. A trainer rank that dies ends the run (its process group cannot be
-re-formed mid-step); resume from the last checkpoint with `--resume`.
+Fault tolerance (each role up to `ray.max_restarts` times per run): a rollout or teacher actor that
+dies is replaced; the replacement starts from the latest weights, and the work items the dead actor
+held are played again. A trainer rank that dies takes its group down (agentopd.backends.ray_group):
+every rank is replaced, the new group loads the last checkpoint this run finished (or the initial
+weights), and `TrainerRestarted` tells the runner to play the steps after it again. Episode ids are
+stable per step and slot, so the store replaces rows and never duplicates them. A driver killed
+outright takes its actors with it; `--resume` continues from the last finished checkpoint.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker, TrainerWorker
+from agentopd.backends.placement import ROLLOUT, Cluster, Plan, Reservation, plan_placement, teacher_role
+from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker
+from agentopd.backends.ray_group import TrainerGroup, TrainerLost, TrainerRestarted
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
@@ -52,6 +60,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentopd.batch import TrainSample
+    from agentopd.config import Config
     from agentopd.teacher import TeacherMode, TeacherScores
 
 
@@ -69,48 +78,72 @@ class _Item:
 
 class RayBackend:
     name = "ray"
+    rollout_worker_cls: type = RolloutWorker  # the actor classes (benchmarks/ray_orchestration.py puts stand-ins here)
+    teacher_worker_cls: type = TeacherWorker
 
-    def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self) -> None:
+        self.plan: Plan | None = None
+
+    def connect(self, cfg: Config, teachers: list[str]) -> None:
+        """Join (or start) the cluster and size every role for it: a run it cannot hold fails here,
+        before the runner builds any model (PlacementError naming what was asked and what is free)."""
         import ray
 
+        self.ray = ray
+        self._owns_ray = False
+        self.reservation: Reservation | None = None
+        self.workers: list[Any] = []
+        self.teachers: dict[str, list[Any]] = {}
+        self.group: TrainerGroup | None = None
+        if not ray.is_initialized():
+            rc = cfg.ray
+            address = rc.address or os.environ.get("RAY_ADDRESS")
+            local = {} if address else {"num_cpus": rc.num_cpus, "num_gpus": rc.num_gpus}
+            ray.init(address=address, log_to_driver=False, **local)
+            self._owns_ray = True
+        try:
+            self.plan = plan_placement(cfg.ray, teachers, Cluster.of(ray))
+        except BaseException:
+            if self._owns_ray:
+                ray.shutdown()
+            raise
+
+    def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None:
         from agentopd.paths import agentopd_home
 
-        self.ray = ray
         self.ctx = ctx = dataclasses.replace(ctx, env_vars={"AGENTOPD_HOME": str(agentopd_home())})
-        rc = ctx.cfg.ray
-        self.rc = rc
-        self._owns_ray = False
-        if not ray.is_initialized():
-            address = rc.address or os.environ.get("RAY_ADDRESS")
-            ray.init(address=address, num_cpus=None if address else rc.num_cpus, log_to_driver=False)
-            self._owns_ray = True
-        self.restarts = {"rollout": 0, "teacher": 0}
+        self.rc = ctx.cfg.ray
+        if self.plan is None:
+            self.connect(ctx.cfg, list(ctx.teacher_refs))
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        rc, ray = self.rc, self.ray
+        self.reservation = Reservation.make(ray, self.plan, rc.placement_timeout_s)
+        self.restarts = {"rollout": 0, "teacher": 0, "trainer": 0}
         self.weights_ref, self.weights_version = None, 0
+        self._checkpoint: Path | None = None  # the last finished checkpoint: where a restarted trainer group starts
         self._timings: dict[str, float] = {}
-        self.workers = [self._new_rollout_worker() for _ in range(rc.rollout_workers)]
-        self.teachers = {name: [self._new_teacher(name) for _ in range(rc.teacher_replicas)] for name in ctx.teacher_refs}
-        trainer_cls = ray.remote(num_cpus=rc.cpus_per_trainer_worker, num_gpus=rc.gpus_per_trainer_worker)(TrainerWorker)
-        self.trainers = [
-            trainer_cls.remote(ctx, r, rc.trainer_workers, rc.gpus_per_trainer_worker, rc.threads_per_actor)
-            for r in range(rc.trainer_workers)
-        ]
-        addr, port = ray.get(self.trainers[0].rendezvous.remote())
-        ray.get([t.init.remote(addr, port) for t in self.trainers])
+        self.workers = [self._new_rollout_worker(i) for i in range(rc.rollout_workers)]
+        self.teachers = {name: [self._new_teacher(name, r) for r in range(rc.teacher_replicas)] for name in self.ctx.teacher_refs}
+        self.group = TrainerGroup(ray, self.ctx, rc, self.reservation)
         ray.get([w.pid.remote() for w in self.workers])  # every actor up before the first step
         self.version = 0
 
     # ---- actors -----------------------------------------------------------------------------
-    def _new_rollout_worker(self) -> Any:
-        rc = self.rc
-        cls = self.ray.remote(num_cpus=rc.cpus_per_rollout_worker, num_gpus=rc.gpus_per_rollout_worker)(RolloutWorker)
-        return cls.remote(
-            self.ctx, rc.gpus_per_rollout_worker, rc.threads_per_actor, self.weights_ref, self.weights_version
-        )
+    def _new_rollout_worker(self, i: int) -> Any:
+        rc, options = self.rc, self.reservation.options(ROLLOUT, i)
+        cls = self.ray.remote(self.rollout_worker_cls).options(**options)
+        return cls.remote(self.ctx, options["num_gpus"], rc.threads_per_actor, self.weights_ref, self.weights_version)
 
-    def _new_teacher(self, name: str) -> Any:
-        rc = self.rc
-        cls = self.ray.remote(num_cpus=rc.cpus_per_teacher, num_gpus=rc.gpus_per_teacher)(TeacherWorker)
-        return cls.remote(self.ctx, name, rc.gpus_per_teacher, rc.threads_per_actor)
+    def _new_teacher(self, name: str, replica: int) -> Any:
+        options = self.reservation.options(teacher_role(name), replica)
+        cls = self.ray.remote(self.teacher_worker_cls).options(**options)
+        return cls.remote(self.ctx, name, options["num_gpus"], self.rc.threads_per_actor)
 
     def _restart(self, role: str, error: Exception) -> None:
         self.restarts[role] += 1
@@ -121,7 +154,7 @@ class RayBackend:
         if self.workers[i] is dead:  # several items of one dead actor: replace it once
             self._restart("rollout", error)
             self.ray.kill(dead, no_restart=True)
-            self.workers[i] = self._new_rollout_worker()
+            self.workers[i] = self._new_rollout_worker(i)
 
     @property
     def policy_version(self) -> int:
@@ -148,20 +181,24 @@ class RayBackend:
         results: dict[int, list[Episode]] = {}
         waiting = {item.ref: k for k, item in enumerate(items)}
         while waiting:
-            ready, _ = self.ray.wait([items[k].ref for k in waiting.values()], num_returns=1)
-            k = waiting.pop(ready[0])
-            item = items[k]
-            try:
-                episodes = self.ray.get(item.ref)
-            except (ActorUnavailableError, RayActorError) as e:
-                self._replace_worker(item.worker, item.actor, e)
-                self._submit(item)
-                waiting[item.ref] = k
-                continue
-            results[k] = episodes
-            if on_episode is not None:
-                for p, ep in zip(item.planned, episodes):
-                    on_episode(p, ep)
+            refs = list(waiting)
+            ready, rest = self.ray.wait(refs, num_returns=1)
+            if rest:  # and whatever else is done by now: one pass over the waiting refs per batch of arrivals
+                ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+            for ref in ready:
+                k = waiting.pop(ref)
+                item = items[k]
+                try:
+                    episodes = self.ray.get(ref)
+                except (ActorUnavailableError, RayActorError) as e:
+                    self._replace_worker(item.worker, item.actor, e)
+                    self._submit(item)
+                    waiting[item.ref] = k
+                    continue
+                results[k] = episodes
+                if on_episode is not None:
+                    for p, ep in zip(item.planned, episodes):
+                        on_episode(p, ep)
         return [ep for k in range(len(items)) for ep in results[k]]
 
     # ---- teachers -----------------------------------------------------------------------------
@@ -187,7 +224,7 @@ class RayBackend:
                     if self.teachers[name][r] is job[4]:
                         self._restart("teacher", e)
                         self.ray.kill(job[4], no_restart=True)
-                        self.teachers[name][r] = self._new_teacher(name)
+                        self.teachers[name][r] = self._new_teacher(name, r)
                     job[4] = self.teachers[name][r]
                     job[3] = job[4].score.remote(by_teacher[name][part], mode)
         return out
@@ -196,16 +233,27 @@ class RayBackend:
         return self.ray.get(self.teachers[name][0].head_weight.remote())
 
     # ---- trainer ------------------------------------------------------------------------------
+    def _trainer_lost(self, error: TrainerLost) -> None:
+        """Rebuild the group from the last finished checkpoint; the runner replays what came after."""
+        self._restart("trainer", error)
+        step = self.group.restart(self._checkpoint)
+        self.version = step
+        raise TrainerRestarted(step, str(error)) from error
+
     def train(self, samples: list[TrainSample], head: torch.Tensor | None) -> dict[str, float]:
-        shares: list[list[TrainSample]] = [[] for _ in self.trainers]
-        load = [0] * len(self.trainers)
+        ranks = self.rc.trainer_workers
+        shares: list[list[TrainSample]] = [[] for _ in range(ranks)]
+        load = [0] * ranks
         for s in sorted(samples, key=lambda s: -s.num_tokens):  # token-balanced shares
             r = load.index(min(load))
             shares[r].append(s)
             load[r] += s.num_tokens
         head_ref = self.ray.put(head) if head is not None else None
-        metrics = self.ray.get([t.train.remote(share, head_ref) for t, share in zip(self.trainers, shares)])
-        self.version = self.ray.get(self.trainers[0].step.remote())  # a skipped step (no student tokens) is no new version
+        try:
+            metrics = self.group.call("train", head_ref, per_rank=shares)
+            self.version = self.group.call("step")[0]  # a skipped step (no student tokens) is no new version
+        except TrainerLost as e:
+            self._trainer_lost(e)
         return metrics[0]
 
     def sync_weights(self) -> None:
@@ -213,8 +261,11 @@ class RayBackend:
         from ray.exceptions import RayActorError
 
         t0 = time.perf_counter()
-        refs = [t.state_dict.remote() for t in self.trainers]  # a collective: every rank takes part
-        self.ray.wait(refs, num_returns=len(refs))
+        refs = self.group.submit("state_dict")  # a collective: every rank takes part; rank 0 holds the weights
+        try:
+            self.group.wait(refs)
+        except TrainerLost as e:
+            self._trainer_lost(e)
         self.weights_ref, self.weights_version = refs[0], self.version
         t1 = time.perf_counter()
         pushes = [(i, w, w.update_weights.remote(self.weights_ref, self.version)) for i, w in enumerate(self.workers)]
@@ -228,29 +279,34 @@ class RayBackend:
 
     # ---- checkpoints and export ------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
-        self.ray.get([t.save.remote(str(path), extra) for t in self.trainers])
+        try:
+            self.group.call("save", str(path), extra)
+        except TrainerLost as e:
+            self._trainer_lost(e)
         RunDir.mark_done(path, extra["step"])
+        self._checkpoint = path
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        extras = self.ray.get([t.load.remote(str(path)) for t in self.trainers])
-        self.version = self.ray.get(self.trainers[0].step.remote())
+        extras = self.group.call("load", str(path))
+        self.version = self.group.call("step")[0]
+        self._checkpoint = path
         return extras[0]
 
     def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         tok_dir = RunDir(out_dir.parent).tokenizer
         if not (tok_dir / "tokenizer_config.json").exists():
             tokenizer.save_pretrained(tok_dir)
-        self.ray.get([t.export.remote(str(out_dir), str(tok_dir)) for t in self.trainers])
+        self.group.call("export", str(out_dir), str(tok_dir))
 
     def stats(self) -> dict[str, float]:
-        return {**self._timings, "ray/rollout_restarts": float(self.restarts["rollout"]), "ray/teacher_restarts": float(self.restarts["teacher"])}
+        return {**self._timings, **{f"ray/{role}_restarts": float(n) for role, n in self.restarts.items()}}
 
     def close(self) -> None:
-        try:
-            self.ray.get([t.close.remote() for t in self.trainers])
-        except Exception:  # noqa: BLE001 - a dead rank has nothing to close
-            pass
-        for actor in [*self.workers, *self.trainers, *(a for pool in self.teachers.values() for a in pool)]:
+        if self.group is not None:
+            self.group.close()
+        for actor in [*self.workers, *(a for pool in self.teachers.values() for a in pool)]:
             self.ray.kill(actor, no_restart=True)
+        if self.reservation is not None:
+            self.reservation.release(self.ray)
         if self._owns_ray:
             self.ray.shutdown()

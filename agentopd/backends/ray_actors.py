@@ -105,6 +105,9 @@ class TrainerWorker:
     def step(self) -> int:
         return self.trainer.step
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def save(self, path: str, extra: dict[str, Any]) -> None:
         self.trainer.save_checkpoint(Path(path), extra=extra)
 

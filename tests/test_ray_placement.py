@@ -1,0 +1,78 @@
+"""Placement of the Ray backend (agentopd.backends.placement): the README's Ray lines fit a 2-CPU
+cluster with no `ray.*` resource overrides, and a request the cluster cannot hold fails within
+seconds with a message naming what was asked and what the cluster has (issue 17: the README's
+`--env calculator,sql_db backend=ray` used to hang forever on 2 cores with every actor at 1 CPU)."""
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from agentopd.backends.placement import Cluster, PlacementError, plan_placement
+from agentopd.cli import app
+from agentopd.config import load_config
+
+TWO_CPUS = Cluster(cpus=2, gpus=0, free_cpus=2, free_gpus=0, node_cpus=2, node_gpus=0)
+TEACHERS = ["calculator", "sql_db"]
+
+
+def _plan(*overrides, cluster=TWO_CPUS):
+    return plan_placement(load_config("calculator,sql_db", overrides=list(overrides)).ray, TEACHERS, cluster)
+
+
+def test_default_roles_share_two_cpus():
+    plan = _plan()  # 2 rollout workers, one replica of each of 2 teachers, 1 trainer rank
+    assert [(r.name, r.count, r.cpus) for r in plan.roles] == [
+        ("rollout", 2, 0.4), ("teacher/calculator", 1, 0.4), ("teacher/sql_db", 1, 0.4), ("trainer", 1, 0.4),
+    ]  # fmt: skip
+    assert plan.cpus <= 2
+    readme_3 = _plan("ray.rollout_workers=4", "ray.trainer_workers=2")  # the README's third Ray line: 8 actors
+    assert {r.cpus for r in readme_3.roles} == {0.25} and readme_3.cpus == 2
+
+
+def test_explicit_sizes_are_kept_and_the_rest_share_what_is_left():
+    plan = _plan("ray.cpus_per_trainer_worker=1")
+    assert plan.role("trainer").cpus == 1 and plan.role("rollout").cpus == 0.25  # (2 - 1) / 4 actors
+    with pytest.raises(PlacementError, match=r"asks for .*2 rollout workers x 1 CPU.* = 4 CPU, 0 GPU; the cluster has 2 CPU"):
+        _plan("ray.cpus_per_rollout_worker=1", "ray.cpus_per_teacher=1", "ray.cpus_per_trainer_worker=0")
+    with pytest.raises(PlacementError, match=r"1 trainer rank x 0.4 CPU \+ 1 GPU.*1 GPU asked, 0 free"):
+        _plan("ray.gpus_per_trainer_worker=1")
+
+
+def test_impossible_request_names_the_shortfall():
+    with pytest.raises(PlacementError) as e:
+        _plan("ray.trainer_workers=8")
+    msg = str(e.value)
+    assert "12 actors" in msg and "8 trainer ranks" in msg and "2 rollout workers" in msg
+    assert "0.25 CPU each (3 CPU)" in msg and "2 CPU and 0 GPU free" in msg
+
+
+@pytest.fixture
+def home(tiny_home, monkeypatch):
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    return tiny_home
+
+
+SHORT = ["steps=2", "rollout.tasks_per_step=4", "rollout.max_new_tokens=16", "rollout.max_turns=2",
+         "eval.num_tasks=2", "eval.every=0", "log.tensorboard=false", "rollout.max_context=2048"]  # fmt: skip
+
+
+def test_readme_line_runs_on_two_cpus_without_ray_overrides(ray_cluster, home, tmp_path):
+    """`agentopd run --env calculator,sql_db backend=ray` (shortened by steps/task overrides only)."""
+    result = CliRunner().invoke(app, ["run", "--env", "calculator,sql_db", "--run-dir", str(tmp_path / "run"), "backend=ray", *SHORT])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2]
+    assert ray_cluster.available_resources().get("CPU") == 2  # the reservation was given back
+
+
+def test_impossible_request_fails_within_seconds(ray_cluster, home, tmp_path):
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(app, ["run", "--env", "calculator,sql_db", "--run-dir", str(tmp_path / "run"), "backend=ray",
+                                      "ray.trainer_workers=8", *SHORT])  # fmt: skip
+    seconds = time.perf_counter() - t0
+    assert result.exit_code != 0
+    text = result.output + repr(result.exception)
+    assert "8 trainer ranks" in text and "2 CPU and 0 GPU free" in text, text
+    assert seconds < 30, seconds
