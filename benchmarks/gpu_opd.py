@@ -3,6 +3,7 @@ training tokens/s of a few OPD steps, bf16, transformers engine (issue 5's GPU c
 
     python benchmarks/gpu_opd.py --out results_dir            # Qwen3-0.6B-shaped student, 1.7B-shaped teacher
     python benchmarks/gpu_opd.py --tiny --out /tmp/x          # the same path at toy sizes (CPU smoke test)
+    python benchmarks/gpu_opd.py --out DIR engine.kind=hf     # extra key=value overrides go to the run
 
 Models are built locally from Qwen3 configs (no hub) with the embedded tokenizer, so the
 vocabulary is the tokenizer's (~1k rows, not Qwen's 151,936): layers, widths and heads are
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run, e.g. engine.kind=fast")
     args = ap.parse_args()
     import torch
 
@@ -66,7 +68,7 @@ def main() -> None:
            "rollout.tasks_per_step=16", "rollout.n=4", "rollout.max_new_tokens=128", "rollout.max_turns=3",
            "rollout.max_context=2048", "eval.num_tasks=32", "eval.every=0", "log.tensorboard=false",
            "trainer.loss=reverse_kl", "trainer.lr=1e-5", "trainer.activation_checkpointing=true",
-           "trainer.micro_batch_tokens=16384", "run.checkpoint_every=0"]  # fmt: skip
+           "trainer.micro_batch_tokens=16384", "run.checkpoint_every=0", *args.overrides]  # fmt: skip
     t = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t

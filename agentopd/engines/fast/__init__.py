@@ -5,10 +5,14 @@
 
 Modules, one concept each: `model.py` (the decoder stack over a flat token batch, fused weights
 with HF-named views), `attention.py` (batch description + torch reference paged attention),
-`triton_attention.py` (Triton paged decode / prefill kernels), `kv_cache.py` (page pool, refcounts,
-prefix cache), `scheduler.py` (continuous batching, chunked prefill, preemption, episode reuse),
-`sampler.py` (exact logprobs, counter-based draws), `graphs.py` (CUDA graphs per batch bucket),
-`engine.py` (the async Engine protocol on top).
+`triton_attention.py` (Triton paged decode / prefill kernels), `triton_ops.py` (fused RMSNorm,
+q/k-norm + rotary + K/V store, SiLU*up), `kv_cache.py` (page pool, refcounts, prefix cache),
+`scheduler.py` (continuous batching, chunked prefill, preemption, episode reuse), `sampler.py` (exact
+logprobs, counter-based draws) and `triton_sampler.py` (the same in one fused pass on CUDA),
+`graphs.py` (CUDA graphs per batch bucket), `engine.py` (the async Engine protocol on top).
+
+On CPU everything runs as plain torch (the reference attention, torch ops); on CUDA with Triton the
+kernels take over. Measured numbers: benchmarks/results/engine_gpu.md.
 """
 
 from agentopd.engines.fast.engine import FastEngine
