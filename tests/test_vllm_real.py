@@ -353,20 +353,26 @@ def test_server_teacher_scores_like_a_forward_against_vllm_serve(pair, tmp_path)
 
 # ---- the main job -------------------------------------------------------------------------------
 
+def agentopd_run(run: Path, pair, *overrides: str) -> dict:
+    """`agentopd run --env sql_db engine.kind=vllm` on the tiny pair (a few small steps); returns the subprocess env."""
+    teacher, student = pair
+    env = {**os.environ, **VLLM_ENV, "AGENTOPD_HOME": str(run.parent / "home")}
+    cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "engine.kind=vllm",
+           f"student={student}", f"teacher={teacher}", "rollout.tasks_per_step=4", "rollout.max_new_tokens=24",
+           "run.checkpoint_every=0", "trainer.lr=1e-3", *overrides]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return env
+
+
 def test_agentopd_run_with_the_vllm_engine_has_zero_token_drift(pair, tmp_path):
     """`agentopd run --env sql_db engine.kind=vllm` for 3 steps, then `agentopd check-tokens`: zero drift,
     sampler (vLLM) and trainer logprobs equal, the weights synced every step."""
     import json
 
-    teacher, student = pair
     run = tmp_path / "run"
-    env = {**os.environ, **VLLM_ENV, "AGENTOPD_HOME": str(tmp_path / "home")}
-    cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "engine.kind=vllm",
-           f"student={student}", f"teacher={teacher}", "steps=3", "rollout.tasks_per_step=4", "rollout.n=2",
-           "rollout.max_new_tokens=24", "rollout.max_turns=3", "eval.num_tasks=4", "eval.every=1",
-           "run.checkpoint_every=0", "trainer.lr=1e-3", "trainer.loss=sampled_k1"]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    env = agentopd_run(run, pair, "steps=3", "rollout.n=2", "rollout.max_turns=3", "eval.num_tasks=4", "eval.every=1",
+                       "trainer.loss=sampled_k1")
     check = subprocess.run([sys.executable, "-m", "agentopd.cli", "check-tokens", str(run)], env=env,
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0 and " 0 drifted" in check.stdout, check.stdout[-3000:] + check.stderr[-3000:]
@@ -379,3 +385,33 @@ def test_agentopd_run_with_the_vllm_engine_has_zero_token_drift(pair, tmp_path):
         assert m["train/logprob_diff_sampler"] < 1e-4  # vLLM's logprobs are the trainer's at the same weights
         assert m["perf/weight_sync_s"] > 0
     print(check.stdout.strip().splitlines()[-1])
+
+
+def test_objective_sft_plays_with_the_teachers_weights(pair, tmp_path):
+    """objective=sft: the teacher's vLLM engine plays the training episodes, so their sampler logprobs are the
+    teacher's (not the student's) at the rollout temperature."""
+    import json
+    import sqlite3
+
+    import yaml
+
+    run = tmp_path / "run"
+    agentopd_run(run, pair, "objective=sft", "steps=1", "rollout.n=1", "rollout.max_turns=2", "eval.num_tasks=2",
+                 "eval.every=0", "eval.teacher=false")
+    temperature = yaml.safe_load((run / "config.yaml").read_text())["rollout"]["temperature"]
+    rows = sqlite3.connect(run / "trajectories.db").execute(
+        "select token_ids, prompt_len, response_mask, logprobs from episodes where split = 'train'").fetchall()
+    assert rows
+    gaps = {}
+    for who, path in zip(("teacher", "student"), pair):
+        model = hf_model(path)
+        gap = 0.0
+        for ids, prompt_len, mask, logprobs in rows:
+            ids, mask, logprobs = json.loads(ids), json.loads(mask), json.loads(logprobs)
+            with torch.no_grad():
+                lp_TV = torch.log_softmax(model(torch.tensor([ids])).logits[0].float() / temperature, -1)
+            for i, (m, lp) in enumerate(zip(mask, logprobs)):
+                if m:
+                    gap = max(gap, abs(lp - lp_TV[prompt_len + i - 1, ids[prompt_len + i]].item()))
+        gaps[who] = gap
+    assert gaps["teacher"] < 1e-4 and gaps["student"] > 0.1, gaps
