@@ -38,6 +38,7 @@ from agentopd.corpus import env_corpus
 from agentopd.engines.scripted import ScriptedEngine
 from agentopd.evaluate import evaluate
 from agentopd.paths import agentopd_home
+from agentopd.recovery import mask_turns, with_mistake
 from agentopd.splits import make_env_for_split
 from agentopd.rollout import Rollout, RolloutConfig
 
@@ -98,17 +99,33 @@ class BootstrapSpec:
     demonstrations: int = 2000
     eval_tasks: int = 100
     max_context: int = 2048
+    # share of demonstrations given one recoverable mistake (agentopd.recovery), its turn masked out of the
+    # SFT loss: the teacher learns to act in error states without learning to make errors. 0 = clean oracle
+    mistakes: float = 0.0
 
 
 # calculator's student needs more SFT to solve any held-out task (0% at 200 steps, 3% at 225, 22% at 275:
 # a sharp transition; benchmarks/results/default_run.md)
 ENV_SPECS: dict[str, BootstrapSpec] = {
     "calculator": BootstrapSpec(student=replace(BootstrapSpec.student, max_steps=225)),
+    # the explore family (configs/sql_db_explore.yaml): a teacher that has seen its own mistakes answered
+    "sql_db_explore": BootstrapSpec(mistakes=0.5),
 }
+# presets of a built-in env other than its own (configs/<name>.yaml): name -> (env, the env kwargs that select it)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"sql_db_explore": ("sql_db", {"difficulty": ["explore"]})}
 
 
 def default_spec(env_name: str) -> BootstrapSpec:
     return ENV_SPECS.get(env_name, BootstrapSpec())
+
+
+def variant_of(env_name: str, env_kwargs: dict[str, Any] | None) -> str:
+    """The preset whose embedded models a run of a built-in env gets: a variant's (VARIANTS) when the
+    run's env kwargs select it, else the env's own."""
+    for name, (env, selects) in VARIANTS.items():
+        if env == env_name and env_kwargs is not None and all(env_kwargs.get(k) in (v, *v) for k, v in selects.items()):
+            return name
+    return env_name
 
 
 TINY_SPEC = BootstrapSpec(  # for tests: seconds, not minutes
@@ -218,9 +235,12 @@ def preset_env_kwargs(env_name: str) -> dict[str, Any]:
 
 
 def demonstrations(
-    env_name: str, tokenizer: PreTrainedTokenizerBase, num: int, max_context: int, seed: int = 0, env_kwargs: dict[str, Any] | None = None
+    env_name: str, tokenizer: PreTrainedTokenizerBase, num: int, max_context: int, seed: int = 0, env_kwargs: dict[str, Any] | None = None,
+    mistakes: float = 0.0,
 ) -> list[TrainSample]:
-    """Oracle solutions of `num` training tasks as token streams (mask 1 on the assistant turns)."""
+    """Oracle solutions of `num` training tasks as token streams (mask 1 on the assistant turns); with
+    `mistakes` > 0, that share of them first makes one recoverable mistake (agentopd.recovery), its turn
+    masked 0."""
     env_kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "split"}
     env = make_env_for_split(env_name, "train", **env_kwargs)
     rng = random.Random(seed)
@@ -229,15 +249,24 @@ def demonstrations(
     task_ids = task_ids[:num]
     engine = ScriptedEngine(tokenizer)
     specs = Rollout.specs_for(task_ids, n=1, split="demo")
+    mistake_rng = random.Random(seed + 1)  # its own generator: the tasks drawn do not depend on `mistakes`
+    masked: dict[str, tuple[int, ...]] = {}
     for spec in specs:
-        engine.script(spec.episode_id, env.oracle(env.tasks[env.task_index(options={"task_id": spec.task_id})]))
+        task = env.tasks[env.task_index(options={"task_id": spec.task_id})]
+        actions = env.oracle(task)
+        if mistakes > 0 and mistake_rng.random() < mistakes:
+            planned = with_mistake(env, task, actions, mistake_rng)
+            if planned is not None:
+                actions, masked[spec.episode_id] = planned.actions, planned.mistake_turns
+        engine.script(spec.episode_id, actions)
+    env.close()
     rollout = Rollout(lambda: make_env_for_split(env_name, "train", **env_kwargs), engine, tokenizer, RolloutConfig(max_context=max_context, max_new_tokens=max_context))
     episodes = rollout.run_sync(specs)
     rollout.close()
     bad = [e for e in episodes if not e.success]
     if bad:
         raise RuntimeError(f"{len(bad)} oracle demonstrations of {env_name} failed (first: task {bad[0].task_id}, {bad[0].stop_reason})")
-    return [TrainSample.from_stream(e.tokens) for e in episodes]
+    return [mask_turns(TrainSample.from_stream(e.tokens), masked.get(s.episode_id, ())) for s, e in zip(specs, episodes, strict=True)]
 
 
 def sft(
@@ -290,14 +319,20 @@ def bootstrap(
     tokenizer of the built-ins plus that env (`env_set`).
 
     A built-in env's models are trained on its preset's tasks, whatever a run's `env.*` says (a run on
-    your own task file still starts from them); another env's on the constructor arguments given
+    your own task file still starts from them), unless the run's env kwargs select a variant preset
+    (VARIANTS: `env.difficulty=[explore]`, or `env_name="sql_db_explore"`, gets the models of
+    configs/sql_db_explore.yaml, under `models/sql_db_explore/`); another env's on the constructor arguments given
     (`env_kwargs`, its defaults when None), so a plugin's run gets models for the tasks it plays."""
-    spec = spec or default_spec(env_name)
+    if env_name in VARIANTS:  # `agentopd bootstrap --env sql_db_explore`: the variant preset's models
+        env_name, preset = VARIANTS[env_name][0], env_name
+    else:
+        preset = variant_of(env_name, env_kwargs) if env_name in BUILTIN_ENVS else env_name
+    spec = spec or default_spec(preset)
     home = home or agentopd_home()
-    root = home / "models" / env_name
+    root = home / "models" / preset
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
     if env_name in BUILTIN_ENVS or env_kwargs is None:
-        env_kwargs = preset_env_kwargs(env_name)
+        env_kwargs = preset_env_kwargs(preset)
     env_kwargs = {k: v for k, v in env_kwargs.items() if k != "split"}
     version = env_version(env_name)
     if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
@@ -320,7 +355,7 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
     tok = ensure_tokenizer(spec, home=home, envs=env_set(env_name))
     if progress:
         progress("demonstrations", 0.0, {})
-    demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs)
+    demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs, mistakes=spec.mistakes)
 
     def success_of(model: Qwen3ForCausalLM) -> float:
         model.eval()

@@ -27,7 +27,8 @@ Safety (the agent can never change the file, stall the process or blow its memor
 - `printf()`/`format()` refuse widths and precisions above that limit (SQLite 3.40 loops over
   `printf('%.*c', 2e9, 'x')` for seconds inside one VM step, where no progress handler runs);
 - one statement per call. Every refusal raises `ToolError`, which the env shows the model as
-  a tool message starting with "Error:".
+  a tool message starting with "Error:". With `hints=True`, "no such table" also lists the tables
+  and "no such column" the columns of the tables the query names after FROM/JOIN.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ _INTROSPECTION_PRAGMAS = frozenset(
     {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
 )
 _DIGITS = re.compile(r"\d+")
+_FROM_TABLE = re.compile(r"\b(?:from|join)\s+[\"`\[]?(\w+)", re.IGNORECASE)  # tables a query names (for hints)
 _DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer"})
 _WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE})
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_temp_master", "sqlite_schema", "sqlite_temp_schema"})
@@ -147,6 +149,7 @@ class SqlDatabase:
         query_timeout_s: float = 1.0,
         max_rows: int = 50,
         max_output_chars: int = 2000,
+        hints: bool = False,
     ):
         path = Path(path)
         if not path.is_file():
@@ -161,6 +164,7 @@ class SqlDatabase:
         self.query_timeout_s = float(query_timeout_s)
         self.max_rows = int(max_rows)
         self.max_output_chars = int(max_output_chars)
+        self.hints = bool(hints)  # "no such column/table" errors also list what there is
         self._deadline = float("inf")
         self._budget_end = float("inf")
         self._denied: str | None = None
@@ -258,7 +262,7 @@ class SqlDatabase:
             rows = cursor.fetchmany(max_rows)
             more, lower_bound = self._count_rest(cursor) if len(rows) == max_rows else (0, False)
         except sqlite3.Error as e:
-            raise ToolError(self._explain(e)) from None
+            raise ToolError(self._explain(e, sql)) from None
         except (ValueError, OverflowError, MemoryError) as e:  # NUL characters, lone surrogates, huge values
             raise ToolError(f"{type(e).__name__}: {e}") from None
         finally:
@@ -276,7 +280,7 @@ class SqlDatabase:
             return more, True
         return more, False
 
-    def _explain(self, e: sqlite3.Error) -> str:
+    def _explain(self, e: sqlite3.Error, sql: str = "") -> str:
         text = str(e)
         if self._denied is not None or text == "not authorized":
             return f"{self._denied or 'this statement'} is not allowed: the database is read-only; send one SELECT statement"
@@ -289,6 +293,14 @@ class SqlDatabase:
             return "only one SQL statement per call is allowed"
         if "too big" in text:
             return f"a value in the query grew larger than {MAX_VALUE_BYTES} bytes ({text})"
+        if self.hints and text.startswith("no such table:"):
+            return f"{text}; tables: {', '.join(self.schema)}"
+        if self.hints and text.startswith("no such column:"):
+            named = {t.lower(): t for t in self.schema}
+            tables = dict.fromkeys(named[m.lower()] for m in _FROM_TABLE.findall(sql) if m.lower() in named)
+            if tables:
+                columns = "; ".join(f"{t}({', '.join(c.name for c in self.schema[t])})" for t in tables)
+                return f"{text}; columns: {columns}"
         return text
 
     # --- the tools -------------------------------------------------------------------------

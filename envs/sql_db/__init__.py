@@ -26,8 +26,13 @@ Kwargs:
     max_rows         default 50 rows shown per result, then "... N more rows"
     max_output_chars default 2000 characters per tool result
     schema_in_prompt default False: list every table's columns in the system prompt
-    difficulty       default None (all): keep only these task families of the generated set,
-                     e.g. [count, join] or one name; user task lines (no family) are always kept
+    difficulty       default None (the five classic families): keep only these task families of
+                     the generated set, e.g. [count, join] or one name; user task lines (no family)
+                     are always kept. `explore` is chosen only by name: its questions need the
+                     schema looked up, so it is meant with schema_in_prompt=False and all three
+                     tools (configs/sql_db_explore.yaml: max_turns 8)
+    error_hints      default None = on exactly when the explore family is chosen: "no such table"
+                     errors list the tables, "no such column" the columns of the tables queried
     tools            default None (all three): offer only these tools, e.g. [sql_query] or one
                      name (each tool's schema costs prompt tokens; calling one not offered is a
                      tool error)
@@ -43,7 +48,7 @@ from typing import Any
 from agentopd.env import Action, Split, Task, ToolEnv
 from agentopd.tool import Tool, tool_name
 from envs.sql_db.database import default_db_path
-from envs.sql_db.tasks import Difficulty, answers_match, first_cell, generate_tasks, load_tasks_jsonl
+from envs.sql_db.tasks import CLASSIC, Difficulty, answers_match, first_cell, generate_tasks, load_tasks_jsonl
 from tools.sql import SqlDatabase
 
 __all__ = ["SqlDbEnv", "Split", "answers_match"]
@@ -52,6 +57,13 @@ SYSTEM_PROMPT = (
     "You answer questions about a SQLite database. Use the tools to query it. "
     "When you know the answer, reply with only the final value(s), comma-separated, nothing else."
 )
+
+
+# an explore lookup when its tool is not offered
+_LOOKUP_SQL = {
+    "list_tables": "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name",
+    "describe_table": "SELECT name, type FROM pragma_table_info('{name}')",
+}
 
 
 @cache
@@ -65,12 +77,11 @@ def _default_tasks(db_path: str, mtime_ns: int) -> tuple[Task, ...]:
 
 
 def _select(tasks: Sequence[Task], split: Split, difficulty: tuple[str, ...] | None) -> list[Task]:
-    """The tasks of `split` (tasks without a split are in every split) and of the given difficulties
-    (tasks without one, i.e. users' tasks, are kept)."""
+    """The tasks of `split` (tasks without a split are in every split) and of the given difficulties,
+    None = the classic five (tasks without one, i.e. users' tasks, are kept)."""
     chosen = [t for t in tasks if split == Split.ALL or t.data.get("split") in (None, split)]
-    if difficulty is not None:
-        chosen = [t for t in chosen if "difficulty" not in t.data or t.data["difficulty"] in difficulty]
-    return chosen
+    families = CLASSIC if difficulty is None else difficulty
+    return [t for t in chosen if "difficulty" not in t.data or t.data["difficulty"] in families]
 
 
 @cache
@@ -103,6 +114,7 @@ class SqlDbEnv(ToolEnv):
         schema_in_prompt: bool = False,
         difficulty: list[str] | None = None,
         tools: list[str] | None = None,
+        error_hints: bool | None = None,
     ):
         self.split = Split.parse(split, "sql_db")
         if db_path is not None and tasks is None:
@@ -123,6 +135,7 @@ class SqlDbEnv(ToolEnv):
             if unknown:
                 raise ValueError(f"sql_db: unknown difficulty {unknown}; choose from {sorted(known)}")
             difficulty = tuple(sorted(set(difficulty)))
+        self.db.hints = bool(Difficulty.EXPLORE in (difficulty or ()) if error_hints is None else error_hints)
         if tasks is None:
             chosen = list(_default_selection(str(path.resolve()), path.stat().st_mtime_ns, self.split, difficulty))
         else:
@@ -164,12 +177,19 @@ class SqlDbEnv(ToolEnv):
         return 1.0 if answers_match(task.answer, answer, ordered=bool(task.data.get("ordered", False))) else 0.0
 
     def oracle(self, task: Task) -> list[Action]:
-        """One `sql_query` call per gold query (a two-step task's second query is built from
-        the first one's real output), then the expected answer."""
+        """The lookups of an explore task (list_tables, describe_table: one call a turn; the same in
+        SQL when those tools are not offered), one
+        `sql_query` call per gold query (a two-step task's second query is built from the first
+        one's real output), then the expected answer."""
         sql = task.data.get("sql")
         queries = [] if sql is None else [sql] if isinstance(sql, str) else list(sql)
         next_sql = task.data.get("next_sql")
+        offered = {tool_name(t) for t in self._tool_list}
         actions: list[Action] = []
+        for name, arguments in task.data.get("lookups", ()):
+            if name not in offered:  # tools=[sql_query]: the same lookup in SQL
+                name, arguments = "sql_query", {"query": _LOOKUP_SQL[name].format(**arguments)}
+            actions.append({"role": "assistant", "content": "", "tool_calls": [{"name": name, "arguments": dict(arguments)}]})
         output = ""
         for i, query in enumerate(queries):
             if i == 1 and next_sql is not None:

@@ -5,7 +5,9 @@
     mine = load_tasks_jsonl("tasks.jsonl", db)  # ValueError naming the file and line on a bad line
 
 Generated tasks combine short, regular question templates with parameters drawn from the
-database, at five difficulties (count, join, aggregate, topk, two_step). Every task carries
+database, at five difficulties (count, join, aggregate, topk, two_step), plus the `explore`
+family (questions worded without column names, for an agent that must look the schema up;
+`data["lookups"]` lists the list_tables / describe_table calls its oracle makes). Every task carries
 its gold SQL (`data["sql"]`: a string, or a list of two for two-step tasks, where the second
 is built from the first's printed result via `data["next_sql"]` with `{value}`) and its
 answer, computed by running that SQL. Money is rounded in the gold SQL; top-k questions whose
@@ -67,6 +69,10 @@ class Difficulty(StrEnum):
     AGGREGATE = "aggregate"  # SUM / AVG over a join or a group
     TOPK = "topk"  # ranked lists, compared in order
     TWO_STEP = "two_step"  # two queries: the second uses a value read from the first's output
+    EXPLORE = "explore"  # the schema must be looked up first (list_tables / describe_table), 2-4 calls
+
+
+CLASSIC = tuple(d.value for d in Difficulty if d != Difficulty.EXPLORE)  # what difficulty=None selects
 
 
 Params = dict[str, Any]
@@ -81,6 +87,8 @@ class Template:
     params: Callable[[Catalog], list[Params]]
     next_sql: str | None = None  # two-step: the second query, with {value} from the first's output
     tie_sql: str | None = None  # top-k: the ranking metric for k + 1 rows ({k1}); ties are skipped
+    find_table: bool = False  # explore: the oracle calls list_tables first
+    describe: tuple[str, ...] = ()  # explore: the tables the oracle describes before querying
 
 
 @dataclass
@@ -203,6 +211,60 @@ TEMPLATES: tuple[Template, ...] = (
        tie_sql="SELECT julianday(o.order_date) FROM orders o JOIN customers c ON c.id = o.customer_id WHERE c.name = '{customer}' ORDER BY 1 DESC LIMIT {k1}"),
 )  # fmt: skip
 
+# The explore family: questions worded without the column names, for an agent that does not see the schema.
+# The oracle looks up what it needs (list_tables when the question names no table, describe_table for each
+# table its SQL reads), then runs the gold SQL: 2-4 tool calls. Built after TEMPLATES, so adding these did not
+# change any earlier task (they draw from the same generator afterwards).
+_X = Difficulty.EXPLORE
+_ROLES = ("Manager", "Sales Associate", "Cashier", "Stock Clerk")
+EXPLORE_TEMPLATES: tuple[Template, ...] = (
+    _T("x_joined", _X, "How many customers from {city} joined in {year}?",
+       "SELECT COUNT(*) FROM customers WHERE city = '{city}' AND signup_year = {year}",
+       lambda c: [{"city": x, "year": y} for x in c.cities for y in range(2018, 2025)], describe=("customers",)),
+    _T("x_email", _X, "What is the email address of {customer}?",
+       "SELECT email FROM customers WHERE name = '{customer}'", lambda c: [{"customer": x} for x in c.customers],
+       describe=("customers",)),
+    _T("x_opened", _X, "In what year did the {store} store open?",
+       "SELECT opened_year FROM stores WHERE name = '{store}'", lambda c: [{"store": x} for x in c.stores],
+       describe=("stores",)),
+    _T("x_earns", _X, "How much does {employee} earn?",
+       "SELECT salary FROM employees WHERE name = '{employee}'", lambda c: [{"employee": x} for x in c.employees],
+       describe=("employees",)),
+    _T("x_hired", _X, "In what year was {employee} hired?",
+       "SELECT hire_year FROM employees WHERE name = '{employee}'", lambda c: [{"employee": x} for x in c.employees],
+       describe=("employees",)),
+    _T("x_kind", _X, "What kind of product is the {product}?",
+       "SELECT category FROM products WHERE name = '{product}'", lambda c: [{"product": x} for x in c.products],
+       describe=("products",)),
+    _T("x_status", _X, "What is the status of order {order}?",
+       "SELECT status FROM orders WHERE id = {order}", lambda c: [{"order": x} for x in c.sample_orders()],
+       describe=("orders",)),
+    _T("x_units", _X, "How many units were bought in order {order}?",
+       "SELECT SUM(quantity) FROM order_items WHERE order_id = {order}", lambda c: [{"order": x} for x in c.sample_orders()],
+       find_table=True, describe=("order_items",)),
+    _T("x_lines", _X, "How many different products are in order {order}?",
+       "SELECT COUNT(DISTINCT product_id) FROM order_items WHERE order_id = {order}",
+       lambda c: [{"order": x} for x in c.sample_orders()], find_table=True, describe=("order_items",)),
+    _T("x_staff", _X, "How many people with the job {role} work at the {store} store?",
+       "SELECT COUNT(*) FROM employees e JOIN stores s ON s.id = e.store_id WHERE s.name = '{store}' AND e.role = '{role}'",
+       lambda c: [{"role": r, "store": s} for r in _ROLES for s in c.stores], describe=("employees", "stores")),
+    _T("x_first_order", _X, "On what date did {customer} place their first order?",
+       "SELECT MIN(o.order_date) FROM orders o JOIN customers c ON c.id = o.customer_id WHERE c.name = '{customer}'",
+       lambda c: [{"customer": x} for x in c.customers], describe=("customers", "orders")),
+    _T("x_same_year", _X, "How many customers joined in the same year as {customer}?",
+       "SELECT signup_year FROM customers WHERE name = '{customer}'", lambda c: [{"customer": x} for x in c.customers],
+       next_sql="SELECT COUNT(*) FROM customers WHERE signup_year = {value}", describe=("customers",)),
+    _T("x_coworkers", _X, "How many employees work at the same store as {employee}?",
+       "SELECT store_id FROM employees WHERE name = '{employee}'", lambda c: [{"employee": x} for x in c.employees],
+       next_sql="SELECT COUNT(*) FROM employees WHERE store_id = {value}", describe=("employees",)),
+    _T("x_buyer_email", _X, "What is the email address of the customer who placed order {order}?",
+       "SELECT customer_id FROM orders WHERE id = {order}", lambda c: [{"order": x} for x in c.sample_orders()],
+       next_sql="SELECT email FROM customers WHERE id = {value}", describe=("orders", "customers")),
+    _T("x_seller_pay", _X, "How much does the employee who handled order {order} earn?",
+       "SELECT employee_id FROM orders WHERE id = {order}", lambda c: [{"order": x} for x in c.sample_orders()],
+       next_sql="SELECT salary FROM employees WHERE id = {value}", describe=("orders", "employees")),
+)  # fmt: skip
+
 
 def first_cell(table_text: str) -> str:
     """The first cell of the first row of a tool output table (how the oracle reads a value)."""
@@ -255,7 +317,7 @@ def generate_tasks(db: SqlDatabase) -> list[Task]:
     catalog = _catalog(db, rng)
     held = _held_out(catalog, rng)
     tasks = []
-    for template in TEMPLATES:
+    for template in (*TEMPLATES, *EXPLORE_TEMPLATES):
         for params in template.params(catalog):
             entities = [(k, v) for k, v in params.items() if k in ENTITY_PARAMS]
             if entities:
@@ -288,6 +350,8 @@ def _make_task(db: SqlDatabase, template: Template, params: Params, split: str) 
             "ordered": template.tie_sql is not None and template.next_sql is None, "data_source": "sql_db"}  # fmt: skip
     if template.next_sql is not None:
         data["next_sql"] = template.next_sql
+    if template.find_table or template.describe:
+        data["lookups"] = [["list_tables", {}]] * template.find_table + [["describe_table", {"name": t}] for t in template.describe]
     return Task(id=task_id, question=template.question.format(**params), answer=answer_text(result), data=data)
 
 

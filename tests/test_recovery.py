@@ -1,0 +1,131 @@
+"""Recoverable mistakes in demonstrations (agentopd.recovery): the env really rejects them, the
+demonstration still succeeds, the mistaken turn is out of the loss and the correction is in, the
+episode is token-exact through the real agent loop, and the explore preset's embedded models use them."""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from agentopd.bootstrap import TINY_SPEC, bootstrap, demonstrations, ensure_tokenizer
+from agentopd.chat import check_stored_episode
+from agentopd.engines.scripted import ScriptedEngine, action_text
+from agentopd.recovery import MistakeKind, mask_turns, rejected, with_mistake
+from agentopd.rollout import Rollout, RolloutConfig
+from agentopd.batch import TrainSample
+from envs.sql_db import SqlDbEnv
+
+EXPLORE = {"difficulty": ["explore"], "max_turns": 8}
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("agentopd_home")
+        mp.setenv("AGENTOPD_HOME", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def tok(home):
+    return ensure_tokenizer(TINY_SPEC, home=home)
+
+
+def test_mistakes_are_rejected_by_the_env_and_then_recovered(home):
+    env = SqlDbEnv(split="train", **EXPLORE)
+    rng = random.Random(0)
+    kinds = collections.Counter()
+    try:
+        for task in env.tasks[::25]:
+            oracle = env.oracle(task)
+            planned = with_mistake(env, task, oracle, rng)
+            assert planned is not None, task.id
+            (k,) = planned.mistake_turns
+            assert planned.actions[:k] == oracle[:k] and planned.actions[k + 1 :] == oracle[k:]
+            assert rejected(planned.reply)
+            kinds[planned.kind] += 1
+            env.reset(options={"task_id": task.id})
+            replies = []
+            for action in planned.actions:
+                obs, reward, terminated, truncated, _ = env.step(action)
+                replies.append("\n".join(m["content"] for m in obs))
+            assert terminated and reward == 1.0  # the correction solves the task
+            assert [rejected(r) for r in replies[:-1]] == [i == k for i in range(len(replies) - 1)]
+            assert replies[k] == planned.reply
+    finally:
+        env.close()
+    assert set(kinds) == set(MistakeKind), kinds
+
+
+def test_no_mistake_where_none_applies(home):
+    env = SqlDbEnv(split="train", difficulty=["count"], max_turns=2)
+    try:
+        task = env.tasks[0]
+        assert with_mistake(env, task, env.oracle(task), random.Random(0)) is None  # no turn to spare
+        answer_only = [{"role": "assistant", "content": task.answer, "tool_calls": []}]
+        assert with_mistake(env, task, answer_only, random.Random(0)) is None  # no tool call to spoil
+    finally:
+        env.close()
+
+
+def test_demonstrations_mask_the_mistaken_turn_and_keep_the_correction(home, tok):
+    clean = demonstrations("sql_db", tok, 24, 2048, env_kwargs=EXPLORE)
+    mixed = demonstrations("sql_db", tok, 24, 2048, env_kwargs=EXPLORE, mistakes=0.5)
+    changed = 0
+    for a, b in zip(clean, mixed, strict=True):
+        if a.token_ids == b.token_ids:  # no mistake here: the very same sample as without mistakes
+            assert a.response_mask == b.response_mask
+            continue
+        changed += 1
+        turns = sorted(set(b.turn_index))
+        learned = {k for k, m in zip(b.turn_index, b.response_mask, strict=True) if m}
+        assert len(set(turns) - learned) == 1  # exactly one assistant turn has no loss token: the mistake
+        assert b.num_student_tokens == a.num_student_tokens  # the correction and the rest: as in the clean demo
+        assert len(b.token_ids) > len(a.token_ids)  # the mistake and the env's reply stay in the context
+    assert 6 <= changed <= 18
+
+
+def test_recovered_episode_is_token_exact_through_the_agent_loop(home, tok):
+    env = SqlDbEnv(split="train", **EXPLORE)
+    task = next(t for t in env.tasks if t.data["template"] == "x_buyer_email")
+    planned = with_mistake(env, task, env.oracle(task), random.Random(3))
+    env.close()
+    assert planned is not None
+    engine = ScriptedEngine(tok)
+    specs = Rollout.specs_for([task.id], n=1, split="demo")
+    engine.script(specs[0].episode_id, planned.actions)
+    rollout = Rollout(lambda: SqlDbEnv(split="train", **EXPLORE), engine, tok, RolloutConfig(max_context=2048, max_new_tokens=2048))
+    (episode,) = rollout.run_sync(specs)
+    rollout.close()
+    assert episode.success and episode.num_turns == len(planned.actions)
+    report = check_stored_episode(tok, episode)
+    assert report.ok, report.info
+    sample = mask_turns(TrainSample.from_stream(episode.tokens), planned.mistake_turns)
+    (k,) = planned.mistake_turns
+
+    def turn_text(i: int, mask: list[int]) -> str:
+        ids = [t for t, m, j in zip(episode.tokens.token_ids[episode.tokens.prompt_len :], mask, sample.turn_index, strict=True) if j == i and m]
+        return tok.decode(ids)
+
+    bad, fix = planned.actions[k], planned.actions[k + 1]
+    assert turn_text(k, episode.tokens.response_mask).startswith(action_text(bad))  # sampled, then ...
+    assert turn_text(k, sample.response_mask) == ""  # ... out of the loss
+    assert turn_text(k + 1, sample.response_mask).startswith(action_text(fix))  # the correction is learned
+    assert episode.messages[2 + 2 * k + 1].content == planned.reply  # the env's real error is in the context
+
+
+def test_explore_preset_gets_its_own_recovering_models(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTOPD_HOME", str(tmp_path))
+    spec = replace(TINY_SPEC, mistakes=0.5, demonstrations=32, eval_tasks=4)
+    models = bootstrap("sql_db", spec=spec, home=tmp_path, env_kwargs={"difficulty": ["explore"], "max_turns": 8})
+    assert models.teacher_dir == tmp_path / "models" / "sql_db_explore" / "teacher"
+    report = json.loads((models.teacher_dir.parent / "report.json").read_text())
+    assert report["env_kwargs"]["difficulty"] == ["explore"] and report["spec"]["mistakes"] == 0.5
+    assert not (tmp_path / "models" / "sql_db").exists()  # the classic preset's models are another cache
+    stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
+    again = bootstrap("sql_db_explore", spec=spec, home=tmp_path)  # the preset's name (agentopd bootstrap --env ...): cached
+    assert again.teacher_dir == models.teacher_dir and (models.teacher_dir / "model.safetensors").stat().st_mtime_ns == stamp
