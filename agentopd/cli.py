@@ -130,6 +130,30 @@ def check_env_command(
     console.print(f"[green]{report.env}: all checks passed[/]")
 
 
+@command("check-pair")
+def check_pair_command(
+    student: Annotated[str, typer.Option("--student", help="the student: a Hugging Face folder or hub id")],
+    teacher: Annotated[str, typer.Option("--teacher", help="the teacher: a Hugging Face folder or hub id")],
+    env: Annotated[str | None, typer.Option("--env", help="render this env's oracle conversation; check its preset's max_context")] = None,
+    self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it twice)")] = True,
+) -> None:
+    """Check that a teacher fits a student (vocabulary, special and stop tokens, chat template, context,
+    a self-scoring smoke test); exit 1 on a mismatch."""
+    _quiet_transformers()
+    from agentopd.pair import PairStatus, check_pair
+
+    report = check_pair(student, teacher, env, self_score=self_score)
+    style = {PairStatus.PASS: "green", PairStatus.FAIL: "bold red", PairStatus.SKIP: "yellow"}
+    table = _table(f"check-pair: student {student}, teacher {teacher}", "check", "result", "detail")
+    for c in report.checks:
+        table.add_row(c.name, f"[{style[c.status]}]{c.status.value}[/]", escape(c.detail))
+    console.print(table)
+    if not report.ok:
+        err_console.print(f"[bold red]{len(report.failed)} check(s) failed:[/] {', '.join(c.name for c in report.failed)}")
+        raise typer.Exit(1)
+    console.print("[green]the pair fits: all checks passed[/]")
+
+
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 

@@ -1,0 +1,289 @@
+"""Pair preflight: can this teacher distill into this student? Checked before any training.
+
+    report = check_pair("path/to/student", "path/to/teacher", env="sql_db")
+    report.ok, report.checks                 # [PairCheck(name, status, detail)], failures first named
+    shared = require_pair(student, teacher)  # the cheap checks; ValueError naming every failure
+    CLI: agentopd check-pair --student S --teacher T [--env E]     (a table; exit 1 on a mismatch)
+
+Distillation compares the two models token id by token id over the same token stream, so (in order):
+- vocabulary: both tokenizers map every id to the same token string (the first differing id is
+  named); each model's embedding rows cover its tokenizer; rows past it are padding no id reaches,
+  allowed and named ("teacher rows 600-663: padding") — full-vocabulary losses compare the shared rows;
+- special_tokens: the same special tokens at the same ids (added tokens marked special, and the
+  eos / pad / bos / unk roles);
+- stop_ids: the ids that end a turn (the tokenizer's eos, the generation config's eos ids, the
+  chat template's `<|im_end|>` when it has one) are the same tokens;
+- chat_template: one conversation — with the env given, the oracle's solution of its first training
+  task (system prompt, tool schemas, tool calls, tool results, answer); else a fixed one with a tool
+  call — renders to the same text byte for byte and the same token ids (the first difference shown);
+- max_context: both models' `max_position_embeddings` hold the run's episodes (the env preset's
+  `rollout.max_context`, or `max_context=`), else the smaller of the two is reported;
+- self_score (not cheap: loads the teacher twice): the teacher scores that conversation as the
+  teacher (agentopd.teacher.HFTeacher, hidden states) and is trained on it as the student with the
+  full-vocabulary forward KL (agentopd.trainer.Trainer, one step) — the loss and the difference between
+  the scored log-probs and the model's own must be ~0 (< 1e-3): the scoring and loss path agree with the
+  model itself. With padding rows, the probability the teacher puts on them is named (its sampled-token
+  log-probs are normalised over every row; full-vocabulary losses compare the shared rows).
+A check that cannot run because an earlier one failed is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+
+from agentopd.chat import EOS_TOKEN, encode, render
+from agentopd.teacher.compat import id_to_token
+
+SELF_SCORE_TOL = 1e-3
+
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a value up.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string", "description": "what to look up"}}, "required": ["key"]},
+    },
+}
+FIXED_CONVERSATION: tuple[list[dict[str, Any]], list[dict[str, Any]]] = (
+    [
+        {"role": "system", "content": "You answer with the tools."},
+        {"role": "user", "content": "What is the price of the Camping Tent?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "lookup", "arguments": {"key": "Camping Tent"}}]},
+        {"role": "tool", "name": "lookup", "content": "price\n249.99"},
+        {"role": "assistant", "content": "249.99"},
+    ],
+    [_TOOL],
+)
+
+
+class PairStatus(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class PairCheck:
+    name: str
+    status: PairStatus
+    detail: str
+
+
+@dataclass
+class PairReport:
+    student: str
+    teacher: str
+    checks: list[PairCheck] = field(default_factory=list)
+    shared_vocab: int | None = None  # the tokenizer size both share (rows a full-vocabulary loss compares)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status is not PairStatus.FAIL for c in self.checks)
+
+    @property
+    def failed(self) -> list[PairCheck]:
+        return [c for c in self.checks if c.status is PairStatus.FAIL]
+
+
+class _Fail(Exception):
+    pass
+
+
+def _rows(config: Any) -> int:
+    return int(config.get_text_config().vocab_size if hasattr(config, "get_text_config") else config.vocab_size)
+
+
+def _vocabulary(student_tok, teacher_tok, student_cfg, teacher_cfg) -> tuple[str, int]:
+    student, teacher = id_to_token(student_tok), id_to_token(teacher_tok)
+    if student != teacher:
+        i = next(i for i in range(max(max(student), max(teacher)) + 1) if student.get(i) != teacher.get(i))
+        raise _Fail(
+            f"tokenizers differ: student {len(student):,} tokens, teacher {len(teacher):,}; first differing id {i}: "
+            f"student {student.get(i, '<none>')!r} vs teacher {teacher.get(i, '<none>')!r}"
+        )
+    size = max(student) + 1
+    parts = [f"{size:,} tokens, identical"]
+    for who, config in (("student", student_cfg), ("teacher", teacher_cfg)):
+        rows = _rows(config)
+        if rows < size:
+            raise _Fail(f"{who} model has {rows:,} embedding rows for {size:,} token ids")
+        if rows > size:
+            parts.append(f"{who} rows {size}-{rows - 1}: padding ({rows - size:,} rows no id reaches)")
+    return "; ".join(parts), size
+
+
+def _special(tok: PreTrainedTokenizerBase) -> dict[str, Any]:
+    roles = {r: getattr(tok, f"{r}_token_id", None) for r in ("eos", "pad", "bos", "unk")}
+    added = {t.content: i for i, t in tok.added_tokens_decoder.items() if t.special}
+    return {"roles": roles, "special": dict(sorted(added.items(), key=lambda kv: kv[1]))}
+
+
+def _special_tokens(student_tok, teacher_tok) -> str:
+    s, t = _special(student_tok), _special(teacher_tok)
+    for token in sorted(set(s["special"]) | set(t["special"])):
+        if s["special"].get(token) != t["special"].get(token):
+            raise _Fail(f"special token {token!r}: student id {s['special'].get(token)}, teacher id {t['special'].get(token)}")
+    for role in s["roles"]:
+        if s["roles"][role] != t["roles"][role]:
+            raise _Fail(f"{role} token: student id {s['roles'][role]}, teacher id {t['roles'][role]}")
+    roles = ", ".join(f"{r} {i}" for r, i in s["roles"].items() if i is not None)
+    return f"{len(s['special'])} special tokens at the same ids; {roles}"
+
+
+def _stop_ids(tok: PreTrainedTokenizerBase, path: str) -> set[int]:
+    from transformers import GenerationConfig
+
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    except OSError:  # no generation_config.json
+        pass
+    end = tok.convert_tokens_to_ids(EOS_TOKEN)
+    if isinstance(end, int) and end != tok.unk_token_id:
+        ids.add(end)
+    return ids
+
+
+def _stops(student_tok, teacher_tok, student: str, teacher: str) -> str:
+    s, t = _stop_ids(student_tok, student), _stop_ids(teacher_tok, teacher)
+    if s != t:
+        raise _Fail(f"stop ids differ: student {sorted(s)} {student_tok.convert_ids_to_tokens(sorted(s))}, "
+                    f"teacher {sorted(t)} {teacher_tok.convert_ids_to_tokens(sorted(t))}")  # fmt: skip
+    return f"{sorted(s)} = {student_tok.convert_ids_to_tokens(sorted(s))}"
+
+
+def conversation(env: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """(messages, tool schemas, where they come from): the env's oracle on its first training task, or a fixed one."""
+    if env is None:
+        messages, tools = FIXED_CONVERSATION
+        return [dict(m) for m in messages], list(tools), "a fixed conversation with one tool call"
+    from agentopd.config import load_config
+    from agentopd.corpus import oracle_conversation
+    from agentopd.splits import make_env_for_split
+
+    cfg = load_config(env)
+    kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "split"}
+    made = make_env_for_split(cfg.env.name, "train", **kwargs)
+    try:
+        task = made.unwrapped.tasks[0]
+        messages, tools = oracle_conversation(made, task.id)
+    finally:
+        made.close()
+    return [m if isinstance(m, dict) else dict(m) for m in messages], tools, f"the {env} oracle on task {task.id!r}"
+
+
+def _template(student_tok, teacher_tok, messages, tools, source: str) -> str:
+    s_text, t_text = (render(tok, messages, tools or None) for tok in (student_tok, teacher_tok))
+    if s_text != t_text:
+        i = next((i for i, (a, b) in enumerate(zip(s_text, t_text)) if a != b), min(len(s_text), len(t_text)))
+        raise _Fail(f"{source} renders differently at character {i}: student {s_text[max(0, i - 30) : i + 30]!r} "
+                    f"vs teacher {t_text[max(0, i - 30) : i + 30]!r}")  # fmt: skip
+    s_ids, t_ids = encode(student_tok, s_text), encode(teacher_tok, t_text)
+    if s_ids != t_ids:
+        i = next((i for i, (a, b) in enumerate(zip(s_ids, t_ids)) if a != b), min(len(s_ids), len(t_ids)))
+        raise _Fail(f"{source} tokenizes differently at token {i}: student {s_ids[i : i + 5]} vs teacher {t_ids[i : i + 5]}")
+    calls = sum(len(m.get("tool_calls") or []) for m in messages)
+    return f"{source}: {len(s_text):,} characters, {len(s_ids):,} tokens, {calls} tool call(s), identical"
+
+
+def _context(student_cfg, teacher_cfg, max_context: int | None) -> str:
+    s = getattr(student_cfg, "max_position_embeddings", None)
+    t = getattr(teacher_cfg, "max_position_embeddings", None)
+    known = [x for x in (s, t) if x is not None]
+    if max_context is not None and known and max_context > min(known):
+        raise _Fail(f"episodes of up to {max_context:,} tokens, but student holds {s}, teacher {t} positions")
+    run = f"; episodes up to {max_context:,}" if max_context is not None else ""
+    return f"student {s}, teacher {t} positions{run}"
+
+
+def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, shared: int) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentopd.batch import TrainSample
+    from agentopd.teacher import HFTeacher, TeacherMode
+    from agentopd.trainer import Trainer, TrainerConfig
+    from agentopd.types import TokenStream
+
+    prompt = encode(tok, render(tok, messages[:2], tools or None, add_generation_prompt=True))
+    ids = encode(tok, render(tok, messages, tools or None))
+    if ids[: len(prompt)] != prompt or len(ids) <= len(prompt):
+        raise _Fail("the conversation's prompt is not a prefix of its full render")
+    n = len(ids) - len(prompt)
+    stream = TokenStream(ids, len(prompt), [1] * n, [0.0] * n, [0] * n)
+    scorer = HFTeacher(teacher, device="cpu", dtype=torch.float32, offload_after_score=False)
+    (scores,) = scorer.score([stream], mode=TeacherMode.HIDDEN)
+    student = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
+    with torch.no_grad():  # the model's own distribution, over all its rows (as the teacher scores)
+        logprobs_RV = torch.log_softmax(student(torch.tensor([ids])).logits[0, len(prompt) - 1 : -1].float(), -1)
+        own = logprobs_RV.gather(-1, torch.tensor(ids[len(prompt) :])[:, None])[:, 0]
+        padding_mass = float(logprobs_RV[:, shared:].exp().sum(-1).max()) if logprobs_RV.shape[1] > shared else None
+    diff = float((own - torch.tensor(scores.logprobs)).abs().max())
+    cfg = TrainerConfig(loss="forward_kl", lr=1e-9, total_steps=1, micro_batch_tokens=max(1024, len(ids)))
+    trainer = Trainer(student, cfg, device="cpu")
+    sample = TrainSample.from_stream(stream, teacher_logprobs=scores.logprobs, teacher_hidden=scores.hidden)
+    loss = trainer.train_step([sample], teacher_head_VH=scorer.head_weight(shared))["loss"]
+    detail = f"{n} tokens scored: forward KL {loss:.1e}, max |log-prob difference| {diff:.1e}"
+    if padding_mass is not None:  # named, not refused: full-vocabulary losses compare the shared rows only
+        detail += (f"; the teacher's padding rows hold up to {padding_mass:.1e} of its probability (in its sampled-token "
+                   f"log-probs; full-vocabulary losses compare the {shared:,} shared rows)")  # fmt: skip
+    if not (abs(loss) < SELF_SCORE_TOL and diff < SELF_SCORE_TOL):
+        raise _Fail(f"{detail} (should be ~0: the scoring or loss path disagrees with the model)")
+    return detail
+
+
+def check_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
+               self_score: bool = True) -> PairReport:  # fmt: skip
+    """Every pair check (module docstring); `self_score=False` runs the cheap ones only."""
+    student, teacher = str(student), str(teacher)
+    report = PairReport(student, teacher)
+    student_tok, teacher_tok = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
+    student_cfg, teacher_cfg = AutoConfig.from_pretrained(student), AutoConfig.from_pretrained(teacher)
+    if env is not None and max_context is None:
+        from agentopd.config import load_config
+
+        max_context = load_config(env).rollout.max_context
+    messages, tools, source = conversation(env)
+    shared: list[int] = []
+
+    def vocabulary() -> str:
+        detail, size = _vocabulary(student_tok, teacher_tok, student_cfg, teacher_cfg)
+        shared.append(size)
+        return detail
+
+    steps = [
+        ("vocabulary", vocabulary),
+        ("special_tokens", lambda: _special_tokens(student_tok, teacher_tok)),
+        ("stop_ids", lambda: _stops(student_tok, teacher_tok, student, teacher)),
+        ("chat_template", lambda: _template(student_tok, teacher_tok, messages, tools, source)),
+        ("max_context", lambda: _context(student_cfg, teacher_cfg, max_context)),
+    ]
+    if self_score:
+        steps.append(("self_score", lambda: _self_score(teacher, teacher_tok, messages, tools, shared[0])))
+    for name, run in steps:
+        if report.failed and name == "self_score":
+            report.checks.append(PairCheck(name, PairStatus.SKIP, "skipped: an earlier check failed"))
+            continue
+        try:
+            report.checks.append(PairCheck(name, PairStatus.PASS, run()))
+        except _Fail as e:
+            report.checks.append(PairCheck(name, PairStatus.FAIL, str(e)))
+    report.shared_vocab = shared[0] if shared else None
+    return report
+
+
+def require_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None) -> int:
+    """The cheap checks before a run (no model weights loaded): ValueError naming each failure;
+    returns the shared vocabulary size (as `check_compatible` does)."""
+    report = check_pair(student, teacher, env, max_context=max_context, self_score=False)
+    if not report.ok:
+        failures = "; ".join(f"{c.name}: {c.detail}" for c in report.failed)
+        raise ValueError(f"teacher {teacher} does not fit student {student}: {failures} (agentopd check-pair --student ... --teacher ...)")
+    assert report.shared_vocab is not None
+    return report.shared_vocab

@@ -1,0 +1,90 @@
+"""Pair preflight (agentopd.pair, `agentopd check-pair`): the built-in tiny pair passes, a pair whose
+teacher has padding rows passes and names them, a pair with another tokenizer fails naming the first
+differing token, and a run's context that the models cannot hold fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
+
+from agentopd.chat import build_tokenizer
+from agentopd.cli import app
+from agentopd.pair import PairStatus, check_pair, require_pair
+
+
+@pytest.fixture
+def cli(tiny_home, monkeypatch):
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    monkeypatch.setenv("COLUMNS", "250")
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def pair(tiny_home):
+    return tiny_home / "models" / "sql_db" / "student", tiny_home / "models" / "sql_db" / "teacher"
+
+
+def statuses(report) -> dict[str, PairStatus]:
+    return {c.name: c.status for c in report.checks}
+
+
+def test_builtin_pair_passes_every_check(cli, pair):
+    student, teacher = pair
+    report = check_pair(student, teacher, env="sql_db")
+    assert report.ok and set(statuses(report).values()) == {PairStatus.PASS}
+    assert list(statuses(report)) == ["vocabulary", "special_tokens", "stop_ids", "chat_template", "max_context", "self_score"]
+    detail = {c.name: c.detail for c in report.checks}
+    assert "sql_db oracle" in detail["chat_template"] and "identical" in detail["chat_template"]
+    assert "forward KL" in detail["self_score"]
+    result = cli("check-pair", "--student", student, "--teacher", teacher)
+    assert result.exit_code == 0, result.output
+    assert "all checks passed" in result.output and "self_score" in result.output
+
+
+def test_padded_vocabulary_passes_and_names_the_padding(cli, pair, tmp_path):
+    student, src = pair
+    teacher = AutoModelForCausalLM.from_pretrained(src)
+    rows = teacher.config.vocab_size
+    teacher.resize_token_embeddings(rows + 64, mean_resizing=False)  # 64 padding rows (as Qwen's 151,936 vs 152,064)
+    with torch.no_grad():
+        teacher.get_output_embeddings().weight[rows:].normal_()
+    teacher.save_pretrained(tmp_path / "padded")
+    AutoTokenizer.from_pretrained(src).save_pretrained(tmp_path / "padded")
+    report = check_pair(student, tmp_path / "padded")
+    assert report.ok, report.failed
+    vocab = next(c for c in report.checks if c.name == "vocabulary")
+    assert f"teacher rows {rows}-{rows + 63}: padding (64 rows" in vocab.detail
+    assert report.shared_vocab == rows and require_pair(student, tmp_path / "padded") == rows
+    result = cli("check-pair", "--student", student, "--teacher", tmp_path / "padded", "--no-self-score")
+    assert result.exit_code == 0 and "padding" in result.output, result.output
+
+
+def test_another_tokenizer_fails_naming_the_first_differing_token(cli, pair, tmp_path):
+    student, src = pair
+    tok = AutoTokenizer.from_pretrained(src)
+    other = build_tokenizer(["zebra quartz " * 50, "jovial wyvern " * 50], vocab_size=300)  # other merges, same specials
+    mine, theirs = tok.convert_ids_to_tokens(list(range(len(tok)))), other.convert_ids_to_tokens(list(range(len(other))))
+    first = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+    teacher = AutoModelForCausalLM.from_pretrained(src)
+    teacher.resize_token_embeddings(len(other), mean_resizing=False)
+    teacher.save_pretrained(tmp_path / "other")
+    other.save_pretrained(tmp_path / "other")
+    report = check_pair(student, tmp_path / "other")
+    assert not report.ok and statuses(report)["vocabulary"] == PairStatus.FAIL
+    assert statuses(report)["self_score"] == PairStatus.SKIP
+    vocab = next(c for c in report.checks if c.name == "vocabulary")
+    assert f"first differing id {first}: student {mine[first]!r} vs teacher {theirs[first]!r}" in vocab.detail
+    result = cli("check-pair", "--student", student, "--teacher", tmp_path / "other", "--no-self-score")
+    assert result.exit_code == 1 and "first differing id" in result.output and "vocabulary" in result.output
+    with pytest.raises(ValueError, match="vocabulary: tokenizers differ"):
+        require_pair(student, tmp_path / "other")
+
+
+def test_a_context_the_models_cannot_hold_fails(pair):
+    student, teacher = pair
+    report = check_pair(student, teacher, max_context=4096, self_score=False)
+    assert statuses(report)["max_context"] == PairStatus.FAIL and "4,096" in report.failed[0].detail
+    assert check_pair(student, teacher, max_context=1024, self_score=False).ok
