@@ -38,7 +38,7 @@ from agentopd.corpus import env_corpus
 from agentopd.engines.scripted import ScriptedEngine
 from agentopd.evaluate import evaluate
 from agentopd.paths import agentopd_home
-from agentopd.recovery import mask_turns, with_mistake
+from agentopd.recovery import mask_turns, recovery_eval, with_mistake
 from agentopd.splits import make_env_for_split
 from agentopd.rollout import Rollout, RolloutConfig
 
@@ -373,6 +373,9 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
         model.eval()
         train["success"] = success_of(model) if train["success"] is None or role == "student" else train["success"]
         train["parameters"] = sum(p.numel() for p in model.parameters())
+        if spec.mistakes > 0:  # held-out success when the episode starts with a recoverable mistake already made
+            train["recovery_success"] = recovery_eval(model, tok, env_name, env_kwargs=env_kwargs, num_tasks=spec.eval_tasks,
+                                                      rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context)).success_rate  # fmt: skip
 
         def save(path: Path, model=model) -> None:
             model.save_pretrained(path)

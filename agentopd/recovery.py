@@ -6,6 +6,8 @@ then the oracle's own turn — so a teacher trained on them has seen error state
     planned.actions        # the oracle's turns with one wrong turn inserted before the turn it spoils
     planned.mistake_turns  # (k,): the assistant turn(s) to leave out of the loss
     sample = mask_turns(TrainSample.from_stream(episode.tokens), planned.mistake_turns)
+    result = recovery_eval(model, tokenizer, "sql_db", env_kwargs={"difficulty": ["explore"]})  # after a mistake
+    result.success_rate, result.num_tasks   # how often the model recovers from the error state
 
 Mistakes (`MistakeKind`), each a near miss of one tool call of the oracle (tried in a random order,
 at a random tool-call turn; the first one the env really rejects is used):
@@ -20,6 +22,10 @@ starts with "Error:" or shows "(no rows)": an attempt that returned a plausible 
 of 0) would teach nothing recoverable, and is not used. Tasks whose oracle has no tool call, or whose
 calls have nothing to spoil, get no mistake (`with_mistake` returns None).
 
+Measuring recovery (`recovery_eval`): each held-out task is played with the oracle's turns up to and
+including an injected mistake scripted (`AfterMistake`, an engine wrapper), then the model continues
+from the error state; its success rate is the share of those episodes it still solves.
+
 Masking: the mistaken turn's tokens get response_mask 0 (`mask_turns`); the env's reply to it stays
 in the context (mask 0 as every observation), and the correction that follows keeps mask 1. The token
 stream itself is the one the agent loop built (DESIGN 3.1): only the loss mask changes.
@@ -27,6 +33,7 @@ stream itself is the one the agent loop built (DESIGN 3.1): only the loss mask c
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 from collections.abc import Sequence
@@ -34,7 +41,11 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from transformers import PreTrainedTokenizerBase
+
 from agentopd.batch import TrainSample
+from agentopd.engines.base import Engine, GenerateRequest, GenerateResult
+from agentopd.engines.scripted import ScriptedEngine
 
 
 class MistakeKind(StrEnum):
@@ -183,3 +194,92 @@ def mask_turns(sample: TrainSample, turns: Sequence[int]) -> TrainSample:
     drop = set(turns)
     mask = [0 if k in drop else m for m, k in zip(sample.response_mask, sample.turn_index, strict=True)]
     return replace(sample, response_mask=mask)
+
+
+class AfterMistake:
+    """An engine that answers an episode's first requests with scripted turns, then hands the episode to `engine`."""
+
+    def __init__(self, engine: Engine, tokenizer: PreTrainedTokenizerBase):
+        self.engine = engine
+        self.scripted = ScriptedEngine(tokenizer)
+        self._left: dict[str, int] = {}
+
+    def script(self, episode_id: str, actions: Sequence[dict[str, Any]]) -> None:
+        self.scripted.script(episode_id, actions)
+        self._left[episode_id] = len(actions)
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self._left.get(request.episode_id, 0) > 0:
+            self._left[request.episode_id] -= 1
+            return await self.scripted.generate(request)
+        return await self.engine.generate(request)
+
+    def release(self, episode_id: str) -> None:
+        self._left.pop(episode_id, None)
+        self.scripted.release(episode_id)
+        self.engine.release(episode_id)
+
+    async def update_weights(self, state_dict: dict[str, Any]) -> None:
+        await self.engine.update_weights(state_dict)
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+def recovery_plans(env_name: str, env_kwargs: dict[str, Any] | None = None, *, split: str = "eval", num_tasks: int | None = 100,
+                   seed: int = 0) -> list[tuple[Any, PlannedMistake]]:  # fmt: skip
+    """(EpisodeSpec, PlannedMistake) for the tasks of `split` a mistake applies to (of `num_tasks` drawn as evaluate does)."""
+    from agentopd.evaluate import eval_task_ids
+    from agentopd.rollout import Rollout
+    from agentopd.splits import make_env_for_split
+
+    env = make_env_for_split(env_name, split, **{k: v for k, v in (env_kwargs or {}).items() if k != "split"})
+    rng = random.Random(seed)
+    plans: list[tuple[str, PlannedMistake]] = []
+    try:
+        u = env.unwrapped
+        for task_id in eval_task_ids(u.tasks, num_tasks, seed):
+            task = u.tasks[u.task_index(options={"task_id": task_id})]
+            planned = with_mistake(env, task, u.oracle(task), rng)
+            if planned is not None:
+                plans.append((task_id, planned))
+    finally:
+        env.close()
+    specs = Rollout.specs_for([t for t, _ in plans], n=1, seed=seed, split=split)
+    return [(spec, planned) for spec, (_, planned) in zip(specs, plans, strict=True)]
+
+
+def recovery_eval(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    env_name: str,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    split: str = "eval",
+    num_tasks: int | None = 100,
+    rollout: Any = None,
+    seed: int = 0,
+    engine: Engine | None = None,
+) -> Any:
+    """How often `model` (or an `engine` given instead) solves held-out tasks after an injected mistake
+    (module docstring): an agentopd.evaluate.EvalResult over the `recovery_plans` tasks."""
+    from agentopd.engines import make_engine
+    from agentopd.evaluate import summarise
+    from agentopd.rollout import Rollout, RolloutConfig
+    from agentopd.splits import make_env_for_split
+
+    kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "split"}
+    plans = recovery_plans(env_name, kwargs, split=split, num_tasks=num_tasks, seed=seed)
+    wrapped = AfterMistake(engine if engine is not None else make_engine("hf", model), tokenizer)
+    for spec, planned in plans:
+        wrapped.script(spec.episode_id, planned.actions[: planned.mistake_turns[-1] + 1])  # up to and including the mistake
+
+    async def go() -> list[Any]:
+        ro = Rollout(lambda: make_env_for_split(env_name, split, **kwargs), wrapped, tokenizer, rollout or RolloutConfig(temperature=0.0))
+        try:
+            return await ro.run([spec for spec, _ in plans])
+        finally:
+            ro.close()
+            await wrapped.close()
+
+    return summarise(env_name, f"{split}+mistake", 1, asyncio.run(go()))

@@ -14,7 +14,7 @@ import pytest
 from agentopd.bootstrap import TINY_SPEC, bootstrap, demonstrations, ensure_tokenizer
 from agentopd.chat import check_stored_episode
 from agentopd.engines.scripted import ScriptedEngine, action_text
-from agentopd.recovery import MistakeKind, mask_turns, rejected, with_mistake
+from agentopd.recovery import MistakeKind, mask_turns, recovery_eval, recovery_plans, rejected, with_mistake
 from agentopd.rollout import Rollout, RolloutConfig
 from agentopd.batch import TrainSample
 from envs.sql_db import SqlDbEnv
@@ -125,7 +125,27 @@ def test_explore_preset_gets_its_own_recovering_models(tmp_path, monkeypatch):
     assert models.teacher_dir == tmp_path / "models" / "sql_db_explore" / "teacher"
     report = json.loads((models.teacher_dir.parent / "report.json").read_text())
     assert report["env_kwargs"]["difficulty"] == ["explore"] and report["spec"]["mistakes"] == 0.5
+    assert 0.0 <= report["teacher"]["recovery_success"] <= 1.0 and "recovery_success" in report["student"]
     assert not (tmp_path / "models" / "sql_db").exists()  # the classic preset's models are another cache
     stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
     again = bootstrap("sql_db_explore", spec=spec, home=tmp_path)  # the preset's name (agentopd bootstrap --env ...): cached
     assert again.teacher_dir == models.teacher_dir and (models.teacher_dir / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_recovery_eval_plays_the_mistake_then_the_model(home, tok):
+    """The episode starts with the oracle's turns up to an injected mistake; what follows is the engine's:
+    an engine that continues as the oracle recovers every time, one that gives up never does."""
+    plans = recovery_plans("sql_db", EXPLORE, split="eval", num_tasks=12)
+    assert len(plans) == 12
+    fixer, quitter = ScriptedEngine(tok), ScriptedEngine(tok)
+    for spec, planned in plans:
+        (k,) = planned.mistake_turns
+        fixer.script(spec.episode_id, planned.actions[k + 1 :])
+        quitter.script(spec.episode_id, [{"role": "assistant", "content": "I do not know", "tool_calls": []}])
+    good = recovery_eval(None, tok, "sql_db", env_kwargs=EXPLORE, num_tasks=12, engine=fixer)
+    assert good.success_rate == 1.0 and good.num_tasks == 12 and good.split == "eval+mistake"
+    for episode, (_, planned) in zip(good.episodes, plans, strict=True):
+        (k,) = planned.mistake_turns
+        assert episode.messages[2 + 2 * k + 1].content == planned.reply and episode.num_turns == len(planned.actions)
+    bad = recovery_eval(None, tok, "sql_db", env_kwargs=EXPLORE, num_tasks=12, engine=quitter)
+    assert bad.success_rate == 0.0
