@@ -9,8 +9,9 @@ then the oracle's own turn — so a teacher trained on them has seen error state
     result = recovery_eval(model, tokenizer, "sql_db", env_kwargs={"difficulty": ["explore"]})  # after a mistake
     result.success_rate, result.num_tasks   # how often the model recovers from the error state
 
-Mistakes (`MistakeKind`), each a near miss of one tool call of the oracle (tried in a random order,
-at a random tool-call turn; the first one the env really rejects is used):
+Mistakes (`MistakeKind`), each a near miss of one tool call of the oracle (a kind drawn at random, at a
+random tool-call turn it applies to; the first one the env really rejects is used; a near miss is a
+name, never an SQL keyword that would only give a syntax error):
 - wrong_column: a column in a `sql_query` replaced by a plausible other name (signup_year -> signup,
   email -> email_address): the env answers "Error: no such column: ..." (with the columns when the
   env's error hints are on);
@@ -68,7 +69,9 @@ class PlannedMistake:
 _COLUMN_MISSES = {
     "name": "full_name", "email": "email_address", "city": "town", "price": "cost", "salary": "pay",
     "status": "state", "category": "type", "role": "job", "quantity": "qty", "id": "order_id",
+    "order_id": "order_number", "order_date": "date",
 }  # fmt: skip
+_KEYWORDS = frozenset({"order", "group", "from", "select", "where", "table", "index", "join", "by"})  # a miss is a name, not a syntax error
 _QUOTED = re.compile(r"('(?:[^']|'')*')")
 _WORD = re.compile(r"\b[A-Za-z_]\w*\b")
 _FROM_TABLE = re.compile(r"(\b(?:from|join)\s+)(\w+)", re.IGNORECASE)
@@ -78,11 +81,12 @@ def _column_miss(column: str) -> str:
     if column in _COLUMN_MISSES:
         return _COLUMN_MISSES[column]
     head, _, tail = column.rpartition("_")
-    return head if head else f"{column}_name"
+    return head if head and head.lower() not in _KEYWORDS else f"{column}_name"
 
 
 def _table_miss(table: str) -> str:
-    return table[:-1] if table.endswith("s") else f"{table}s"
+    miss = table[:-1] if table.endswith("s") else f"{table}s"
+    return miss if miss.lower() not in _KEYWORDS else f"{miss}_table"
 
 
 def _outside_quotes(sql: str, fn) -> str:
@@ -171,11 +175,11 @@ def with_mistake(env: Any, task: Any, actions: Sequence[dict[str, Any]], rng: ra
         return None  # no turn to spare for the mistake
     columns, tables = _schema(env)
     turns = [i for i, a in enumerate(actions) if a.get("tool_calls")]
-    rng.shuffle(turns)
     kinds = list(MistakeKind)
-    for i in turns:
-        rng.shuffle(kinds)
-        for kind in kinds:
+    rng.shuffle(kinds)
+    for kind in kinds:  # a kind first, then a turn it applies to: every kind gets its share
+        rng.shuffle(turns)
+        for i in turns:
             calls = list(actions[i]["tool_calls"])
             j = rng.randrange(len(calls))
             spoiled = _spoiled_call(calls[j], kind, columns, tables, rng)
