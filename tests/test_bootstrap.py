@@ -40,6 +40,8 @@ def test_builds_caches_and_rebuilds(tmp_path, monkeypatch):
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
 
 
-def test_only_builtin_envs():
-    with pytest.raises(ValueError, match="no built-in models for env 'reverse_words'"):
-        bootstrap("reverse_words")
+def test_an_env_that_is_not_installed_is_named():
+    """Any installed env with an oracle has an embedded default (tests/test_plugin_env.py); a name
+    that is not installed says so."""
+    with pytest.raises(ValueError, match="unknown env 'no_such_env'; installed: "):
+        bootstrap("no_such_env")
