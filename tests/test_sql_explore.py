@@ -110,12 +110,13 @@ def test_classic_families_are_unchanged_by_the_explore_family(home, monkeypatch)
     db = SqlDatabase(default_db_path())
     try:
         everything = sql_tasks.generate_tasks(db)
+        classic_only = sql_tasks.generate_tasks(db, explore=False)  # what a classic env generates
         monkeypatch.setattr(sql_tasks, "EXPLORE_TEMPLATES", ())
-        before = sql_tasks.generate_tasks(db)
+        before = sql_tasks.generate_tasks(db)  # as if the explore family had never been added
     finally:
         db.close()
     classic = [t for t in everything if t.data["difficulty"] != "explore"]
-    assert classic == before and everything[: len(before)] == before
+    assert classic == before == classic_only and everything[: len(before)] == before
     env = SqlDbEnv(split="all")  # difficulty=None: the classic five only
     try:
         assert {t.data["difficulty"] for t in env.tasks} == set(sql_tasks.CLASSIC)
