@@ -2,7 +2,7 @@
 
     report = check_pair("path/to/student", "path/to/teacher", env="sql_db")
     report.ok, report.checks                 # [PairCheck(name, status, detail)], failures first named
-    shared = require_pair(student, teacher)  # the cheap checks; ValueError naming every failure
+    shared = require_pair(student, teacher, max_context=2048)  # before a run: RUN_CHECKS, ValueError naming each failure
     CLI: agentopd check-pair --student S --teacher T [--env E]     (a table; exit 1 on a mismatch)
 
 Distillation compares the two models token id by token id over the same token stream, so (in order):
@@ -29,6 +29,7 @@ A check that cannot run because an earlier one failed is skipped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -239,8 +240,8 @@ def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, sha
 
 
 def check_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
-               self_score: bool = True) -> PairReport:  # fmt: skip
-    """Every pair check (module docstring); `self_score=False` runs the cheap ones only."""
+               self_score: bool = True, only: Sequence[str] | None = None) -> PairReport:  # fmt: skip
+    """Every pair check (module docstring), or `only` those named; `self_score=False` runs the cheap ones only."""
     student, teacher = str(student), str(teacher)
     report = PairReport(student, teacher)
     student_tok, teacher_tok = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
@@ -266,6 +267,11 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
     ]
     if self_score:
         steps.append(("self_score", lambda: _self_score(teacher, teacher_tok, messages, tools, shared[0])))
+    if only is not None:
+        unknown = sorted(set(only) - {name for name, _ in steps})
+        if unknown:
+            raise ValueError(f"unknown pair checks {unknown}; choose from {[name for name, _ in steps]}")
+        steps = [step for step in steps if step[0] in only or step[0] == "vocabulary"]  # the others need its size
     for name, run in steps:
         if report.failed and name == "self_score":
             report.checks.append(PairCheck(name, PairStatus.SKIP, "skipped: an earlier check failed"))
@@ -278,10 +284,17 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
     return report
 
 
-def require_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None) -> int:
-    """The cheap checks before a run (no model weights loaded): ValueError naming each failure;
-    returns the shared vocabulary size (as `check_compatible` does)."""
-    report = check_pair(student, teacher, env, max_context=max_context, self_score=False)
+# what `agentopd run` refuses to start with: ids that mean other tokens, a teacher shown a chat format it was not
+# trained on, episodes longer than a model holds. Special-token roles and stop ids may differ (a base teacher and
+# an instruct student of one family): scoring works on ids, and stopping is the student engine's business.
+RUN_CHECKS = ("vocabulary", "chat_template", "max_context")
+
+
+def require_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
+                 checks: Sequence[str] = RUN_CHECKS) -> int:  # fmt: skip
+    """The cheap checks before a run (no model weights loaded; RUN_CHECKS by default): ValueError naming
+    each failure; returns the shared vocabulary size (as `check_compatible` does)."""
+    report = check_pair(student, teacher, env, max_context=max_context, self_score=False, only=checks)
     if not report.ok:
         failures = "; ".join(f"{c.name}: {c.detail}" for c in report.failed)
         raise ValueError(f"teacher {teacher} does not fit student {student}: {failures} (agentopd check-pair --student ... --teacher ...)")

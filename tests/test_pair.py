@@ -83,6 +83,23 @@ def test_another_tokenizer_fails_naming_the_first_differing_token(cli, pair, tmp
         require_pair(student, tmp_path / "other")
 
 
+def test_a_run_refuses_what_breaks_distillation_only(pair, tmp_path):
+    """require_pair (what `agentopd run` calls): vocabulary, chat template and context; a teacher whose
+    eos role differs (a base checkpoint beside an instruct one) is named by check-pair but may run."""
+    student, src = pair
+    tok = AutoTokenizer.from_pretrained(src)
+    tok.eos_token = "<|endoftext|>"  # another role for an existing token: ids unchanged
+    AutoModelForCausalLM.from_pretrained(src).save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    report = check_pair(student, tmp_path / "base", self_score=False)
+    assert statuses(report)["special_tokens"] == PairStatus.FAIL and "eos token" in report.failed[0].detail
+    assert require_pair(student, tmp_path / "base", max_context=1024) == len(tok)
+    with pytest.raises(ValueError, match="max_context: episodes of up to 4,096 tokens"):
+        require_pair(student, tmp_path / "base", max_context=4096)
+    with pytest.raises(ValueError, match="unknown pair checks"):
+        check_pair(student, src, only=["vocab"])
+
+
 def test_a_context_the_models_cannot_hold_fails(pair):
     student, teacher = pair
     report = check_pair(student, teacher, max_context=4096, self_score=False)
