@@ -188,7 +188,8 @@ def _template(student_tok, teacher_tok, messages, tools, source: str) -> str:
     s_ids, t_ids = encode(student_tok, s_text), encode(teacher_tok, t_text)
     if s_ids != t_ids:
         i = next((i for i, (a, b) in enumerate(zip(s_ids, t_ids)) if a != b), min(len(s_ids), len(t_ids)))
-        raise _Fail(f"{source} tokenizes differently at token {i}: student {s_ids[i : i + 5]} vs teacher {t_ids[i : i + 5]}")
+        raise _Fail(f"{source} tokenizes differently at token {i}: student {student_tok.convert_ids_to_tokens(s_ids[i : i + 4])} "
+                    f"vs teacher {teacher_tok.convert_ids_to_tokens(t_ids[i : i + 4])}")  # fmt: skip
     calls = sum(len(m.get("tool_calls") or []) for m in messages)
     return f"{source}: {len(s_text):,} characters, {len(s_ids):,} tokens, {calls} tool call(s), identical"
 
