@@ -374,8 +374,9 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
         train["success"] = success_of(model) if train["success"] is None or role == "student" else train["success"]
         train["parameters"] = sum(p.numel() for p in model.parameters())
         if spec.mistakes > 0:  # held-out success when the episode starts with a recoverable mistake already made
-            train["recovery_success"] = recovery_eval(model, tok, env_name, env_kwargs=env_kwargs, num_tasks=spec.eval_tasks,
-                                                      rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context)).success_rate  # fmt: skip
+            recovered = recovery_eval(model, tok, env_name, env_kwargs=env_kwargs, num_tasks=spec.eval_tasks,
+                                      rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context))  # fmt: skip
+            train["recovery_success"], train["recovery_by_kind"] = recovered.success_rate, recovered.by_kind
 
         def save(path: Path, model=model) -> None:
             model.save_pretrained(path)

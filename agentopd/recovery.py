@@ -7,7 +7,7 @@ then the oracle's own turn — so a teacher trained on them has seen error state
     planned.mistake_turns  # (k,): the assistant turn(s) to leave out of the loss
     sample = mask_turns(TrainSample.from_stream(episode.tokens), planned.mistake_turns)
     result = recovery_eval(model, tokenizer, "sql_db", env_kwargs={"difficulty": ["explore"]})  # after a mistake
-    result.success_rate, result.num_tasks   # how often the model recovers from the error state
+    result.success_rate, result.by_kind     # how often the model recovers from the error state (per kind)
 
 Mistakes (`MistakeKind`), each a near miss of one tool call of the oracle (a kind drawn at random, at a
 random tool-call turn it applies to; the first one the env really rejects is used; a near miss is a
@@ -230,6 +230,18 @@ class AfterMistake:
         await self.engine.close()
 
 
+@dataclass
+class RecoveryResult:
+    """A recovery evaluation: the episodes' summary and the success rate after each kind of mistake."""
+
+    eval: Any  # agentopd.evaluate.EvalResult (split "<split>+mistake")
+    by_kind: dict[str, float]  # MistakeKind value -> success rate of the episodes that began with it
+
+    @property
+    def success_rate(self) -> float:
+        return self.eval.success_rate
+
+
 def recovery_plans(env_name: str, env_kwargs: dict[str, Any] | None = None, *, split: str = "eval", num_tasks: int | None = 100,
                    seed: int = 0) -> list[tuple[Any, PlannedMistake]]:  # fmt: skip
     """(EpisodeSpec, PlannedMistake) for the tasks of `split` a mistake applies to (of `num_tasks` drawn as evaluate does)."""
@@ -264,9 +276,9 @@ def recovery_eval(
     rollout: Any = None,
     seed: int = 0,
     engine: Engine | None = None,
-) -> Any:
+) -> RecoveryResult:
     """How often `model` (or an `engine` given instead) solves held-out tasks after an injected mistake
-    (module docstring): an agentopd.evaluate.EvalResult over the `recovery_plans` tasks."""
+    (module docstring), over the `recovery_plans` tasks."""
     from agentopd.engines import make_engine
     from agentopd.evaluate import summarise
     from agentopd.rollout import Rollout, RolloutConfig
@@ -286,4 +298,9 @@ def recovery_eval(
             ro.close()
             await wrapped.close()
 
-    return summarise(env_name, f"{split}+mistake", 1, asyncio.run(go()))
+    episodes = asyncio.run(go())
+    by_kind: dict[str, list[bool]] = {}
+    for (_, planned), episode in zip(plans, episodes, strict=True):
+        by_kind.setdefault(planned.kind.value, []).append(episode.success)
+    return RecoveryResult(summarise(env_name, f"{split}+mistake", 1, episodes),
+                          {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())})  # fmt: skip

@@ -126,6 +126,7 @@ def test_explore_preset_gets_its_own_recovering_models(tmp_path, monkeypatch):
     report = json.loads((models.teacher_dir.parent / "report.json").read_text())
     assert report["env_kwargs"]["difficulty"] == ["explore"] and report["spec"]["mistakes"] == 0.5
     assert 0.0 <= report["teacher"]["recovery_success"] <= 1.0 and "recovery_success" in report["student"]
+    assert set(report["teacher"]["recovery_by_kind"]) <= set(MistakeKind)
     assert not (tmp_path / "models" / "sql_db").exists()  # the classic preset's models are another cache
     stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
     again = bootstrap("sql_db_explore", spec=spec, home=tmp_path)  # the preset's name (agentopd bootstrap --env ...): cached
@@ -143,9 +144,10 @@ def test_recovery_eval_plays_the_mistake_then_the_model(home, tok):
         fixer.script(spec.episode_id, planned.actions[k + 1 :])
         quitter.script(spec.episode_id, [{"role": "assistant", "content": "I do not know", "tool_calls": []}])
     good = recovery_eval(None, tok, "sql_db", env_kwargs=EXPLORE, num_tasks=12, engine=fixer)
-    assert good.success_rate == 1.0 and good.num_tasks == 12 and good.split == "eval+mistake"
-    for episode, (_, planned) in zip(good.episodes, plans, strict=True):
+    assert good.success_rate == 1.0 and good.eval.num_tasks == 12 and good.eval.split == "eval+mistake"
+    assert set(good.by_kind) <= set(MistakeKind) and all(v == 1.0 for v in good.by_kind.values())
+    for episode, (_, planned) in zip(good.eval.episodes, plans, strict=True):
         (k,) = planned.mistake_turns
         assert episode.messages[2 + 2 * k + 1].content == planned.reply and episode.num_turns == len(planned.actions)
     bad = recovery_eval(None, tok, "sql_db", env_kwargs=EXPLORE, num_tasks=12, engine=quitter)
-    assert bad.success_rate == 0.0
+    assert bad.success_rate == 0.0 and all(v == 0.0 for v in bad.by_kind.values())
