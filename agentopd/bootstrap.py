@@ -99,8 +99,9 @@ class BootstrapSpec:
     demonstrations: int = 2000
     eval_tasks: int = 100
     max_context: int = 2048
-    # share of demonstrations given one recoverable mistake (agentopd.recovery), its turn masked out of the
-    # SFT loss: the teacher learns to act in error states without learning to make errors. 0 = clean oracle
+    # share of the teacher's demonstrations given one recoverable mistake (agentopd.recovery), its turn masked out
+    # of the SFT loss: the teacher learns to act in error states without learning to make errors. 0 = clean oracle.
+    # The student always learns from the clean ones (a weak, early-stopped SFT model, as for every env)
     mistakes: float = 0.0
 
 
@@ -355,7 +356,10 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
     tok = ensure_tokenizer(spec, home=home, envs=env_set(env_name))
     if progress:
         progress("demonstrations", 0.0, {})
-    demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs, mistakes=spec.mistakes)
+    demos = demonstrations(env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs)
+    # the teacher's: the same tasks, a share of them with a recoverable mistake (the student learns from clean ones, as ever)
+    teacher_demos = demos if spec.mistakes == 0 else demonstrations(
+        env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs, mistakes=spec.mistakes)  # fmt: skip
 
     def success_of(model: Qwen3ForCausalLM) -> float:
         model.eval()
@@ -366,10 +370,13 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
 
     report: dict[str, Any] = {"env": env_name, "recipe": RECIPE, "env_kwargs": env_kwargs, "env_version": env_version(env_name),
                               "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}  # fmt: skip
+    if spec.mistakes > 0:  # how many of the teacher's demonstrations make (and recover from) a mistake
+        report["demonstrations_with_mistake"] = sum(a.token_ids != b.token_ids for a, b in zip(demos, teacher_demos, strict=True))
     for role, plan, out in (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir)):
         torch.manual_seed(plan.seed)
         model = Qwen3ForCausalLM(plan.size.config(tok, spec.max_context))
-        train = sft(model, demos, plan, evaluate_fn=success_of if role == "teacher" else None, progress=progress, name=role)
+        train = sft(model, teacher_demos if role == "teacher" else demos, plan, evaluate_fn=success_of if role == "teacher" else None,
+                    progress=progress, name=role)  # fmt: skip
         model.eval()
         train["success"] = success_of(model) if train["success"] is None or role == "student" else train["success"]
         train["parameters"] = sum(p.numel() for p in model.parameters())

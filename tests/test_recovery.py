@@ -119,7 +119,12 @@ def test_recovered_episode_is_token_exact_through_the_agent_loop(home, tok):
 
 
 def test_explore_preset_gets_its_own_recovering_models(tmp_path, monkeypatch):
+    import agentopd.bootstrap as b
+
     monkeypatch.setenv("AGENTOPD_HOME", str(tmp_path))
+    seen = {}
+    real_sft = b.sft
+    monkeypatch.setattr(b, "sft", lambda model, samples, plan, **kw: seen.setdefault(kw["name"], samples) and real_sft(model, samples, plan, **kw))
     spec = replace(TINY_SPEC, mistakes=0.5, demonstrations=32, eval_tasks=4)
     models = bootstrap("sql_db", spec=spec, home=tmp_path, env_kwargs={"difficulty": ["explore"], "max_turns": 8})
     assert models.teacher_dir == tmp_path / "models" / "sql_db_explore" / "teacher"
@@ -127,6 +132,12 @@ def test_explore_preset_gets_its_own_recovering_models(tmp_path, monkeypatch):
     assert report["env_kwargs"]["difficulty"] == ["explore"] and report["spec"]["mistakes"] == 0.5
     assert 0.0 <= report["teacher"]["recovery_success"] <= 1.0 and "recovery_success" in report["student"]
     assert set(report["teacher"]["recovery_by_kind"]) <= set(MistakeKind)
+    assert 8 <= report["demonstrations_with_mistake"] <= 24  # about half of the teacher's 32; the student's are clean
+
+    def with_masked_turn(samples) -> int:
+        return sum(bool(set(x.turn_index) - {k for k, m in zip(x.turn_index, x.response_mask, strict=True) if m}) for x in samples)
+
+    assert with_masked_turn(seen["teacher"]) == report["demonstrations_with_mistake"] and with_masked_turn(seen["student"]) == 0
     assert not (tmp_path / "models" / "sql_db").exists()  # the classic preset's models are another cache
     stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
     again = bootstrap("sql_db_explore", spec=spec, home=tmp_path)  # the preset's name (agentopd bootstrap --env ...): cached
