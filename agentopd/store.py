@@ -237,13 +237,20 @@ class Store:
         committed at once, or with the rest of a `batch()` it is written in."""
         assert not self.readonly
         row = episode_row(episode, episode_id, split, teacher)
-        with self.db.atomic():
-            self.db.conn.execute(_INSERT, [row[c] for c in EPISODE_COLUMNS])
+        self._write(_INSERT, [row[c] for c in EPISODE_COLUMNS])
 
     def set_teacher_logprobs(self, episode_id: str, teacher_logprobs: list[float], stream: TokenStream) -> None:
         assert not self.readonly
-        with self.db.atomic():
-            self.table.update(episode_id, _teacher_fields(stream, teacher_logprobs))
+        fields = _teacher_fields(stream, teacher_logprobs)
+        self._write("UPDATE episodes SET teacher_logprobs = ?, kl_mean = ? WHERE id = ?", [fields["teacher_logprobs"], fields["kl_mean"], episode_id])
+
+    def _write(self, sql: str, params: list[Any]) -> None:
+        """One statement, committed now unless a `batch()` is open (then at its end)."""
+        conn = self.db.conn
+        in_batch = conn.in_transaction
+        conn.execute(sql, params)
+        if not in_batch:
+            conn.commit()
 
     def batch(self) -> AbstractContextManager[Any]:
         """Writes inside commit together, at the end (one transaction): for episodes that finished
