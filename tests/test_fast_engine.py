@@ -382,6 +382,7 @@ def test_make_engine_fast_and_fallback(model, tmp_path, caplog):
     assert isinstance(engine, HFEngine)
     assert "model_type 'gpt2'" in caplog.text and "transformers engine" in caplog.text
     assert resolve_kind("auto", torch.device("cpu")) == "hf"
+    assert resolve_kind("auto", "cuda:0") == ("vllm" if importlib.util.find_spec("vllm") else "fast")
 
 
 KERNEL_CHECK = textwrap.dedent("""
