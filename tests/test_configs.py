@@ -61,7 +61,7 @@ def test_env_kwargs_are_checked_against_the_env_signature(demo_plugin):
     cfg = load_config("reverse_words", overrides=["env.max_turns=3", "run.seed=5"])
     assert cfg.env.name == "reverse_words" and cfg.run.seed == 5
     # unspecified kwargs are filled from the signature, so the written config is complete
-    assert cfg.env.kwargs == {"max_turns": 3, "num_tasks": 50, "word_length": 6, "seed": 0}
+    assert cfg.env.kwargs == {"max_turns": 3, "num_tasks": 2000, "word_length": 5, "seed": 0}
     with pytest.raises(ValueError, match=r"unknown key env\.max_turn \(value 3\); ReverseEnv accepts: env\.num_tasks, .*env\.max_turns"):
         load_config("reverse_words", overrides=["env.max_turn=3"])
     with pytest.raises(ValueError, match=r"bad value for env\.max_turns: 'many'"):

@@ -41,8 +41,9 @@ def _is_type_checking(node: ast.If) -> bool:
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path, name: str) -> set[str]:
-    """Every module `path` imports when it runs (absolute names; TYPE_CHECKING blocks skipped)."""
+def imports_of(path: Path, name: str, known: set[str] | None = None) -> set[str]:
+    """Every module `path` imports when it runs (absolute names; TYPE_CHECKING blocks skipped). With
+    `known` (the package's modules), `from pkg import module` counts as importing pkg.module alone."""
     out: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
@@ -59,8 +60,10 @@ def imports_of(path: Path, name: str) -> set[str]:
                 if child.level:
                     anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
-                out.add(base)
-                out.update(f"{base}.{a.name}" for a in child.names)  # `from pkg import module`
+                # `from pkg import module` imports pkg.module; `from module import name` imports module
+                names = {f"{base}.{a.name}" for a in child.names}
+                subs = names & (known or set())
+                out.update(subs if subs == names else subs | {base})
             visit(child)
 
     visit(ast.parse(path.read_text(), filename=str(path)))
@@ -70,7 +73,8 @@ def imports_of(path: Path, name: str) -> set[str]:
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
     files = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
-    return {name: {m for m in imports_of(path, name)} for name, path in files.items()}, set(files)
+    known = set(files)
+    return {name: imports_of(path, name, known) for name, path in files.items()}, known
 
 
 def _matches(module: str, prefix: str) -> bool:
@@ -105,4 +109,4 @@ def test_the_rule_checker_sees_a_forbidden_edge(tmp_path):
     assert reaches(g, set(g), "agentopd.backends.x", "agentopd.bootstrap") == ["agentopd.backends.x", "agentopd.models", "agentopd.bootstrap"]
     src = tmp_path / "m.py"
     src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\ndef f():\n    from agentopd import rollout\n")
-    assert imports_of(src, "agentopd.m") == {"typing", "typing.TYPE_CHECKING", "agentopd", "agentopd.rollout"}
+    assert imports_of(src, "agentopd.m", {"agentopd", "agentopd.rollout"}) == {"typing", "agentopd.rollout"}
