@@ -76,3 +76,19 @@ def test_impossible_request_fails_within_seconds(ray_cluster, home, tmp_path):
     text = result.output + repr(result.exception)
     assert "8 trainer ranks" in text and "2 CPU and 0 GPU free" in text, text
     assert seconds < 30, seconds
+
+
+def test_reservation_not_ready_in_time_fails_and_gives_everything_back(ray_cluster, home, tmp_path):
+    """Enough CPUs in all, but the reservation cannot be placed (STRICT_SPREAD wants one node per
+    actor; the cluster has one node): the run stops after ray.placement_timeout_s, says why, and
+    leaves the cluster's CPUs free."""
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(app, ["run", "--env", "calculator,sql_db", "--run-dir", str(tmp_path / "run"), "backend=ray",
+                                      "ray.placement_strategy=STRICT_SPREAD", "ray.placement_timeout_s=3", *SHORT])  # fmt: skip
+    seconds = time.perf_counter() - t0
+    assert result.exit_code != 0
+    text = result.output + repr(result.exception)
+    assert "could not be placed within ray.placement_timeout_s=3 s (strategy STRICT_SPREAD)" in text, text
+    assert "2 rollout workers x 0.4 CPU" in text
+    assert seconds < 30, seconds
+    assert ray_cluster.available_resources().get("CPU") == 2

@@ -159,7 +159,7 @@ class Reservation:
 
     @classmethod
     def make(cls, ray: Any, plan: Plan, timeout_s: float) -> Reservation:
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import placement_group
 
         bundles, index = [], {}
         for r in plan.roles:
@@ -172,7 +172,7 @@ class Reservation:
             return cls(plan)
         group = placement_group(bundles, strategy=plan.strategy)
         if not group.wait(timeout_seconds=timeout_s):
-            remove_placement_group(group)
+            cls(plan, group, index).release(ray)
             raise PlacementError(
                 f"ray: the run's actors could not be placed within ray.placement_timeout_s={_n(timeout_s)} s "
                 f"(strategy {plan.strategy}): it asks for {plan.describe()}; the cluster has {Cluster.of(ray).describe()}"
