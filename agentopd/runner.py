@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from agentopd.backends import make_backend
-from agentopd.backends.ray_group import TrainerRestarted
+from agentopd.backends.base import TrainerRestarted
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episodes
 from agentopd.batch import TrainSample
 from agentopd.diagnostics import step_metrics
@@ -48,7 +48,7 @@ from agentopd.progress import RunProgress
 from agentopd.routing import Router
 from agentopd.rundir import DONE, RunDir
 from agentopd.store import Store
-from agentopd.teacher import check_compatible
+from agentopd.pair import require_pair
 from agentopd.types import Episode
 
 if TYPE_CHECKING:
@@ -97,8 +97,7 @@ class Runner:
         self.mixture = Mixture.from_config(cfg)
         self.router = Router.from_config(cfg, self.mixture)  # a task without a teacher fails here, before any model
         self.backend = make_backend(cfg)
-        if cfg.run.backend == "ray":  # a cluster that cannot hold the run's actors fails here too (issue 17)
-            self.backend.connect(cfg, list(self.router.refs))  # type: ignore[attr-defined]
+        self.backend.connect(cfg, list(self.router.refs))  # a run the backend cannot hold fails here, before any model
         self.trainer_cfg = cfg.trainer_config()
         self.mode = teacher_mode(self.trainer_cfg.loss)
         with self.progress.phase("bootstrap", total=None):
@@ -108,9 +107,8 @@ class Runner:
             teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
-        student_config = AutoConfig.from_pretrained(student_ref)
-        for ref in teacher_refs.values():
-            check_compatible(self.tokenizer, AutoTokenizer.from_pretrained(ref), student_config, AutoConfig.from_pretrained(ref))
+        for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
+            require_pair(student_ref, ref)
         self.rollout_cfg = cfg.rollout.build()
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
         self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype)

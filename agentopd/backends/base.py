@@ -13,6 +13,11 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
 - `train(samples, head)` -> the step's metrics (the same on every rank).
 - `save_checkpoint(path, extra)`: every rank's part, then the DONE marker (`RunDir.mark_done`),
   so a checkpoint without DONE is never resumed from.
+- `connect(cfg, teachers)` comes first, before any model is built: a backend that needs resources
+  (Ray: a cluster, a reservation of every role) checks them here, so a run that cannot fit fails in
+  seconds, not after the bootstrap.
+- Any call may raise `TrainerRestarted(step)`: the trainer lost a rank and came back from the
+  checkpoint of `step`; the runner forgets what came after and plays on from `step + 1`.
 """
 
 from __future__ import annotations
@@ -27,14 +32,26 @@ if TYPE_CHECKING:
 
     from agentopd.backends.stages import OnEpisode, RunContext
     from agentopd.batch import TrainSample
+    from agentopd.config import Config
     from agentopd.plan import Planned
     from agentopd.rollout import RolloutConfig
     from agentopd.teacher import TeacherMode, TeacherScores
     from agentopd.types import Episode, TokenStream
 
 
+class TrainerRestarted(RuntimeError):
+    """The trainer group was rebuilt from the checkpoint of `step` (0: the initial weights): the runner
+    drops what came after and continues at `step + 1`."""
+
+    def __init__(self, step: int, reason: str):
+        super().__init__(f"a trainer rank died ({reason}); the trainer group restarted from step {step}")
+        self.step = step
+
+
 class Backend(Protocol):
     name: str
+
+    def connect(self, cfg: Config, teachers: list[str]) -> None: ...
 
     def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None: ...
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentopd.batch import TrainSample
+    from agentopd.config import Config
     from agentopd.teacher import TeacherMode, TeacherScores
 
 
@@ -42,6 +43,9 @@ class _Pending:
 
 class LocalBackend:
     name = "local"
+
+    def connect(self, cfg: Config, teachers: list[str]) -> None:
+        """Nothing to reserve: every stage runs in this process."""
 
     def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None:
         from transformers import AutoModelForCausalLM

@@ -49,7 +49,8 @@ import torch
 
 from agentopd.backends.placement import ROLLOUT, Cluster, Plan, Reservation, plan_placement, teacher_role
 from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker
-from agentopd.backends.ray_group import TrainerGroup, TrainerLost, TrainerRestarted
+from agentopd.backends.base import TrainerRestarted
+from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig

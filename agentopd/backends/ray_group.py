@@ -13,7 +13,7 @@ backend raises `TrainerRestarted(step)` to the runner, which forgets the steps a
 them again: the plan and the sampling seeds are functions of (seed, step, slot, turn), so the replayed
 steps are the ones an uninterrupted run plays.
 
-No module-level import of ray: the runner imports `TrainerRestarted` from here on every backend.
+No module-level import of ray. `TrainerRestarted` is part of the Backend protocol (backends/base.py).
 """
 
 from __future__ import annotations
@@ -29,15 +29,6 @@ if TYPE_CHECKING:
 
 class TrainerLost(RuntimeError):
     """A rank of the trainer group died (its process group cannot be re-formed mid-step)."""
-
-
-class TrainerRestarted(RuntimeError):
-    """The trainer group was rebuilt from the checkpoint of `step` (0: the initial weights): the runner
-    drops what came after and continues at `step + 1`."""
-
-    def __init__(self, step: int, reason: str):
-        super().__init__(f"a trainer rank died ({reason}); the trainer group restarted from step {step}")
-        self.step = step
 
 
 class TrainerGroup:
