@@ -40,7 +40,7 @@ def test_installed_plugin_and_broken_plugin_in_envs(agentopd):
     out = agentopd("envs")
     assert out.returncode == 0, out.stderr
     assert "agentopd-demo-plugin" in _row(out.stdout, "reverse_words")
-    assert "Reverse a made-up word" in _row(out.stdout, "reverse_words")
+    assert "Reverse a word using the reverse_text tool" in _row(out.stdout, "reverse_words")
     listed, broken = out.stdout.split("failed to load")
     broken_row = _row(broken, "broken_env")
     assert "agentopd-broken-plugin" in broken_row and "RuntimeError: agentopd_broken_plugin is broken on purpose" in broken_row
