@@ -45,6 +45,11 @@ def slot_table(page_table_RP: torch.Tensor, width: int) -> torch.Tensor:
     return page_table_RP[:, t // PAGE].long() * PAGE + t % PAGE
 
 
+def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache[slots] for any index shape (index_select: 2-7x faster than advanced indexing on CPU)."""
+    return cache.index_select(0, slots.reshape(-1)).view(*slots.shape, *cache.shape[1:])
+
+
 def reference_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
                         scale: float) -> torch.Tensor:
     """Causal attention of every row's queries over its paged context (torch SDPA, grouped heads)."""
@@ -54,14 +59,14 @@ def reference_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     dec, rest = batch.memo["ref"]
     if dec is not None:  # one-query rows together, contexts padded to the longest
         tok_R, slots_RT, valid_RT = dec
-        k = k_cache[slots_RT].transpose(1, 2)  # [R, Hkv, T, D]
-        v = v_cache[slots_RT].transpose(1, 2)
+        k = gather(k_cache, slots_RT).transpose(1, 2)  # [R, Hkv, T, D]
+        v = gather(v_cache, slots_RT).transpose(1, 2)
         q = q_NHD[tok_R][:, :, None]  # [R, Hq, 1, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid_RT, scale=scale, enable_gqa=True)
         out_NHD[tok_R] = o[:, :, 0]
     for start, n, slots_T, mask_nT in rest:
-        k = k_cache[slots_T].transpose(0, 1)[None]  # [1, Hkv, T, D]
-        v = v_cache[slots_T].transpose(0, 1)[None]
+        k = gather(k_cache, slots_T).transpose(0, 1)[None]  # [1, Hkv, T, D]
+        v = gather(v_cache, slots_T).transpose(0, 1)[None]
         q = q_NHD[start : start + n].transpose(0, 1)[None]  # [1, Hq, n, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_nT, scale=scale, enable_gqa=True)
         out_NHD[start : start + n] = o[0].transpose(0, 1)
