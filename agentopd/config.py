@@ -117,9 +117,11 @@ class StudentConfig(Section):
 
 
 class TeacherConfig(Section):
-    """`teacher`: the model that scores the student's tokens (`builtin` = the env's embedded teacher)."""
+    """`teacher`: the model that scores the student's tokens (`builtin` = the env's embedded teacher;
+    an http(s) URL = a vLLM server's prompt logprobs, agentopd.teacher.ServerTeacher)."""
 
     path: str = "builtin"
+    top_k: int = Field(20, ge=1, description="teacher top-k for trainer.loss=topk_forward_kl (a server: <= its --max-logprobs)")
 
 
 class EngineConfig(Section):
@@ -324,8 +326,25 @@ class Config(Section):
                 "async.max_staleness=0 with async.enabled=true: every episode would be one step stale and dropped; "
                 "set async.enabled=false for synchronous training, or async.max_staleness >= 1"
             )
-        self.trainer_config()  # the loss, its temperature and the teachers must fit together
+        trainer = self.trainer_config()  # the loss, its temperature and the teachers must fit together
+        servers = [ref for ref in (*self.mix.teachers.values(), self.teacher.path) if str(ref).startswith(("http://", "https://"))]
+        if servers:
+            self._check_server_teacher(servers[0], trainer)
         return self
+
+    def _check_server_teacher(self, url: str, trainer: Any) -> None:
+        """A teacher behind a vLLM server returns prompt logprobs at temperature 1 and nothing else."""
+        problems = []
+        if trainer.loss.is_full_vocab:
+            problems.append(f"trainer.loss={trainer.loss} needs the teacher's hidden states (use sampled_k1 or topk_forward_kl)")
+        if Objective(self.run.objective).teacher_plays:
+            problems.append("objective=sft needs the teacher to play episodes")
+        if self.eval.teacher:
+            problems.append("eval.teacher=true plays the teacher on the eval tasks (set eval.teacher=false)")
+        if self.rollout.temperature not in (0.0, 1.0):
+            problems.append(f"rollout.temperature={self.rollout.temperature}: prompt logprobs are at temperature 1 only")
+        if problems:
+            raise ValueError(f"teacher={url} is a server that scores tokens only: " + "; ".join(problems))
 
     def teacher_count(self) -> int:
         """How many teachers score the run's episodes (agentopd.routing.Router routes among them)."""

@@ -17,6 +17,12 @@ import torch
 BUILTIN = "builtin"
 
 
+def is_server(ref: str | Path) -> bool:
+    """A teacher behind a vLLM OpenAI-compatible server (`teacher=http://host:8000`): scored through
+    agentopd.teacher.ServerTeacher, never loaded here."""
+    return str(ref).startswith(("http://", "https://"))
+
+
 def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,6 +53,8 @@ def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs
             raise ValueError(f"{role}={spec!r}: say builtin, builtin:student or builtin:teacher")
         models = bootstrap(env_name, progress=progress, env_kwargs=env_kwargs)
         return models.student_dir if which == "student" else models.teacher_dir
+    if is_server(spec):
+        return spec
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():

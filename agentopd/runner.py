@@ -41,7 +41,7 @@ from agentopd.batch import TrainSample
 from agentopd.diagnostics import step_metrics
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.metrics_log import MetricsLog
-from agentopd.models import pick_device, resolve_student
+from agentopd.models import is_server, pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
 from agentopd.plan import Mixture, Planned
 from agentopd.progress import RunProgress
@@ -108,7 +108,8 @@ class Runner:
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
-            require_pair(student_ref, ref)
+            if not is_server(ref):  # a server's tokenizer is the user's promise (its echo of the ids is checked)
+                require_pair(student_ref, ref)
         self.rollout_cfg = cfg.rollout.build()
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
         self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype)

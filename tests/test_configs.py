@@ -168,3 +168,13 @@ def test_full_vocabulary_loss_with_several_teachers_is_refused_at_load():
     with pytest.raises(ValueError, match="routes episodes to 2 teachers"):
         load_config("sql_db", overrides=[*two, "trainer.loss=jsd"])
     assert load_config("calculator,sql_db").trainer_config().loss == "sampled_k1"  # the mixed preset's choice
+
+
+def test_a_server_teacher_is_refused_where_it_cannot_serve():
+    url = "teacher=http://127.0.0.1:9"
+    with pytest.raises(ValueError, match="is a server that scores tokens only: trainer.loss=forward_kl needs the teacher's hidden"):
+        load_config("sql_db", overrides=[url])  # the sql_db preset distils with forward_kl
+    with pytest.raises(ValueError, match="objective=sft needs the teacher to play episodes"):
+        load_config("sql_db", overrides=[url, "objective=sft", "eval.teacher=false", "rollout.temperature=1.0"])
+    ok = load_config("sql_db", overrides=[url, "trainer.loss=sampled_k1", "eval.teacher=false", "rollout.temperature=1.0"])
+    assert ok.teacher.path == "http://127.0.0.1:9"

@@ -415,3 +415,34 @@ def test_objective_sft_plays_with_the_teachers_weights(pair, tmp_path):
                     gap = max(gap, abs(lp - lp_TV[prompt_len + i - 1, ids[prompt_len + i]].item()))
         gaps[who] = gap
     assert gaps["teacher"] < 1e-4 and gaps["student"] > 0.1, gaps
+
+
+def test_agentopd_run_with_a_vllm_server_teacher(pair, tmp_path):
+    """`teacher=http://...`: the main job scores the student's tokens through a real vLLM server
+    (ServerTeacher): the stored teacher logprobs are the teacher's forward at temperature 1."""
+    import json
+    import sqlite3
+
+    teacher, student = pair
+    run = tmp_path / "run"
+    env = {**os.environ, **VLLM_ENV, "AGENTOPD_HOME": str(tmp_path / "home")}
+    with vllm_server(teacher, tmp_path / "serve.log") as url:
+        cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "engine.kind=hf",
+               f"student={student}", f"teacher={url}", "trainer.loss=sampled_k1", "rollout.temperature=1.0",
+               "eval.teacher=false", "steps=2", "rollout.tasks_per_step=3", "rollout.max_new_tokens=24", "eval.num_tasks=2",
+               "eval.every=0", "run.checkpoint_every=0", "trainer.lr=1e-3"]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps if "loss" in m] == [1, 2] and "kl/mean" in steps[-1]
+    rows = sqlite3.connect(run / "trajectories.db").execute(
+        "select token_ids, prompt_len, response_mask, teacher_logprobs from episodes where split = 'train'").fetchall()
+    model = hf_model(teacher)
+    for ids, prompt_len, mask, teacher_lp in rows:
+        ids, mask, teacher_lp = json.loads(ids), json.loads(mask), json.loads(teacher_lp)
+        with torch.no_grad():
+            lp_TV = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        for i, (m, lp) in enumerate(zip(mask, teacher_lp)):
+            if m:
+                assert abs(lp - lp_TV[prompt_len + i - 1, ids[prompt_len + i]].item()) < 1e-4
+

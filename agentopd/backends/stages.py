@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from agentopd.backends.base import Backend
     from agentopd.config import Config
-    from agentopd.teacher import HFTeacher, TeacherMode, TeacherScores
+    from agentopd.teacher import HFTeacher, ServerTeacher, TeacherMode, TeacherScores
     from agentopd.trainer.config import TrainerConfig
 
 STUDENT = "student"
@@ -56,10 +56,14 @@ class RunContext:
 
     def model_ref(self, who: str) -> Path | str:
         """The model a role plays with: the student's, or the named teacher's."""
+        from agentopd.models import is_server
+
         if who == STUDENT:
             return self.student_ref
         if who not in self.teacher_refs:
             raise ValueError(f"no teacher named {who!r} (teachers: {sorted(self.teacher_refs)})")
+        if is_server(self.teacher_refs[who]):
+            raise ValueError(f"teacher {who!r} is a server ({self.teacher_refs[who]}): it scores tokens but cannot play episodes")
         return self.teacher_refs[who]
 
 
@@ -152,13 +156,19 @@ class Players:
             self.loop.close()
 
 
-def build_teacher(ctx: RunContext, name: str) -> HFTeacher:
-    from agentopd.teacher import HFTeacher
+def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
+    """The named teacher: a model loaded here (HFTeacher), or a vLLM server's prompt logprobs
+    (ServerTeacher) when its reference is an http(s) URL (Config checks what such a run can use)."""
+    from agentopd.models import is_server
+    from agentopd.teacher import HFTeacher, ServerTeacher
 
     # the teacher's sampled-token logprobs (kl/* metrics, sampled losses) sit beside the sampler's: same temperature;
     # the hidden states the full-vocabulary losses use carry none (the loss applies trainer.temperature)
     temperature = logprob_temperature(ctx.rollout_cfg.temperature)
-    return HFTeacher(ctx.teacher_refs[name], device=ctx.device, dtype=ctx.dtype, temperature=temperature)
+    ref = ctx.teacher_refs[name]
+    if is_server(ref):
+        return ServerTeacher(str(ref), top_k=ctx.cfg.teacher.top_k, temperature=temperature)
+    return HFTeacher(ref, device=ctx.device, dtype=ctx.dtype, temperature=temperature, top_k=ctx.cfg.teacher.top_k)
 
 
 def score_routed(teachers: dict[str, HFTeacher], by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
