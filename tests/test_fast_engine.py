@@ -381,7 +381,7 @@ def test_make_engine_fast_and_fallback(model, tmp_path, caplog):
         engine = make_engine("fast", gpt2, device="cpu", dtype=None, max_batch_size=4, seed=0)
     assert isinstance(engine, HFEngine)
     assert "model_type 'gpt2'" in caplog.text and "transformers engine" in caplog.text
-    assert resolve_kind("auto", torch.device("cpu")) == "hf"
+    assert resolve_kind("auto", torch.device("cpu")) == "fast"
     assert resolve_kind("auto", "cuda:0") == ("vllm" if importlib.util.find_spec("vllm") else "fast")
 
 
