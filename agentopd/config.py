@@ -128,7 +128,7 @@ class EngineConfig(Section):
     """`engine`: what generates the student's episodes."""
 
     kind: Literal["auto", "hf", "fast", "vllm"] = Field(
-        "auto", description="auto (vllm where installed on a GPU, fast on other GPUs, hf on CPU) | hf | fast | vllm"
+        "auto", description="auto (vllm where installed on a GPU, else fast: paged KV kept across turns) | hf | fast | vllm"
     )
     max_batch_size: int = Field(64, ge=1)
 
