@@ -14,13 +14,9 @@ from pathlib import Path
 
 import torch
 
+from agentopd.teacher.base import is_server
+
 BUILTIN = "builtin"
-
-
-def is_server(ref: str | Path) -> bool:
-    """A teacher behind a vLLM OpenAI-compatible server (`teacher=http://host:8000`): scored through
-    agentopd.teacher.ServerTeacher, never loaded here."""
-    return str(ref).startswith(("http://", "https://"))
 
 
 def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:

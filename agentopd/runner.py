@@ -41,14 +41,15 @@ from agentopd.batch import TrainSample
 from agentopd.diagnostics import step_metrics
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.metrics_log import MetricsLog
-from agentopd.models import is_server, pick_device, resolve_student
+from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
+from agentopd.pair import require_pair
 from agentopd.plan import Mixture, Planned
 from agentopd.progress import RunProgress
 from agentopd.routing import Router
 from agentopd.rundir import DONE, RunDir
 from agentopd.store import Store
-from agentopd.pair import require_pair
+from agentopd.teacher.base import is_server
 from agentopd.types import Episode
 
 if TYPE_CHECKING:

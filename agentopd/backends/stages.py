@@ -56,7 +56,7 @@ class RunContext:
 
     def model_ref(self, who: str) -> Path | str:
         """The model a role plays with: the student's, or the named teacher's."""
-        from agentopd.models import is_server
+        from agentopd.teacher.base import is_server
 
         if who == STUDENT:
             return self.student_ref
@@ -159,8 +159,8 @@ class Players:
 def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
     """The named teacher: a model loaded here (HFTeacher), or a vLLM server's prompt logprobs
     (ServerTeacher) when its reference is an http(s) URL (Config checks what such a run can use)."""
-    from agentopd.models import is_server
     from agentopd.teacher import HFTeacher, ServerTeacher
+    from agentopd.teacher.base import is_server
 
     # the teacher's sampled-token logprobs (kl/* metrics, sampled losses) sit beside the sampler's: same temperature;
     # the hidden states the full-vocabulary losses use carry none (the loss applies trainer.temperature)

@@ -68,3 +68,9 @@ def check_scorable(streams: list[TokenStream]) -> None:
     for n, s in enumerate(streams):
         if s.prompt_len < 1 and len(s.response_mask) > 0:
             raise ValueError(f"stream {n}: prompt_len must be >= 1 to score its response (got {s.prompt_len})")
+
+
+def is_server(ref: object) -> bool:
+    """A teacher reference that is a vLLM OpenAI-compatible server (`teacher=http://host:8000`): scored
+    through agentopd.teacher.ServerTeacher, never loaded as a model."""
+    return str(ref).startswith(("http://", "https://"))
