@@ -1,6 +1,6 @@
 """60 SFT steps of the sql_db teacher (agentopd.bootstrap.sft) on 600 oracle demonstrations, twice: run it with
 PYTHONPATH pointing at two checkouts to compare the trainer's CPU speed across commits (default_run.md).
-Needs a built tokenizer under /tmp/fresh_home (or edit HOME below)."""
+Argument: an AGENTOPD_HOME whose tokenizer is built (default /tmp/fresh_home)."""
 import sys, time
 from pathlib import Path
 import torch
