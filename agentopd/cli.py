@@ -114,20 +114,12 @@ def check_env_command(
     oracle_tasks: Annotated[int, typer.Option(help="how many tasks' oracle solutions to grade")] = 20,
 ) -> None:
     """Run the environment checker on one env; exit 1 when a check fails."""
-    from agentopd.checker import Status, check_env
+    from agentopd.checker import check_env
     from agentopd.config import load_config
 
     cfg = load_config(name, overrides=overrides or [])
     report = check_env(cfg.env.name, fuzz_steps=fuzz_steps, oracle_tasks=oracle_tasks, **cfg.env.kwargs)
-    style = {Status.PASS: "green", Status.FAIL: "bold red", Status.SKIP: "yellow"}
-    table = _table(f"check-env {report.env}", "check", "result", "detail")
-    for c in report.checks:
-        table.add_row(c.name, f"[{style[c.status]}]{c.status.value}[/]", escape(c.detail))
-    console.print(table)
-    if not report.ok:
-        err_console.print(f"[bold red]{len(report.failed)} check(s) failed:[/] {', '.join(c.name for c in report.failed)}")
-        raise typer.Exit(1)
-    console.print(f"[green]{report.env}: all checks passed[/]")
+    _print_checks(f"check-env {report.env}", report.checks, f"{report.env}: all checks passed")
 
 
 @command("check-pair")
@@ -140,18 +132,26 @@ def check_pair_command(
     """Check that a teacher fits a student (vocabulary, special and stop tokens, chat template, context,
     a self-scoring smoke test); exit 1 on a mismatch."""
     _quiet_transformers()
-    from agentopd.pair import PairStatus, check_pair
+    from agentopd.pair import check_pair
 
     report = check_pair(student, teacher, env, self_score=self_score)
-    style = {PairStatus.PASS: "green", PairStatus.FAIL: "bold red", PairStatus.SKIP: "yellow"}
-    table = _table(f"check-pair: student {student}, teacher {teacher}", "check", "result", "detail")
-    for c in report.checks:
+    _print_checks(f"check-pair: student {student}, teacher {teacher}", report.checks, "the pair fits: all checks passed")
+
+
+def _print_checks(title: str, checks: list[Any], passed: str) -> None:
+    """A checker's report (agentopd.checker.Check rows) as a table; exit 1 when a check failed."""
+    from agentopd.checker import Status
+
+    style = {Status.PASS: "green", Status.FAIL: "bold red", Status.SKIP: "yellow"}
+    table = _table(title, "check", "result", "detail")
+    for c in checks:
         table.add_row(c.name, f"[{style[c.status]}]{c.status.value}[/]", escape(c.detail))
     console.print(table)
-    if not report.ok:
-        err_console.print(f"[bold red]{len(report.failed)} check(s) failed:[/] {', '.join(c.name for c in report.failed)}")
+    failed = [c.name for c in checks if c.status is Status.FAIL]
+    if failed:
+        err_console.print(f"[bold red]{len(failed)} check(s) failed:[/] {', '.join(failed)}")
         raise typer.Exit(1)
-    console.print("[green]the pair fits: all checks passed[/]")
+    console.print(f"[green]{passed}[/]")
 
 
 def _quiet_transformers() -> None:

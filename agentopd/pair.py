@@ -1,7 +1,7 @@
 """Pair preflight: can this teacher distill into this student? Checked before any training.
 
     report = check_pair("path/to/student", "path/to/teacher", env="sql_db")
-    report.ok, report.checks                 # [PairCheck(name, status, detail)], failures first named
+    report.ok, report.checks                 # [Check(name, status, detail)], failures first named
     shared = require_pair(student, teacher, max_context=2048)  # before a run: RUN_CHECKS, ValueError naming each failure
     CLI: agentopd check-pair --student S --teacher T [--env E]     (a table; exit 1 on a mismatch)
 
@@ -31,13 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from agentopd.chat import EOS_TOKEN, encode, render
+from agentopd.checker import Check, Status  # the env checker's records: one shape of check report
 from agentopd.teacher.compat import id_to_token
 
 SELF_SCORE_TOL = 1e-3
@@ -62,33 +62,20 @@ FIXED_CONVERSATION: tuple[list[dict[str, Any]], list[dict[str, Any]]] = (
 )
 
 
-class PairStatus(StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    SKIP = "skip"
-
-
-@dataclass(frozen=True)
-class PairCheck:
-    name: str
-    status: PairStatus
-    detail: str
-
-
 @dataclass
 class PairReport:
     student: str
     teacher: str
-    checks: list[PairCheck] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
     shared_vocab: int | None = None  # the tokenizer size both share (rows a full-vocabulary loss compares)
 
     @property
     def ok(self) -> bool:
-        return all(c.status is not PairStatus.FAIL for c in self.checks)
+        return all(c.status is not Status.FAIL for c in self.checks)
 
     @property
-    def failed(self) -> list[PairCheck]:
-        return [c for c in self.checks if c.status is PairStatus.FAIL]
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status is Status.FAIL]
 
 
 class _Fail(Exception):
@@ -275,12 +262,12 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
         steps = [step for step in steps if step[0] in only or step[0] == "vocabulary"]  # the others need its size
     for name, run in steps:
         if report.failed and name == "self_score":
-            report.checks.append(PairCheck(name, PairStatus.SKIP, "skipped: an earlier check failed"))
+            report.checks.append(Check(name, Status.SKIP, "skipped: an earlier check failed"))
             continue
         try:
-            report.checks.append(PairCheck(name, PairStatus.PASS, run()))
+            report.checks.append(Check(name, Status.PASS, run()))
         except _Fail as e:
-            report.checks.append(PairCheck(name, PairStatus.FAIL, str(e)))
+            report.checks.append(Check(name, Status.FAIL, str(e)))
     report.shared_vocab = shared[0] if shared else None
     return report
 

@@ -10,8 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from agentopd.chat import build_tokenizer
+from agentopd.checker import Status
 from agentopd.cli import app
-from agentopd.pair import PairStatus, check_pair, require_pair
+from agentopd.pair import check_pair, require_pair
 
 
 @pytest.fixture
@@ -27,14 +28,14 @@ def pair(tiny_home):
     return tiny_home / "models" / "sql_db" / "student", tiny_home / "models" / "sql_db" / "teacher"
 
 
-def statuses(report) -> dict[str, PairStatus]:
+def statuses(report) -> dict[str, Status]:
     return {c.name: c.status for c in report.checks}
 
 
 def test_builtin_pair_passes_every_check(cli, pair):
     student, teacher = pair
     report = check_pair(student, teacher, env="sql_db")
-    assert report.ok and set(statuses(report).values()) == {PairStatus.PASS}
+    assert report.ok and set(statuses(report).values()) == {Status.PASS}
     assert list(statuses(report)) == ["vocabulary", "special_tokens", "stop_ids", "chat_template", "max_context", "self_score"]
     detail = {c.name: c.detail for c in report.checks}
     assert "sql_db oracle" in detail["chat_template"] and "identical" in detail["chat_template"]
@@ -73,8 +74,8 @@ def test_another_tokenizer_fails_naming_the_first_differing_token(cli, pair, tmp
     teacher.save_pretrained(tmp_path / "other")
     other.save_pretrained(tmp_path / "other")
     report = check_pair(student, tmp_path / "other")
-    assert not report.ok and statuses(report)["vocabulary"] == PairStatus.FAIL
-    assert statuses(report)["self_score"] == PairStatus.SKIP
+    assert not report.ok and statuses(report)["vocabulary"] == Status.FAIL
+    assert statuses(report)["self_score"] == Status.SKIP
     vocab = next(c for c in report.checks if c.name == "vocabulary")
     assert f"first differing id {first}: student {mine[first]!r} vs teacher {theirs[first]!r}" in vocab.detail
     result = cli("check-pair", "--student", student, "--teacher", tmp_path / "other", "--no-self-score")
@@ -92,7 +93,7 @@ def test_a_run_refuses_what_breaks_distillation_only(pair, tmp_path):
     AutoModelForCausalLM.from_pretrained(src).save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
     report = check_pair(student, tmp_path / "base", self_score=False)
-    assert statuses(report)["special_tokens"] == PairStatus.FAIL and "eos token" in report.failed[0].detail
+    assert statuses(report)["special_tokens"] == Status.FAIL and "eos token" in report.failed[0].detail
     assert require_pair(student, tmp_path / "base", max_context=1024) == len(tok)
     with pytest.raises(ValueError, match="max_context: episodes of up to 4,096 tokens"):
         require_pair(student, tmp_path / "base", max_context=4096)
@@ -103,5 +104,5 @@ def test_a_run_refuses_what_breaks_distillation_only(pair, tmp_path):
 def test_a_context_the_models_cannot_hold_fails(pair):
     student, teacher = pair
     report = check_pair(student, teacher, max_context=4096, self_score=False)
-    assert statuses(report)["max_context"] == PairStatus.FAIL and "4,096" in report.failed[0].detail
+    assert statuses(report)["max_context"] == Status.FAIL and "4,096" in report.failed[0].detail
     assert check_pair(student, teacher, max_context=1024, self_score=False).ok
