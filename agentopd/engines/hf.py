@@ -43,6 +43,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
+from agentopd.engines.loop import LoopEngine
 from agentopd.engines.sampling import sample_rows
 
 
@@ -123,7 +124,7 @@ def _keep(batch: _Batch, keep: list[int]) -> _Batch:
     )
 
 
-class HFEngine:
+class HFEngine(LoopEngine):
     """A transformers causal LM served to many concurrent episodes (see the module docstring)."""
 
     def __init__(
@@ -156,21 +157,13 @@ class HFEngine:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._pending: deque[_Seq] = deque()
         self._batch: _Batch | None = None
-        self._task: asyncio.Task | None = None
-        self._wake: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None
-        self._paused = False
-        self._closed = False
+        self._init_loop()
 
     # ---- the protocol -------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        if self._closed:
-            raise RuntimeError("HFEngine is closed")
-        if not request.token_ids:
-            raise ValueError("GenerateRequest.token_ids is empty: a prompt needs at least one token")
-        if len(request.token_ids) >= self.max_model_len:
-            return GenerateResult([], [], FinishReason.LENGTH, {"weight_version": self.weight_version})
+        if (early := self._refuse(request)) is not None:
+            return early
         self._ensure_task()
         seed = request.params.seed if request.params.seed is not None else self._seeds.getrandbits(63)
         gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -186,25 +179,8 @@ class HFEngine:
     def release(self, episode_id: str) -> None:
         """Nothing to free: this engine keeps no per-episode KV cache between turns."""
 
-    async def update_weights(self, state_dict: dict[str, Any]) -> None:
-        """Load new weights once the running batch has finished; queued requests wait for them."""
-        self._paused = True
-        try:
-            if self._task is not None and not self._task.done():
-                self._wake.set()
-                await self._idle.wait()
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._load, state_dict)
-            self.weight_version += 1
-        finally:
-            self._paused = False
-            if self._wake is not None:
-                self._wake.set()
-
     async def close(self) -> None:
-        self._closed = True
-        if self._task is not None and not self._task.done():
-            self._wake.set()
-            await self._task
+        await self._stop_task()
         for seq in list(self._pending) + (self._batch.seqs if self._batch else []):
             if not seq.future.done():
                 seq.future.set_result(seq.result(self.weight_version))  # abort: what was sampled
@@ -214,17 +190,11 @@ class HFEngine:
 
     # ---- the scheduler (event loop side) ------------------------------------------------
 
-    def _ensure_task(self) -> None:
-        """Start the decode loop on the running event loop (again, if an earlier loop has ended)."""
-        loop = asyncio.get_running_loop()
-        if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
-            return
-        # Requests of an ended loop can never be answered: drop them (running rows at the next step).
+    def _forget_other_loops(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Requests of an ended loop can never be answered: drop them (running rows at the next step)."""
         self._pending = deque(s for s in self._pending if s.future.get_loop() is loop)
         for seq in self._batch.seqs if self._batch is not None else []:
             seq.cancelled = seq.cancelled or seq.future.get_loop() is not loop
-        self._wake, self._idle = asyncio.Event(), asyncio.Event()
-        self._task = loop.create_task(self._run())
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

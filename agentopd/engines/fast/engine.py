@@ -45,6 +45,7 @@ from agentopd.engines.fast.kv_cache import KVPool, PageAllocator
 from agentopd.engines.fast.model import ModelRunner
 from agentopd.engines.fast.sampler import sample
 from agentopd.engines.fast.scheduler import Scheduler, Seq
+from agentopd.engines.loop import LoopEngine
 
 
 def _resolve(seq: Seq, version: int) -> None:
@@ -55,7 +56,7 @@ def _resolve(seq: Seq, version: int) -> None:
                                          seq.finish or FinishReason.ABORT, info))
 
 
-class FastEngine:
+class FastEngine(LoopEngine):
     """A Qwen3/Qwen2/Llama-style model served to many concurrent episodes (see the module docstring)."""
 
     def __init__(
@@ -114,22 +115,14 @@ class FastEngine:
         self._seeds = random.Random(seed)
         self._lock = threading.Lock()  # scheduler state: worker steps vs. the event loop's add/release
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine")
-        self._task: asyncio.Task | None = None
-        self._wake: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None
-        self._paused = False
-        self._closed = False
+        self._init_loop()
         self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0}  # seconds
 
     # ---- the protocol -------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        if self._closed:
-            raise RuntimeError("FastEngine is closed")
-        if not request.token_ids:
-            raise ValueError("GenerateRequest.token_ids is empty: a prompt needs at least one token")
-        if len(request.token_ids) >= self.max_model_len:
-            return GenerateResult([], [], FinishReason.LENGTH, {"weight_version": self.weight_version})
+        if (early := self._refuse(request)) is not None:
+            return early
         self._ensure_task()
         seed = request.params.seed if request.params.seed is not None else self._seeds.getrandbits(63)
         seq = Seq(request, seed, list(request.token_ids), asyncio.get_running_loop().create_future())
@@ -147,24 +140,8 @@ class FastEngine:
         with self._lock:
             self.scheduler.release_episode(episode_id)
 
-    async def update_weights(self, state_dict: dict[str, Any]) -> None:
-        self._paused = True
-        try:
-            if self._task is not None and not self._task.done():
-                self._wake.set()
-                await self._idle.wait()
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._load, state_dict)
-            self.weight_version += 1
-        finally:
-            self._paused = False
-            if self._wake is not None:
-                self._wake.set()
-
     async def close(self) -> None:
-        self._closed = True
-        if self._task is not None and not self._task.done():
-            self._wake.set()
-            await self._task
+        await self._stop_task()
         with self._lock:
             for seq in list(self.scheduler.waiting) + self.scheduler.running:
                 if seq.future is not None and not seq.future.done() and not seq.future.get_loop().is_closed():
@@ -180,15 +157,10 @@ class FastEngine:
 
     # ---- event loop side ----------------------------------------------------------------
 
-    def _ensure_task(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
-            return
+    def _forget_other_loops(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:  # requests of an ended event loop can never be answered: cancel them
             for seq in list(self.scheduler.waiting) + self.scheduler.running:
                 seq.cancelled = seq.cancelled or seq.future.get_loop() is not loop
-        self._wake, self._idle = asyncio.Event(), asyncio.Event()
-        self._task = loop.create_task(self._run())
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
