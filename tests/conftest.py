@@ -23,6 +23,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_vllm)
 
 
+@pytest.fixture(scope="module")
+def private_home(tmp_path_factory):
+    """A private AGENTOPD_HOME for one test module, so what it generates (databases) is built fresh."""
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("agentopd_home")
+        mp.setenv("AGENTOPD_HOME", str(path))
+        yield path
+
+
 # --- plugin fixtures: the test plugin distributions installed outside the venv ----------------
 import subprocess  # noqa: E402
 import sys  # noqa: E402

@@ -23,11 +23,8 @@ EXPLORE = {"difficulty": ["explore"], "max_turns": 8}
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        path = tmp_path_factory.mktemp("agentopd_home")
-        mp.setenv("AGENTOPD_HOME", str(path))
-        yield path
+def home(private_home):
+    return private_home
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,8 @@ from tools.sql import SqlDatabase
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    """A private AGENTOPD_HOME, so the generated database is built fresh for these tests."""
-    with pytest.MonkeyPatch.context() as mp:
-        path = tmp_path_factory.mktemp("agentopd_home")
-        mp.setenv("AGENTOPD_HOME", str(path))
-        yield path
+def home(private_home):
+    return private_home
 
 
 @pytest.fixture(scope="module")
