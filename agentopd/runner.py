@@ -23,8 +23,6 @@ uninterrupted run plays. A Ray trainer group that lost a rank and restarted from
 from __future__ import annotations
 
 import random
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +38,7 @@ from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episo
 from agentopd.batch import TrainSample
 from agentopd.diagnostics import step_metrics
 from agentopd.evaluate import EvalResult, summarise
+from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
@@ -87,6 +86,7 @@ class Runner:
         self._trained_through = 0  # the last step whose optimizer step was taken (what a checkpoint holds)
         self._unlogged: tuple[int, dict[str, Any]] | None = None  # a trained step's metrics not yet written
         self._stop_requested = False
+        self._checkpointed = -1  # the step of the last checkpoint written this session
         self._teacher_result: EvalResult | None = None
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -168,7 +168,7 @@ class Runner:
             last = self._trained_through
             if self._unlogged is not None:
                 self._write(*self._unlogged)
-            if last > start:
+            if last > start and self._checkpointed != last:
                 self._checkpoint(last, summary)
             self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
         finally:
@@ -222,17 +222,12 @@ class Runner:
     def _catch_ctrl_c(self) -> Callable[[], None]:
         """First Ctrl-C: finish the running step, checkpoint it, stop. A second one stops at once
         (KeyboardInterrupt: the trainer's last step is checkpointed). Returns the undo."""
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = signal.getsignal(signal.SIGINT)
 
-        def on_sigint(signum, frame):
+        def on_first() -> None:
             self._stop_requested = True
             self.progress.note("Ctrl-C: stopping after this step (Ctrl-C again to stop now)")
-            signal.signal(signal.SIGINT, signal.default_int_handler)
 
-        signal.signal(signal.SIGINT, on_sigint)
-        return lambda: signal.signal(signal.SIGINT, previous)
+        return catch_ctrl_c(on_first)
 
     # ---- one step -------------------------------------------------------------------------
     def _submit(self, step: int) -> list[tuple[Any, list[Planned]]]:
@@ -428,7 +423,10 @@ class Runner:
         return result
 
     def _checkpoint(self, step: int, summary: RunSummary) -> None:
-        self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
+        """Save the trainer's state as step `step`; a Ctrl-C meanwhile waits until the files are on disk."""
+        with writes_uninterrupted(lambda: self.progress.note("Ctrl-C: finishing the checkpoint first")):
+            self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
+        self._checkpointed = step
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:
