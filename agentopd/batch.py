@@ -60,6 +60,7 @@ class TrainSample:
     weight: float = 1.0  # per-episode loss weight (the trainer multiplies in reward weighting)
     advantage: float = 0.0  # per-episode task advantage (the trainer fills it for the GRPO term)
     turn_index: list[int] = field(default_factory=list)
+    token_weights: list[float] | None = None  # per response token, times `weight` (recipe.turn_support_below)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids) - self.prompt_len
@@ -75,6 +76,7 @@ class TrainSample:
             "teacher_topk_ids": self.teacher_topk_ids,
             "teacher_topk_logprobs": self.teacher_topk_logprobs,
             "teacher_hidden": self.teacher_hidden,
+            "token_weights": self.token_weights,
         }
         if self.turn_index:
             per_token["turn_index"] = self.turn_index
@@ -104,6 +106,7 @@ class TrainSample:
         reward: float = 0.0,
         group_id: int = 0,
         weight: float = 1.0,
+        token_weights: list[float] | None = None,
     ) -> TrainSample:
         """A sample from a token stream plus the teacher's scores of it (teacher.TeacherScores fields)."""
         return cls(
@@ -119,6 +122,7 @@ class TrainSample:
             group_id=group_id,
             weight=weight,
             turn_index=list(stream.turn_index),
+            token_weights=token_weights,
         )
 
 
@@ -138,7 +142,7 @@ class MicroBatch:
     seq_lens: list[list[int]]  # per row: the lengths of its sequences (padding not included)
     targets_N: torch.Tensor  # long: the student token predicted at each loss position
     old_logprobs_N: torch.Tensor  # float32: sampler logprob of that token
-    weights_N: torch.Tensor  # float32: the episode's weight
+    weights_N: torch.Tensor  # float32: the episode's weight (times the token's, where given)
     advantages_N: torch.Tensor  # float32: the episode's task advantage
     sample_index_N: torch.Tensor  # long: index (into pack's input list) of the sample of each row
     teacher_logprobs_N: torch.Tensor | None = None  # float32
@@ -229,7 +233,7 @@ def _collate(samples: list[TrainSample], rows: list[list[int]]) -> MicroBatch:
             lens.append(L)
             picked = [r for r, m in enumerate(s.response_mask) if m]
             old.extend(s.old_logprobs[r] for r in picked)
-            w.extend([s.weight] * len(picked))
+            w.extend([s.weight] * len(picked) if s.token_weights is None else [s.weight * s.token_weights[r] for r in picked])
             adv.extend([s.advantage] * len(picked))
             sidx.extend([i] * len(picked))
             if has_tlp:

@@ -187,6 +187,32 @@ class AsyncConfig(Section):
     stale: Literal["drop", "regenerate"] = Field("drop", description="what happens to an episode past the bound")
 
 
+class RecipeConfig(Section):
+    """`recipe`: on-policy distillation beyond plain KL on the student's episodes (agentopd.recipes). Each is
+    off by default; they combine with every objective=opd loss.
+
+    - `teacher_fraction` (GKD's lambda): that share of each step's tasks is played by the teacher and
+      trained with the same loss (scored by the teacher like the student's).
+    - `sft_steps`: SFT warm start: the first N steps are objective=sft (the teacher plays, cross-entropy),
+      then the run's objective.
+    - `intervene_below`: turn-level teacher intervention: a student turn whose mean teacher log-prob per
+      token is below this is replayed by the teacher from the same prefix and the episode continues from
+      the teacher's turn (masked out: the student trains on its own turns only, the replaced one included);
+      the probability of intervening falls linearly from 1 to 0 over `intervene_steps` steps (null = the
+      whole run). Training episodes only; run.backend=local, objective=opd, one teacher that can play.
+    - `turn_support_below`: per-turn reliability weights: a student turn whose support (mean teacher
+      probability of the student's tokens) is below this has its loss weight scaled by support / threshold
+      (never under `turn_weight_floor`): turns where the student left the teacher's support count less.
+    """
+
+    teacher_fraction: float = Field(0.0, ge=0, le=1, description="share of each step's tasks the teacher plays (GKD lambda)")
+    sft_steps: int = Field(0, ge=0, description="SFT warm start: steps trained on teacher episodes before the objective")
+    intervene_below: float | None = Field(None, lt=0, description="mean teacher log-prob per token under which the teacher replays a student turn")
+    intervene_steps: int | None = Field(None, ge=1, description="steps over which the intervention probability decays from 1 to 0 (null = run.steps)")
+    turn_support_below: float | None = Field(None, gt=0, le=1, description="turn support under which its loss weight is scaled down")
+    turn_weight_floor: float = Field(0.1, ge=0, le=1, description="the smallest weight a down-weighted turn gets")
+
+
 class MixConfig(Section):
     """`mix`: mixed environments and multi-teacher routing (agentopd.plan, agentopd.routing). Written at the top
     level as `envs:`, `teachers:`, `teacher_key:` (or `--env a,b`); stored here."""
@@ -279,6 +305,7 @@ class Config(Section):
     mix: MixConfig = Field(default_factory=lambda: MixConfig())
     ray: RayConfig = Field(default_factory=RayConfig)
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+    recipe: RecipeConfig = Field(default_factory=RecipeConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -326,11 +353,45 @@ class Config(Section):
                 "async.max_staleness=0 with async.enabled=true: every episode would be one step stale and dropped; "
                 "set async.enabled=false for synchronous training, or async.max_staleness >= 1"
             )
+        self._check_teacher_recipes()
+        self._check_intervene()
         trainer = self.trainer_config()  # the loss, its temperature and the teachers must fit together
         servers = [ref for ref in (*self.mix.teachers.values(), self.teacher.path) if str(ref).startswith(("http://", "https://"))]
         if servers:
             self._check_server_teacher(servers[0], trainer)
         return self
+
+    def _check_teacher_recipes(self) -> None:
+        """recipe.teacher_fraction and recipe.sft_steps: the teacher plays some of the training episodes."""
+        r, used = self.recipe, []
+        if r.teacher_fraction > 0:
+            used.append(f"recipe.teacher_fraction={r.teacher_fraction}")
+        if r.sft_steps > 0:
+            used.append(f"recipe.sft_steps={r.sft_steps}")
+            if r.sft_steps >= self.run.steps:
+                raise ValueError(f"recipe.sft_steps={r.sft_steps} leaves none of run.steps={self.run.steps} to {self.run.objective} (use objective=sft for SFT alone)")
+            if self.async_.enabled:
+                raise ValueError("recipe.sft_steps with async.enabled=true: rollouts submitted ahead would cross the switch; turn one off")
+        if used and self.run.objective != Objective.OPD:
+            raise ValueError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} objective=opd (got objective={self.run.objective})")
+
+    def _check_intervene(self) -> None:
+        """recipe.intervene_below: the local backend replaces student turns with turns one teacher plays in-process."""
+        r = self.recipe
+        if r.intervene_below is None:
+            return
+        servers = [ref for ref in (*self.mix.teachers.values(), self.teacher.path) if str(ref).startswith(("http://", "https://"))]
+        problems = []
+        if self.run.backend != "local":
+            problems.append(f"run.backend={self.run.backend} (only the local backend intervenes)")
+        if self.run.objective != Objective.OPD:
+            problems.append(f"objective={self.run.objective} (it replaces turns the student plays: objective=opd)")
+        if servers:
+            problems.append(f"teacher={servers[0]}, a server that scores tokens but cannot play turns")
+        if self.teacher_count() > 1:
+            problems.append(f"{self.teacher_count()} teachers (it needs exactly one)")
+        if problems:
+            raise ValueError(f"recipe.intervene_below={r.intervene_below} cannot run with " + "; ".join(problems))
 
     def _check_server_teacher(self, url: str, trainer: Any) -> None:
         """A teacher behind a vLLM server returns prompt logprobs at temperature 1 and nothing else."""
@@ -339,6 +400,8 @@ class Config(Section):
             problems.append(f"trainer.loss={trainer.loss} needs the teacher's hidden states (use sampled_k1 or topk_forward_kl)")
         if Objective(self.run.objective).teacher_plays:
             problems.append("objective=sft needs the teacher to play episodes")
+        if self.recipe.teacher_fraction > 0 or self.recipe.sft_steps > 0:
+            problems.append("recipe.teacher_fraction and recipe.sft_steps need the teacher to play episodes")
         if self.eval.teacher:
             problems.append("eval.teacher=true plays the teacher on the eval tasks (set eval.teacher=false)")
         if self.rollout.temperature not in (0.0, 1.0):

@@ -14,6 +14,11 @@ An episode stops on an answer (`answer`), the turn limit (`max_turns`), the cont
 turn without room to generate (`length`), its wall-clock budget (`timeout`), or an engine/env
 failure (`error`, kept for inspection). Episodes run concurrently under `asyncio`; the engine
 batches whatever is waiting at the same moment.
+
+A `guide` (optional; agentopd.recipes.intervene) sees each sampled turn before it counts and may put
+another policy's turn from the same prefix in its place: that turn is played on (the env executes its
+tool calls) with mask 0, and the student's turn is kept as a branch (`Episode.branches`); the turn's
+index goes to `info["intervened_turns"]`, the length of the guide's span to `info["intervened_tokens"]`.
 """
 
 from __future__ import annotations
@@ -22,16 +27,18 @@ import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
 from agentopd.chat import ContextFull, StreamBuilder, parse_assistant
-from agentopd.engines.base import Engine, FinishReason, GenerateRequest, SamplingParams
+from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from agentopd.env import EnvError, ToolEnv
-from agentopd.types import Episode, Message, StopReason, Turn
+from agentopd.types import Episode, Message, StopReason, TokenStream, Turn
 
 PARSE_ERROR_TOOL = "parse_error"
+INTERVENED = "intervened_turns"  # Episode.info key: the 0-based turns a guide replaced
+INTERVENED_TOKENS = "intervened_tokens"  # Episode.info key: per replaced turn, the guide's tokens opening it (mask 0)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,14 @@ def turn_seed(episode_seed: int, turn: int) -> int:
     return (episode_seed * 1_000_003 + turn) % (1 << 63)
 
 
+class Guide(Protocol):
+    """May replace a sampled turn with another policy's (see the module docstring)."""
+
+    async def __call__(self, spec: EpisodeSpec, turn: int, request: GenerateRequest, result: GenerateResult) -> GenerateResult | None:
+        """The turn to play instead of `result` (sampled for `request`, the episode's 0-based `turn`), or None to keep it."""
+        ...
+
+
 @dataclass
 class _Live:
     """An episode while it runs (kept outside the coroutine so a timeout can still build it)."""
@@ -109,6 +124,15 @@ class _Live:
     reward: float = 0.0
     success: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    branches: list[TokenStream] = field(default_factory=list)
+
+    def replace(self, prefix: Sequence[int], rejected: GenerateResult, taken: GenerateResult) -> None:
+        """A guide put `taken` in place of the student's next turn: the student's becomes a branch (the prefix as
+        prompt, the rejected turn mask 1); info records the turn and the length of the guide's span."""
+        turn, n = len(self.turns), len(rejected.token_ids)
+        self.branches.append(TokenStream([*prefix, *rejected.token_ids], len(prefix), [1] * n, list(rejected.logprobs), [turn] * n))
+        self.info.setdefault(INTERVENED, []).append(turn)
+        self.info.setdefault(INTERVENED_TOKENS, []).append(len(taken.token_ids))
 
     def finish(self, stop: StopReason) -> Episode:
         return Episode(
@@ -125,6 +149,7 @@ class _Live:
             sample_index=self.spec.sample_index,
             policy_version=self.spec.policy_version,
             info=self.info,
+            branches=self.branches,
         )
 
 
@@ -140,6 +165,7 @@ class Rollout:
         *,
         stop_ids: Sequence[int] | None = None,
         env_workers: int = 4,
+        guide: Guide | None = None,
     ):
         self.env_factory = env_factory
         self.engine = engine
@@ -151,6 +177,7 @@ class Rollout:
         self._envs: list[ToolEnv] = []  # idle env instances, reused across episodes
         self._pool = ThreadPoolExecutor(max_workers=env_workers, thread_name_prefix="env")
         self.env_name = ""
+        self.guide = guide
 
     # ---- planning ---------------------------------------------------------------------
     @staticmethod
@@ -237,10 +264,12 @@ class Rollout:
             # each turn's draws come from its own seed (a function of the episode's seed and the turn), not
             # from the engine's private stream: a resumed run samples exactly what an uninterrupted one did
             sampling = SamplingParams(max_tokens=budget, seed=turn_seed(live.spec.seed, len(live.turns)), **params)
-            result = await self.engine.generate(GenerateRequest(b.token_ids, sampling, live.spec.episode_id))
+            request = GenerateRequest(b.token_ids, sampling, live.spec.episode_id)
+            result = await self.engine.generate(request)
             if result.finish_reason == FinishReason.ABORT:
                 raise RuntimeError("the engine aborted the request")
-            raw = b.add_assistant(result.token_ids, result.logprobs, result.finish_reason == FinishReason.STOP)
+            result, student = await self._guided(live, request, result)
+            raw = b.add_assistant(result.token_ids, result.logprobs, result.finish_reason == FinishReason.STOP, student=student)
             parsed = parse_assistant(raw)
             assistant = Message("assistant", parsed.content, list(parsed.tool_calls))
             turn = Turn(assistant, [], raw_text=raw)
@@ -279,6 +308,16 @@ class Rollout:
                 return StopReason.LENGTH
             turn.observation = [Message.from_dict(m) for m in seg.messages]
             live.messages.extend(turn.observation)
+
+    async def _guided(self, live: _Live, request: GenerateRequest, result: GenerateResult) -> tuple[GenerateResult, bool]:
+        """The turn to play (the student's, or the guide's in its place) and whether it is the student's."""
+        if self.guide is None:
+            return result, True
+        taken = await self.guide(live.spec, len(live.turns), request, result)
+        if taken is None:
+            return result, True
+        live.replace(request.token_ids, result, taken)
+        return taken, False
 
     def close(self) -> None:
         for env in self._envs:

@@ -45,6 +45,8 @@ from agentopd.objectives import Objective, teacher_mode
 from agentopd.pair import require_pair
 from agentopd.plan import Mixture, Planned
 from agentopd.progress import RunProgress
+from agentopd.recipes.turn_weights import turn_weight_metrics, turn_weights
+from agentopd.rollout import INTERVENED_TOKENS
 from agentopd.routing import Router
 from agentopd.rundir import DONE, RunDir
 from agentopd.store import Store
@@ -83,6 +85,7 @@ class Runner:
         self.env_name = cfg.env.name  # the run's label: one env, or the sources of a mixed run joined by commas
         self._pending: dict[int, Any] = {}  # async mode: step -> rollout handles already submitted
         self._engine_stale = False  # the teacher played this step (objective=sft): sync before the student plays
+        self._teacher_played: dict[int, set[str]] = {}  # step -> its episodes the teacher played (recipe.teacher_fraction)
         self._trained_through = 0  # the last step whose optimizer step was taken (what a checkpoint holds)
         self._unlogged: tuple[int, dict[str, Any]] | None = None  # a trained step's metrics not yet written
         self._stop_requested = False
@@ -230,13 +233,27 @@ class Runner:
         return catch_ctrl_c(on_first)
 
     # ---- one step -------------------------------------------------------------------------
+    def _objective(self, step: int) -> Objective:
+        """The objective in force at `step`: SFT during the warm start (recipe.sft_steps), then the run's."""
+        return Objective.SFT if step <= self.cfg.recipe.sft_steps else self.objective
+
     def _submit(self, step: int) -> list[tuple[Any, list[Planned]]]:
         cfg = self.cfg
         planned = self.mixture.plan(step, tasks_per_step=cfg.rollout.tasks_per_step, n=cfg.rollout.n, seed=cfg.run.seed,
                                     policy_version=self.backend.policy_version)  # fmt: skip
-        if self.objective.teacher_plays:  # each task's teacher plays it
-            return [(self.backend.submit_rollout(group, self.rollout_cfg, who), group) for who, group in self._by_teacher(planned).items()]
-        return [(self.backend.submit_rollout(planned, self.rollout_cfg, STUDENT), planned)]
+        if self._objective(step).teacher_plays:  # each task's teacher plays it
+            return self._teachers_play(planned)
+        if self._engine_stale:  # the warm start is over: the student plays with the weights it trained
+            self.backend.sync_weights()
+            self._engine_stale = False
+        # GKD's lambda: the first share of the step's tasks (a random draw already) is the teachers'
+        k = cfg.rollout.n * round(cfg.recipe.teacher_fraction * (len(planned) // cfg.rollout.n))
+        self._teacher_played[step] = {p.spec.episode_id for p in planned[:k]}
+        student = planned[k:]
+        return self._teachers_play(planned[:k]) + [(self.backend.submit_rollout(student, self.rollout_cfg, STUDENT), student)]
+
+    def _teachers_play(self, planned: Sequence[Planned]) -> list[tuple[Any, list[Planned]]]:
+        return [(self.backend.submit_rollout(group, self.rollout_cfg, who), group) for who, group in self._by_teacher(planned).items()]
 
     def _by_teacher(self, planned: Sequence[Planned], split: str = "train") -> dict[str, list[Planned]]:
         out: dict[str, list[Planned]] = {}
@@ -260,7 +277,11 @@ class Runner:
                 if ahead not in self._pending:
                     self._pending[ahead] = self._submit(ahead)
 
+        teacher_played = self._teacher_played.get(step, set())
+
         def on_episode(p: Planned, ep: Episode) -> None:
+            if p.spec.episode_id in teacher_played:
+                ep.info["played_by"] = "teacher"  # recipe.teacher_fraction: shown as such in the store and viewer
             self.store.add(ep, p.spec.episode_id, split="train", teacher=self._teacher_name(p))
             advance()
 
@@ -298,18 +319,23 @@ class Runner:
     def _teacher_name(self, p: Planned) -> str | None:
         return None if self.router.single else self.router.teacher_of(p)
 
-    def _score(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str]) -> list[TeacherScores] | None:
-        if not self.objective.scores or not episodes:
+    def _score(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str], objective: Objective) -> list[TeacherScores] | None:
+        """The teachers' scores of every episode, in order, then of every branch (Episode.branches: student turns that
+        recipe.intervene_below replaced, each scored by its episode's teacher), episode by episode."""
+        if not objective.scores or not episodes:
             return None
+        streams = [e.tokens for e in episodes] + [b for e in episodes for b in e.branches]
+        branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
         with self.progress.phase("teacher", total=None):
-            scores = score_episodes(self.backend, teacher_of, [e.tokens for e in episodes], self.mode)
+            scores = score_episodes(self.backend, [*teacher_of, *branch_teachers], streams, self.mode)
         with self.store.batch():  # one transaction: the scores arrive together
             for p, ep, sc in zip(planned, episodes, scores):
                 ep.teacher_logprobs = sc.logprobs
                 self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
         return scores
 
-    def _samples(self, planned: list[Planned], episodes: list[Episode], scores: list[TeacherScores] | None) -> list[TrainSample]:
+    def _samples(self, planned: list[Planned], episodes: list[Episode], scores: list[TeacherScores] | None,
+                 token_weights: list[list[float]] | None = None) -> list[TrainSample]:  # fmt: skip
         group = {key: i for i, key in enumerate(dict.fromkeys((p.source, p.spec.task_id) for p in planned))}
         samples = []
         for i, (p, ep) in enumerate(zip(planned, episodes)):
@@ -323,12 +349,58 @@ class Runner:
                     teacher_hidden=sc.hidden if sc else None,
                     reward=ep.reward,
                     group_id=group[p.source, ep.task_id],
+                    token_weights=token_weights[i] if token_weights is not None else None,
                 )
             )
+        samples += self._branch_samples(episodes, scores[len(episodes) :] if scores is not None else None, first_group=len(group))
         return [s for s in samples if s.num_student_tokens > 0]
+
+    def _branch_samples(self, episodes: list[Episode], scores: list[TeacherScores] | None, first_group: int) -> list[TrainSample]:
+        """The student turns a guide replaced (Episode.branches, recipe.intervene_below), scored by `scores` in the
+        same order. Each is a group of its own: its episode's outcome came after the teacher's turn, so a branch
+        carries no task-reward signal (a group of one: GRPO advantage 0, reward weight 1)."""
+        branches = [(ep, b) for ep in episodes for b in ep.branches]
+        out = []
+        for j, (ep, branch) in enumerate(branches):
+            sc = scores[j] if scores is not None else None
+            out.append(
+                TrainSample.from_stream(
+                    branch,
+                    teacher_logprobs=sc.logprobs if sc else None,
+                    teacher_topk_ids=sc.topk_ids if sc else None,
+                    teacher_topk_logprobs=sc.topk_logprobs if sc else None,
+                    teacher_hidden=sc.hidden if sc else None,
+                    reward=ep.reward,
+                    group_id=first_group + j,
+                )
+            )
+        return out
+
+    @staticmethod
+    def _teacher_work(episodes: list[Episode], scores: list[TeacherScores] | None, objective: Objective, teacher_played: set[str]) -> dict[str, float]:
+        """`teacher/scored_tokens` (every token of the sequences it scored: one forward pass over each) and
+        `teacher/generated_tokens` (its assistant tokens: the episodes it played, the turns it took over)."""
+        scored = sum(len(e.tokens.token_ids) + sum(len(b.token_ids) for b in e.branches) for e in episodes if e.tokens) if scores else 0
+        generated = 0
+        for ep in episodes:
+            if ep.tokens is None:
+                continue
+            if objective.teacher_plays or ep.info.get("played_by") == "teacher":
+                generated += ep.tokens.num_llm_tokens
+            generated += sum(ep.info.get(INTERVENED_TOKENS, ()))
+        return {"teacher/scored_tokens": float(scored), "teacher/generated_tokens": float(generated)}
+
+    def _turn_weights(self, episodes: list[Episode], scores: list[TeacherScores] | None) -> tuple[list[list[float]] | None, dict[str, float]]:
+        """recipe.turn_support_below: per-token loss weights of each episode (its turns' reliability) and their metrics."""
+        r = self.cfg.recipe
+        if r.turn_support_below is None or scores is None:
+            return None, {}
+        weighed = [turn_weights(ep.tokens, sc.logprobs, below=r.turn_support_below, floor=r.turn_weight_floor) for ep, sc in zip(episodes, scores)]
+        return [w for w, _ in weighed], turn_weight_metrics([s for _, s in weighed], below=r.turn_support_below, floor=r.turn_weight_floor)
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
+        objective = self._objective(step)
         t = time.perf_counter()
         with self.progress.phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
             planned, episodes, async_stats = self._rollout(step, advance)
@@ -337,30 +409,37 @@ class Runner:
 
         teacher_of = [self.router.teacher_of(p) for p in planned]
         t = time.perf_counter()
-        scores = self._score(planned, episodes, teacher_of)
+        scores = self._score(planned, episodes, teacher_of, objective)
         teacher_s = time.perf_counter() - t
 
+        token_weights, recipe_metrics = self._turn_weights(episodes, scores)
         head = self.backend.teacher_head(teacher_of[0]) if scores and scores[0].hidden is not None else None
         with self.progress.phase("train", total=None):
-            train = self.backend.train(self._samples(planned, episodes, scores), head)
+            train = self.backend.train(self._samples(planned, episodes, scores, token_weights), head, loss=objective.loss)
         self._trained_through = step
         self._unlogged = (step, dict(train))
         t = time.perf_counter()
-        if self.objective.teacher_plays:
-            self._engine_stale = True  # synced before the student next plays (evals)
+        if objective.teacher_plays:
+            self._engine_stale = True  # synced before the student next plays (evals, or after the warm start)
         else:
             self.backend.sync_weights()
         sync_s = time.perf_counter() - t
 
-        metrics = dict(train)
-        if episodes:
-            teacher_keys = None if self.router.single or scores is None else teacher_of
-            metrics |= step_metrics(episodes, tool_names=sorted({t['function']['name'] for e in episodes for t in e.tools}), teacher_keys=teacher_keys)
+        metrics = dict(train) | recipe_metrics
+        teacher_played = self._teacher_played.pop(step, set())
+        if teacher_played:
+            metrics["recipe/teacher_episodes"] = float(len(teacher_played))
+        metrics |= self._teacher_work(episodes, scores, objective, teacher_played)
+        own = [i for i, p in enumerate(planned) if p.spec.episode_id not in teacher_played]  # what the diagnostics describe
+        if own:
+            mine = [episodes[i] for i in own]
+            teacher_keys = None if self.router.single or scores is None else [teacher_of[i] for i in own]
+            metrics |= step_metrics(mine, tool_names=sorted({t["function"]["name"] for e in mine for t in e.tools}), teacher_keys=teacher_keys)
             if self.mixture.mixed:
                 for source in self.mixture.sources:
-                    mine = [e for p, e in zip(planned, episodes) if p.source == source]
-                    if mine:
-                        metrics[f"success_rate/{source}"] = sum(e.success for e in mine) / len(mine)
+                    of_source = [episodes[i] for i in own if planned[i].source == source]
+                    if of_source:
+                        metrics[f"success_rate/{source}"] = sum(e.success for e in of_source) / len(of_source)
         metrics |= {
             "perf/rollout_s": rollout_s,
             "perf/teacher_s": teacher_s,

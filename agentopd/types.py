@@ -167,6 +167,9 @@ class Episode:
     sample_index: int = 0  # which of the n samples of this task
     policy_version: int = 0  # the student weights version that generated it
     info: dict[str, Any] = field(default_factory=dict)
+    # student turns a guide replaced (agentopd.recipes.intervene), each as the stream it was sampled from: the
+    # prefix as prompt, then the rejected turn (mask 1). Trained on, not stored (info["intervened_turns"] is)
+    branches: list[TokenStream] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from agentopd.plan import Planned
     from agentopd.rollout import RolloutConfig
     from agentopd.teacher import TeacherMode, TeacherScores
+    from agentopd.trainer.config import LossKind
     from agentopd.types import Episode, TokenStream
 
 
@@ -66,7 +67,7 @@ class Backend(Protocol):
 
     def teacher_head(self, name: str) -> torch.Tensor: ...
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None) -> dict[str, float]: ...
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None) -> dict[str, float]: ...
 
     def sync_weights(self) -> None: ...
 

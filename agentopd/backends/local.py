@@ -20,8 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentopd.backends.stages import STUDENT, OnEpisode, Players, RunContext, build_engine, build_teacher, score_routed
+from agentopd.backends.stages import (
+    STUDENT,
+    OnEpisode,
+    Players,
+    RunContext,
+    build_engine,
+    build_teacher,
+    score_routed,
+)
 from agentopd.plan import Planned
+from agentopd.recipes.intervene import guide_for, intervene_metrics
 from agentopd.rollout import RolloutConfig
 from agentopd.rundir import RunDir
 from agentopd.types import Episode, TokenStream
@@ -32,6 +41,7 @@ if TYPE_CHECKING:
     from agentopd.batch import TrainSample
     from agentopd.config import Config
     from agentopd.teacher import TeacherMode, TeacherScores
+    from agentopd.trainer.config import LossKind
 
 
 @dataclass
@@ -60,6 +70,8 @@ class LocalBackend:
         self.players = Players(ctx, tokenizer, student_engine=self._student_engine(student))
         self.trainer = Trainer(student, ctx.trainer_cfg, device=ctx.device)
         self._synced = 0  # the trainer step the engine's weights come from
+        self.guide = guide_for(ctx, self.teachers, self.players.engine)  # recipe.intervene_below, else None
+        self._stats: dict[str, float] = {}  # the step's metrics, until stats() reads them
 
     def _student_engine(self, student: torch.nn.Module) -> Any:
         from agentopd.engines import EngineKind, resolve_kind
@@ -76,7 +88,13 @@ class LocalBackend:
         return _Pending(list(planned), config, who)
 
     def collect(self, handle: _Pending, on_episode: OnEpisode | None = None) -> list[Episode]:
-        return self.players.play(handle.planned, handle.config, on_episode, handle.who)
+        """The played episodes; the student's training episodes play under the guide (recipe.intervene_below)."""
+        guide = self.guide if handle.who == STUDENT else None
+        episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
+        if guide is not None and handle.planned and handle.planned[0].spec.split == "train":
+            self._stats |= intervene_metrics(episodes, guide.probability(handle.planned[0].spec.step))
+            self._stats["teacher/guide_scored_tokens"] = float(guide.take_scored_tokens())
+        return episodes
 
     def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
         return score_routed(self.teachers, by_teacher, mode)
@@ -84,8 +102,8 @@ class LocalBackend:
     def teacher_head(self, name: str) -> torch.Tensor:
         return self.teachers[name].head_weight()
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None) -> dict[str, float]:
-        return self.trainer.train_step(samples, teacher_head_VH=head)
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None) -> dict[str, float]:
+        return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss)
 
     def sync_weights(self) -> None:
         self.players.update_weights(self.trainer.state_dict_for_engine())
@@ -103,7 +121,9 @@ class LocalBackend:
         self.trainer.export(out_dir, tokenizer)
 
     def stats(self) -> dict[str, float]:
-        return {}
+        """The metrics of the step since the last call (intervene/*)."""
+        stats, self._stats = self._stats, {}
+        return stats
 
     def close(self) -> None:
         self.players.close()

@@ -47,9 +47,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentopd.backends.placement import ROLLOUT, Cluster, Plan, Reservation, plan_placement, teacher_role
-from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker
 from agentopd.backends.base import TrainerRestarted
+from agentopd.backends.placement import (
+    ROLLOUT,
+    Cluster,
+    Plan,
+    Reservation,
+    plan_placement,
+    teacher_role,
+)
+from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker
 from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
 from agentopd.plan import Planned
@@ -63,6 +70,7 @@ if TYPE_CHECKING:
     from agentopd.batch import TrainSample
     from agentopd.config import Config
     from agentopd.teacher import TeacherMode, TeacherScores
+    from agentopd.trainer.config import LossKind
 
 
 @dataclass
@@ -241,7 +249,7 @@ class RayBackend:
         self.version = step
         raise TrainerRestarted(step, str(error)) from error
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None) -> dict[str, float]:
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None) -> dict[str, float]:
         ranks = self.rc.trainer_workers
         shares: list[list[TrainSample]] = [[] for _ in range(ranks)]
         load = [0] * ranks
@@ -251,7 +259,7 @@ class RayBackend:
             load[r] += s.num_tokens
         head_ref = self.ray.put(head) if head is not None else None
         try:
-            metrics = self.group.call("train", head_ref, per_rank=shares)
+            metrics = self.group.call("train", head_ref, loss, per_rank=shares)
             self.version = self.group.call("step")[0]  # a skipped step (no student tokens) is no new version
         except TrainerLost as e:
             self._trainer_lost(e)

@@ -25,7 +25,7 @@ import torch
 
 from agentopd.engines.base import Engine, logprob_temperature
 from agentopd.plan import Mixture, Planned
-from agentopd.rollout import Rollout, RolloutConfig
+from agentopd.rollout import Guide, Rollout, RolloutConfig
 from agentopd.types import Episode, TokenStream
 
 if TYPE_CHECKING:
@@ -108,9 +108,11 @@ class Players:
         return self.engines[who]
 
     async def play_async(
-        self, planned: Sequence[Planned], config: RolloutConfig, on_episode: OnEpisode | None = None, who: str = STUDENT
+        self, planned: Sequence[Planned], config: RolloutConfig, on_episode: OnEpisode | None = None, who: str = STUDENT,
+        guide: Guide | None = None,
     ) -> list[Episode]:
-        """Every planned episode, all sources at once on one engine (it batches across them); in plan order."""
+        """Every planned episode, all sources at once on one engine (it batches across them); in plan order.
+        `guide` may replace turns as they are sampled (agentopd.rollout.Guide; recipe.intervene_below)."""
         engine = self.engine(who)
         groups: dict[tuple[str, str], list[int]] = {}
         for i, p in enumerate(planned):
@@ -119,7 +121,7 @@ class Players:
         rollouts = []
 
         async def run(source: str, split: str, idx: list[int]) -> None:
-            ro = Rollout(self.ctx.mixture.sources[source].factory(split), engine, self.tokenizer, config)
+            ro = Rollout(self.ctx.mixture.sources[source].factory(split), engine, self.tokenizer, config, guide=guide)
             rollouts.append(ro)
             by_id = {planned[i].spec.episode_id: i for i in idx}
 
@@ -138,8 +140,11 @@ class Players:
         assert all(e is not None for e in out)
         return out  # type: ignore[return-value]
 
-    def play(self, planned: Sequence[Planned], config: RolloutConfig, on_episode: OnEpisode | None = None, who: str = STUDENT) -> list[Episode]:
-        return self.loop.run(self.play_async(planned, config, on_episode, who))
+    def play(
+        self, planned: Sequence[Planned], config: RolloutConfig, on_episode: OnEpisode | None = None, who: str = STUDENT,
+        guide: Guide | None = None,
+    ) -> list[Episode]:
+        return self.loop.run(self.play_async(planned, config, on_episode, who, guide))
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.loop.run(self.engine(STUDENT).update_weights(state_dict))

@@ -202,13 +202,15 @@ class StreamBuilder:
         return self._pending_junction is None and self.remaining_context() >= self.min_turn_tokens
 
     # ---- appending -----------------------------------------------------------------------
-    def add_assistant(self, token_ids: Sequence[int], logprobs: Sequence[float], finished_by_stop: bool) -> str:
+    def add_assistant(self, token_ids: Sequence[int], logprobs: Sequence[float], finished_by_stop: bool, *, student: bool = True) -> str:
         """Append one generated turn verbatim (mask 1); return its text without the stop token.
 
         `finished_by_stop` (the engine's finish reason) is recorded; what decides the junction is
         whether the last id is the template's stop token (e.g. `<|im_end|>`): if not (max_tokens
         hit, or another stop id such as `<|endoftext|>`), the template's whole closing is
-        inserted (mask 0) before the next observation.
+        inserted (mask 0) before the next observation. `student=False`: another policy generated
+        the turn (a teacher's intervention, agentopd.recipes.intervene): it is the conversation's
+        assistant turn like any other, but not the student's token: mask 0, logprob 0.0.
         """
         if self._pending_junction is not None:
             raise ValueError("add_assistant after an assistant turn: add the observation first")
@@ -221,8 +223,8 @@ class StreamBuilder:
         closed = bool(ids) and bool(closing) and ids[-1] == closing[0]
         turn = self.num_turns
         self._ids.extend(ids)
-        self._mask.extend([1] * len(ids))
-        self._logprobs.extend(float(x) for x in logprobs)
+        self._mask.extend([int(student)] * len(ids))
+        self._logprobs.extend(float(x) if student else 0.0 for x in logprobs)
         self._turn.extend([turn] * len(ids))
         body = ids[:-1] if closed else ids
         self.raw_assistant_texts.append(self.tokenizer.decode(body, skip_special_tokens=False))

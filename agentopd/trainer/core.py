@@ -194,10 +194,9 @@ class Trainer:
             dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
         return t
 
-    def _episode_terms(self, samples: list[TrainSample]) -> list[TrainSample]:
+    def _episode_terms(self, samples: list[TrainSample], cfg: TrainerConfig) -> list[TrainSample]:
         """Episode weights (reward_beta, TCAD teacher confidence) and GRPO advantages, computed over
         the GLOBAL batch (all ranks' episodes: groups may span ranks), then this rank's share."""
-        cfg = self.cfg
         need_adv = cfg.loss == LossKind.GRPO or cfg.task_reward_coef > 0
         if cfg.reward_beta is None and cfg.tcad_power is None and not need_adv:
             return samples
@@ -236,12 +235,13 @@ class Trainer:
         ]
 
     def train_step(
-        self, samples: list[TrainSample], *, teacher_head_VH: torch.Tensor | None = None
+        self, samples: list[TrainSample], *, teacher_head_VH: torch.Tensor | None = None, loss: LossKind | None = None
     ) -> dict[str, float]:
-        """One optimizer step on this rank's `samples`; returns global metrics (same on every rank)."""
+        """One optimizer step on this rank's `samples` (with `loss` instead of the configured one for this
+        step, e.g. an SFT warm start); returns global metrics (same on every rank)."""
         t0 = time.perf_counter()
-        cfg = self.cfg
-        samples = self._episode_terms(samples)
+        cfg = self.cfg if loss is None or loss == self.cfg.loss else dataclasses.replace(self.cfg, loss=LossKind(loss))
+        samples = self._episode_terms(samples, cfg)
         micro_batches = pack(samples, cfg.micro_batch_tokens, row_tokens=self._row_tokens(samples))
         counts = torch.tensor(
             [

@@ -1,0 +1,122 @@
+"""Recipes beyond plain OPD (config `recipe`): GKD's teacher share, the SFT warm start and per-turn
+reliability weights — units on hand-made streams, then short runs through the CLI on tiny models."""
+
+import json
+import math
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from agentopd.batch import TrainSample, pack
+from agentopd.cli import app
+from agentopd.config import load_config
+from agentopd.recipes.turn_weights import (
+    turn_support,
+    turn_weight_metrics,
+    turn_weights,
+)
+from agentopd.types import TokenStream
+
+SHORT = [
+    "rollout.tasks_per_step=4", "rollout.n=1", "rollout.max_new_tokens=24", "rollout.max_turns=3",
+    "eval.num_tasks=2", "eval.every=0", "eval.teacher=false", "run.checkpoint_every=0", "trainer.lr=1e-3",
+]  # fmt: skip
+
+
+def _stream():
+    # prompt of 2 tokens; turn 0: 2 student tokens, 1 tool token; turn 1: 2 student tokens
+    return TokenStream(token_ids=[1, 2, 3, 4, 5, 6, 7], prompt_len=2, response_mask=[1, 1, 0, 1, 1],
+                       logprobs=[-0.1] * 5, turn_index=[0, 0, 0, 1, 1])  # fmt: skip
+
+
+def test_turn_support_and_weights():
+    teacher = [math.log(0.9), math.log(0.7), 0.0, math.log(0.1), math.log(0.05)]
+    support = turn_support(_stream(), teacher)
+    assert support == pytest.approx({0: 0.8, 1: 0.075})
+    weights, _ = turn_weights(_stream(), teacher, below=0.3, floor=0.1)
+    assert weights == pytest.approx([1.0, 1.0, 1.0, 0.25, 0.25])  # turn 1: 0.075 / 0.3
+    weights, _ = turn_weights(_stream(), teacher, below=0.3, floor=0.5)
+    assert weights[3:] == pytest.approx([0.5, 0.5])  # the floor
+    metrics = turn_weight_metrics([support], below=0.3, floor=0.1)
+    assert metrics["turn_weight/downweighted"] == 0.5 and metrics["turn_weight/turn_1"] == pytest.approx(0.25)
+    assert metrics["turn_support/turn_0"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="5 response tokens"):
+        turn_weights(_stream(), teacher[:4], below=0.3, floor=0.1)
+
+
+def test_token_weights_reach_the_loss_rows():
+    s = _stream()
+    sample = TrainSample.from_stream(s, weight=2.0, token_weights=[1.0, 0.5, 1.0, 0.25, 0.25])
+    (mb,) = pack([sample], 64)
+    assert mb.weights_N.tolist() == [2.0, 1.0, 0.5, 0.5]  # student tokens only, episode weight x token weight
+    with pytest.raises(ValueError, match="token_weights has length 2"):
+        TrainSample.from_stream(s, token_weights=[1.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["recipe.sft_steps=5", "steps=5"], "leaves none of run.steps=5"),
+        (["recipe.teacher_fraction=0.5", "objective=grpo"], "recipe.teacher_fraction=0.5 needs objective=opd"),
+        (["recipe.teacher_fraction=1.5"], "teacher_fraction"),
+        (["recipe.sft_steps=2", "async.enabled=true", "backend=ray"], "rollouts submitted ahead"),
+    ],
+)
+def test_bad_recipes_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config("calculator", overrides=overrides)
+
+
+@pytest.fixture
+def cli(tiny_home, monkeypatch):
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "loss" in line]
+
+
+def test_teacher_fraction_plays_that_share_with_the_teacher(cli, tmp_path):
+    run = tmp_path / "run"
+    result = cli("run", "--env", "calculator", "--run-dir", run, "steps=2", "recipe.teacher_fraction=0.5", *SHORT)
+    assert result.exit_code == 0, result.output
+    records = _records(run)
+    assert [r["recipe/teacher_episodes"] for r in records] == [2.0, 2.0]
+    assert all(r["teacher/generated_tokens"] > 0 and r["teacher/scored_tokens"] > r["teacher/generated_tokens"] for r in records)
+    db = sqlite3.connect(run / "trajectories.db")
+    rows = db.execute("select id, info, teacher_logprobs from episodes where split='train' order by id").fetchall()
+    by_teacher = [i for i, info, _ in rows if json.loads(info or "{}").get("played_by") == "teacher"]
+    assert len(rows) == 8 and len(by_teacher) == 4
+    assert all(tlp is not None for *_, tlp in rows)  # the teacher's episodes are scored and trained on too
+
+
+def test_sft_warm_start_switches_to_opd(cli, tmp_path):
+    run = tmp_path / "run"
+    result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", "recipe.sft_steps=2", *SHORT)
+    assert result.exit_code == 0, result.output
+    records = _records(run)
+    assert [("train/distill_loss" in r) for r in records] == [False, False, True]  # cross-entropy, then the KL
+    db = sqlite3.connect(run / "trajectories.db")
+    rows = db.execute("select step, logprobs, teacher_logprobs from episodes where split='train'").fetchall()
+    gap: dict[int, float] = {}  # per step, the largest |sampler - teacher| logprob: ~0 where the teacher played
+    for step, lp, tlp in rows:
+        gap[step] = max(gap.get(step, 0.0), *(abs(a - b) for a, b in zip(json.loads(lp), json.loads(tlp))))
+    assert gap[1] < 1e-4 and gap[2] < 1e-4 and gap[3] > 0.1, gap
+
+
+def test_turn_weights_are_logged_and_change_the_loss(cli, tmp_path):
+    losses = {}
+    for below in (None, 1.0):
+        run = tmp_path / f"run{below}"
+        extra = [f"recipe.turn_support_below={below}", "recipe.turn_weight_floor=0.0"] if below else []
+        result = cli("run", "--env", "calculator", "--run-dir", run, "steps=1", *SHORT, *extra)
+        assert result.exit_code == 0, result.output
+        (record,) = _records(run)
+        losses[below] = record["loss"]
+        if below:
+            assert 0 < record["turn_weight/mean"] < 1 and record["turn_weight/downweighted"] == 1.0
+            assert "turn_support/turn_0" in record
+    assert losses[1.0] < losses[None]  # every weight is support / 1.0 < 1: the same episodes, a smaller loss
