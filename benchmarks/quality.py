@@ -1,0 +1,274 @@
+"""Where on-policy distillation wins: OPD, its recipes, SFT on teacher episodes and GRPO, seeded.
+
+    python benchmarks/quality.py --env sql_db_explore --env sql_db --seeds 3 --steps 150 --eval-every 25 \
+        --jobs 8 --out benchmarks/results/quality.md [dotted overrides for every run ...]
+
+Every method starts from the env's built-in student with the env's preset, the same tasks per step,
+steps and seeds, so each trains on about the same number of tokens (its student-token budget):
+
+    opd               the student plays, the teacher scores every student token (trainer.loss of the preset)
+    opd_mixed         GKD's lambda: half of each step's tasks played by the teacher, the same loss
+    sft_then_opd      SFT warm start on teacher episodes for the first third of the steps, then OPD
+    opd_intervene     the teacher replays student turns it finds unlikely (recipe.intervene_below)
+    opd_turn_weights  turns outside the teacher's support count less (recipe.turn_support_below)
+    sft               cross-entropy on the teacher's episodes of the same tasks (sequence-level KD)
+    grpo              the env reward alone: groups of 4 episodes per task, a quarter of the tasks
+
+Reported per env and method, as mean +- std over the seeds: held-out success at every eval point,
+the student tokens trained on, the teacher tokens scored and generated, wall time; at the last
+eval, success per task template and the recovery rate (success among episodes with a tool error).
+Each run is a subprocess (`--jobs` at once, one torch thread each) that writes its result JSON
+under `--work`; a result already there is reused, so an interrupted sweep continues where it was.
+Writes the markdown (--out) and a PNG of success vs student tokens next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+METHODS = ("opd", "opd_mixed", "sft_then_opd", "opd_intervene", "opd_turn_weights", "sft", "grpo")
+
+
+def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_below: float, support_below: float) -> list[str]:
+    return {
+        "opd": ["objective=opd"],
+        "opd_mixed": ["objective=opd", "recipe.teacher_fraction=0.5"],
+        "sft_then_opd": ["objective=opd", f"recipe.sft_steps={max(1, steps // 3)}"],
+        "opd_intervene": ["objective=opd", f"recipe.intervene_below={intervene_below}"],
+        "opd_turn_weights": ["objective=opd", f"recipe.turn_support_below={support_below}"],
+        "sft": ["objective=sft"],
+        "grpo": ["objective=grpo", "rollout.n=4", f"rollout.tasks_per_step={max(1, tasks_per_step // 4)}"],
+    }[method]
+
+
+# ---- one run (a worker process) ------------------------------------------------------------
+def run_one(spec: dict) -> dict:
+    import torch
+
+    from agentopd.config import load_config
+    from agentopd.runner import Runner
+
+    torch.set_num_threads(1)  # the built-in models are tiny: one thread each, many runs at once
+    cfg = load_config(spec["env"], overrides=spec["overrides"])
+    run_dir = Path(spec["run_dir"])
+    t0 = time.perf_counter()
+    summary = Runner(cfg, run_dir).run()
+    seconds = time.perf_counter() - t0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = {e["step"]: e for e in summary.evals}
+    tokens, curve = 0.0, []
+    for r in records:
+        tokens += r.get("train/student_tokens", 0.0)
+        if r["step"] in evals and (not curve or curve[-1]["step"] != r["step"]):
+            curve.append({"step": r["step"], "tokens": int(tokens), "success": evals[r["step"]]["eval/success_rate"]})
+    teacher = next((e["eval/teacher_success_rate"] for e in summary.evals if "eval/teacher_success_rate" in e), None)
+    intervene = [r["intervene/rate"] for r in records if "intervene/rate" in r]
+    return {
+        **{k: spec[k] for k in ("env", "method", "seed")},
+        "curve": curve,
+        "teacher_success": teacher,
+        "seconds": seconds,
+        "intervene_rate": statistics.fmean(intervene) if intervene else None,
+        # one teacher forward over every token of a scored sequence; the assistant tokens of what it played
+        "teacher_scored": sum(r.get("teacher/scored_tokens", 0.0) + r.get("teacher/guide_scored_tokens", 0.0) for r in records),
+        "teacher_generated": sum(r.get("teacher/generated_tokens", 0.0) for r in records),
+        **last_eval_diagnosis(run_dir, cfg),
+    }
+
+
+def last_eval_diagnosis(run_dir: Path, cfg) -> dict:
+    """At the last eval: success per task template (the task's `template`, else its id before ':'), and
+    success among the episodes that hit a tool error (did the student recover?)."""
+    from agentopd.plan import Mixture
+    from agentopd.store import Store
+
+    mixture = Mixture.from_config(cfg)
+    (source,) = mixture.sources
+    store = Store(run_dir / "trajectories.db", readonly=True)
+    per_template: dict[str, list[bool]] = defaultdict(list)
+    after_error: list[bool] = []
+    for _, ep in store.iter_episodes(step=cfg.run.steps, split="eval"):
+        task = mixture.task(source, ep.task_id, "eval")
+        template = (task.data or {}).get("template") if task else None
+        per_template[template or ep.task_id.split(":")[0]].append(bool(ep.success))
+        if any(sum(turn.tool_call_errors.values()) for turn in ep.turns):
+            after_error.append(bool(ep.success))
+    store.close()
+    return {
+        "per_template": {k: sum(v) / len(v) for k, v in sorted(per_template.items())},
+        "error_episodes": len(after_error),
+        "recovered": sum(after_error) / len(after_error) if after_error else None,
+    }
+
+
+# ---- the sweep -----------------------------------------------------------------------------
+def sweep(args: argparse.Namespace) -> list[dict]:
+    from agentopd.config import load_config
+
+    work = args.work
+    (work / "results").mkdir(parents=True, exist_ok=True)
+    specs = []
+    for env in args.env:
+        base = load_config(env, overrides=[f"steps={args.steps}", *args.overrides])
+        tasks = base.rollout.tasks_per_step
+        for method in args.methods:
+            for seed in range(args.seeds):
+                name = f"{env}-{method}-s{seed}"
+                overrides = [f"steps={args.steps}", f"eval.every={args.eval_every}", f"run.seed={seed}", "log.tensorboard=false",
+                             "run.checkpoint_every=0", *args.overrides,
+                             *method_overrides(method, args.steps, tasks, args.intervene_below, args.support_below)]  # fmt: skip
+                specs.append({"env": env, "method": method, "seed": seed, "overrides": overrides,
+                              "run_dir": str(work / "runs" / name), "result": str(work / "results" / f"{name}.json")})  # fmt: skip
+
+    def launch(spec: dict) -> dict | None:
+        out = Path(spec["result"])
+        if out.exists():
+            return json.loads(out.read_text())
+        log = Path(spec["run_dir"] + ".log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        with log.open("w") as f:
+            proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], stdout=f, stderr=subprocess.STDOUT, env=env, check=False)
+        if proc.returncode != 0:
+            print(f"FAILED {Path(spec['run_dir']).name} (exit {proc.returncode}): see {log}", flush=True)
+            return None
+        result = json.loads(out.read_text())
+        print(f"done {Path(spec['run_dir']).name}: success {result['curve'][-1]['success']:.0%} in {result['seconds']:.0f} s", flush=True)
+        return result
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        return [r for r in pool.map(launch, specs) if r is not None]
+
+
+def _pm(values: list[float], fmt: str = "{:.0%}") -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def report(results: list[dict], args: argparse.Namespace, png: Path | None) -> str:
+    by = defaultdict(list)
+    for r in results:
+        by[r["env"], r["method"]].append(r)
+    lines = []
+    for env in args.env:
+        teacher = [r["teacher_success"] for r in results if r["env"] == env and r["teacher_success"] is not None]
+        lines += [f"## {env}" + (f" (teacher: {statistics.fmean(teacher):.0%})" if teacher else ""), ""]
+        methods = [m for m in args.methods if by[env, m]]
+        steps = [p["step"] for p in by[env, methods[0]][0]["curve"]] if methods else []
+        lines += ["| method | seeds | " + " | ".join(f"step {s}" for s in steps) + " | student tokens | teacher scored | teacher generated | wall s |",
+                  "|---|---|" + "---|" * (len(steps) + 4)]  # fmt: skip
+        for m in methods:
+            runs = by[env, m]
+            cells = [_pm([r["curve"][i]["success"] for r in runs if i < len(r["curve"])]) for i in range(len(steps))]
+            last = [r["curve"][-1]["tokens"] for r in runs]
+            lines.append(f"| {m} | {len(runs)} | " + " | ".join(cells) + f" | {statistics.fmean(last):,.0f} | "
+                         f"{statistics.fmean(r['teacher_scored'] for r in runs):,.0f} | {statistics.fmean(r['teacher_generated'] for r in runs):,.0f} | "
+                         f"{statistics.fmean(r['seconds'] for r in runs):.0f} |")  # fmt: skip
+        templates = sorted({t for m in methods for r in by[env, m] for t in r["per_template"]})
+        lines += ["", (f"Last eval (step {steps[-1] if steps else '-'}), success per template and recovery (success among episodes "
+                       "with a tool error; mean over seeds):"), "",
+                  "| method | " + " | ".join(templates) + " | error episodes | recovered |", "|---|" + "---|" * (len(templates) + 2)]  # fmt: skip
+        for m in methods:
+            runs = by[env, m]
+            cells = [_pm([r["per_template"][t] for r in runs if t in r["per_template"]]) for t in templates]
+            recovered = [r["recovered"] for r in runs if r["recovered"] is not None]
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {statistics.fmean(r['error_episodes'] for r in runs):.1f} | {_pm(recovered)} |")
+        rates = [(m, [r["intervene_rate"] for r in by[env, m] if r["intervene_rate"] is not None]) for m in methods]
+        for m, values in rates:
+            if values:
+                lines += ["", f"{m}: the teacher replaced {statistics.fmean(values):.1%} of the student's training turns (mean over steps and seeds)."]
+        lines.append("")
+    if png is not None:
+        lines += [f"![success vs student tokens]({png.name})", ""]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], envs: list[str], methods: list[str], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        for m in methods:
+            runs = [r for r in results if r["env"] == env and r["method"] == m]
+            if not runs:
+                continue
+            n = min(len(r["curve"]) for r in runs)
+            x = [statistics.fmean(r["curve"][i]["tokens"] for r in runs) for i in range(n)]
+            ys = [[r["curve"][i]["success"] for r in runs] for i in range(n)]
+            mean = [statistics.fmean(y) for y in ys]
+            std = [statistics.stdev(y) if len(y) > 1 else 0.0 for y in ys]
+            ax.plot(x, mean, marker="o", label=m)
+            ax.fill_between(x, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)], alpha=0.15)
+        teacher = [r["teacher_success"] for r in results if r["env"] == env and r["teacher_success"] is not None]
+        if teacher:
+            ax.axhline(statistics.fmean(teacher), color="black", linestyle="--", linewidth=1, label="teacher")
+        ax.set_title(env)
+        ax.set_xlabel("student tokens trained on")
+        ax.set_ylabel("held-out success")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--env", action="append", help="an env or preset; repeat for several (default: sql_db_explore)")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--intervene-below", type=float, default=-1.0, help="recipe.intervene_below of opd_intervene")
+    ap.add_argument("--support-below", type=float, default=0.3, help="recipe.turn_support_below of opd_turn_weights")
+    ap.add_argument("--work", type=Path, default=Path("runs/quality"), help="run directories and per-run results")
+    ap.add_argument("--out", type=Path, help="the markdown report (a PNG is written next to it)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. run.device=cuda")
+    args = ap.parse_args()
+    if args.worker:
+        spec = json.loads(args.worker)
+        Path(spec["result"]).write_text(json.dumps(run_one(spec)))
+        return
+    args.env = args.env or ["sql_db_explore"]
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        ap.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    t0 = time.perf_counter()
+    results = sweep(args)
+    png = args.out.with_suffix(".png") if args.out else None
+    if png is not None and results:
+        plot(results, args.env, args.methods, png)
+    import torch
+
+    command = " ".join(["python benchmarks/quality.py", *(f"--env {e}" for e in args.env), f"--methods {','.join(args.methods)}",
+                        f"--seeds {args.seeds}", f"--steps {args.steps}", f"--eval-every {args.eval_every}",
+                        f"--intervene-below {args.intervene_below}", f"--support-below {args.support_below}", *args.overrides])  # fmt: skip
+    head = (f"# Quality: OPD recipes vs SFT vs GRPO at the same student-token budget\n\n`{command}`\n\n"
+            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
+            f"{len(results)} runs, {args.jobs} at a time, {time.perf_counter() - t0:.0f} s.\n\n")  # fmt: skip
+    text = head + report(results, args, png)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
