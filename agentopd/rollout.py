@@ -34,11 +34,9 @@ from transformers import PreTrainedTokenizerBase
 from agentopd.chat import ContextFull, StreamBuilder, parse_assistant
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from agentopd.env import EnvError, ToolEnv
-from agentopd.types import Episode, Message, StopReason, TokenStream, Turn
+from agentopd.types import INTERVENED, INTERVENED_TOKENS, Episode, Message, StopReason, TokenStream, Turn
 
 PARSE_ERROR_TOOL = "parse_error"
-INTERVENED = "intervened_turns"  # Episode.info key: the 0-based turns a guide replaced
-INTERVENED_TOKENS = "intervened_tokens"  # Episode.info key: per replaced turn, the guide's tokens opening it (mask 0)
 
 
 @dataclass(frozen=True)

@@ -46,12 +46,11 @@ from agentopd.pair import require_pair
 from agentopd.plan import Mixture, Planned
 from agentopd.progress import RunProgress
 from agentopd.recipes.turn_weights import turn_weight_metrics, turn_weights
-from agentopd.rollout import INTERVENED_TOKENS
 from agentopd.routing import Router
 from agentopd.rundir import DONE, RunDir
 from agentopd.store import Store
 from agentopd.teacher.base import is_server
-from agentopd.types import Episode
+from agentopd.types import INTERVENED_TOKENS, Episode
 
 if TYPE_CHECKING:
     from agentopd.config import Config

@@ -149,6 +149,10 @@ class Turn:
     tool_call_errors: dict[str, int] = field(default_factory=dict)  # env step info: errors per tool name
 
 
+INTERVENED = "intervened_turns"  # Episode.info key: the 0-based turns a guide replaced (agentopd.recipes.intervene)
+INTERVENED_TOKENS = "intervened_tokens"  # Episode.info key: per replaced turn, the guide's tokens opening it (mask 0)
+
+
 @dataclass
 class Episode:
     """One finished episode: the conversation, its outcome and its token stream."""

@@ -204,3 +204,6 @@ def test_a_run_with_intervention_trains_on_branches_and_logs_the_rates(tiny_home
     infos = [json.loads(i) for (i,) in db.execute("select info from episodes where split='train' and step=1")]
     assert infos and all(i[INTERVENED] for i in infos)
     assert not any(INTERVENED in json.loads(i or "{}") for (i,) in db.execute("select info from episodes where split='eval'"))
+    # the teacher's turns are mask 0 but sampled: the drift checker checks them as a sampled span, not as template text
+    checked = CliRunner().invoke(app, ["check-tokens", str(run)], catch_exceptions=False)
+    assert checked.exit_code == 0, checked.output

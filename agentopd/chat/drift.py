@@ -46,7 +46,7 @@ from transformers import PreTrainedTokenizerBase
 
 from agentopd.chat.stream import template_junctions
 from agentopd.chat.template import MessageLike, encode, render, to_template_messages
-from agentopd.types import Episode, TokenStream
+from agentopd.types import INTERVENED, INTERVENED_TOKENS, Episode, TokenStream
 
 _CONTEXT_CHARS = 40
 
@@ -142,11 +142,16 @@ def _check_invariants(ids: list[int], prompt_len: int, mask: list, logprobs: lis
     return out, False
 
 
-def _segments(ids: list[int], prompt_len: int, mask: list[int], turns: list[int]) -> list[_Segment]:
+def _segments(ids: list[int], prompt_len: int, mask: list[int], turns: list[int], guided: Mapping[int, int]) -> list[_Segment]:
+    """The prompt, then per turn its sampled span and its mask-0 span. A guided turn's first `guided[turn]`
+    tokens (mask 0: another policy sampled them) are its sampled span."""
     segs = [_Segment(0, ids[:prompt_len], sampled=False, turn=-1)]
+    into_turn = 0
     for j, (m, t) in enumerate(zip(mask, turns)):
-        if segs[-1].turn != t or segs[-1].sampled != bool(m):
-            segs.append(_Segment(prompt_len + j, [], sampled=bool(m), turn=t))
+        into_turn = into_turn + 1 if j and turns[j - 1] == t else 0
+        sampled = bool(m) or into_turn < guided.get(t, 0)
+        if segs[-1].turn != t or segs[-1].sampled != sampled:
+            segs.append(_Segment(prompt_len + j, [], sampled=sampled, turn=t))
         segs[-1].ids.append(ids[prompt_len + j])
     return segs
 
@@ -177,8 +182,11 @@ def check_episode(
     raw_assistant_texts: Sequence[str] | None = None,
     *,
     template_kwargs: dict[str, Any] | None = None,
+    guided: Mapping[int, int] | None = None,
 ) -> DriftReport:
-    """Check one episode's stream against its conversation (see the module docstring)."""
+    """Check one episode's stream against its conversation (see the module docstring). `guided`: turn -> the
+    number of tokens at its start that a guide (recipe.intervene_below: the teacher) sampled in the student's
+    place, mask 0; they are checked as that turn's sampled span."""
     kw = dict(template_kwargs or {})
     ids = [int(t) for t in _field(stream, "token_ids")]
     prompt_len = int(_field(stream, "prompt_len"))
@@ -188,7 +196,7 @@ def check_episode(
     report.findings += findings
     if fatal:
         return report
-    segs = _segments(ids, prompt_len, mask, turns)
+    segs = _segments(ids, prompt_len, mask, turns, guided or {})
     junctions = template_junctions(tokenizer, **kw)
     stop_text = tokenizer.decode(list(junctions.closing_ids[:1]), skip_special_tokens=False)
 
@@ -252,7 +260,8 @@ def check_stored_episode(tokenizer: PreTrainedTokenizerBase, episode: Episode, *
         raise ValueError(f"episode {episode.task_id!r} has no token stream")
     # Turn.raw_text is "" when the agent loop did not record it: then the messages are rendered as they are.
     raw = [t.raw_text for t in episode.turns] if any(t.raw_text for t in episode.turns) else None
-    return check_episode(tokenizer, episode.messages, episode.tools, episode.tokens, raw, template_kwargs=template_kwargs)
+    guided = dict(zip(episode.info.get(INTERVENED, ()), episode.info.get(INTERVENED_TOKENS, ()), strict=True))
+    return check_episode(tokenizer, episode.messages, episode.tools, episode.tokens, raw, template_kwargs=template_kwargs, guided=guided)
 
 
 def format_report(report: DriftReport, name: str = "episode") -> str:

@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult
-from agentopd.rollout import INTERVENED, EpisodeSpec, turn_seed
+from agentopd.rollout import EpisodeSpec, turn_seed
 from agentopd.teacher.base import Teacher, TeacherMode
-from agentopd.types import Episode, TokenStream
+from agentopd.types import INTERVENED, Episode, TokenStream
 
 if TYPE_CHECKING:
     from agentopd.backends.stages import RunContext
