@@ -8,7 +8,7 @@
 
 - `opd` (default): on-policy distillation on the student's own episodes with `trainer.loss`.
 - `sft`: cross-entropy on the teacher's episodes (sequence-level KD), the same budget of student
-  tokens; the student's engine is synced only before it plays (evals).
+  tokens; they are not scored again; the student's engine is synced only before it plays (evals).
 - `grpo`: the environment reward alone (group-normalised advantages); no teacher scores.
 """
 
@@ -38,7 +38,9 @@ class Objective(StrEnum):
 
     @property
     def scores(self) -> bool:
-        return self is not Objective.GRPO
+        """The teacher scores the training episodes: only for OPD. Under SFT it played them itself (a second
+        forward over its own tokens would only give back its sampler's logprobs); GRPO needs no teacher."""
+        return self is Objective.OPD
 
 
 def teacher_mode(loss: LossKind) -> TeacherMode:
