@@ -158,6 +158,20 @@ def _pm(values: list[float], fmt: str = "{:.0%}") -> str:
     return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.stdev(values))}"
 
 
+def template_counts(env: str, overrides: list[str]) -> dict[str, int]:
+    """How many tasks of each template the eval sample holds (the same sample in every run and every eval)."""
+    from collections import Counter
+
+    from agentopd.config import load_config
+    from agentopd.plan import Mixture
+
+    cfg = load_config(env, overrides=overrides)
+    mixture = Mixture.from_config(cfg)
+    (source,) = mixture.sources
+    tasks = [mixture.task(source, p.spec.task_id, "eval") for p in mixture.eval_plan(0, num_tasks=cfg.eval.num_tasks, seed=0)]
+    return Counter((t.data or {}).get("template") or t.id.split(":")[0] for t in tasks if t is not None)
+
+
 def report(results: list[dict], args: argparse.Namespace, png: Path | None) -> str:
     by = defaultdict(list)
     for r in results:
@@ -178,9 +192,11 @@ def report(results: list[dict], args: argparse.Namespace, png: Path | None) -> s
                          f"{statistics.fmean(r['teacher_scored'] for r in runs):,.0f} | {statistics.fmean(r['teacher_generated'] for r in runs):,.0f} | "
                          f"{statistics.fmean(r['seconds'] for r in runs):.0f} |")  # fmt: skip
         templates = sorted({t for m in methods for r in by[env, m] for t in r["per_template"]})
-        lines += ["", (f"Last eval (step {steps[-1] if steps else '-'}), success per template and recovery (success among episodes "
-                       "with a tool error; mean over seeds):"), "",
-                  "| method | " + " | ".join(templates) + " | error episodes | recovered |", "|---|" + "---|" * (len(templates) + 2)]  # fmt: skip
+        counts = template_counts(env, args.overrides)
+        lines += ["", (f"Last eval (step {steps[-1] if steps else '-'}), success per template (its eval tasks in brackets) and recovery "
+                       "(success among the episodes with a tool error; mean over seeds):"), "",
+                  "| method | " + " | ".join(f"{t} ({counts[t]})" for t in templates) + " | error episodes | recovered |",
+                  "|---|" + "---|" * (len(templates) + 2)]  # fmt: skip
         for m in methods:
             runs = by[env, m]
             cells = [_pm([r["per_template"][t] for r in runs if t in r["per_template"]]) for t in templates]
