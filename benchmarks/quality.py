@@ -123,9 +123,11 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         tasks = base.rollout.tasks_per_step
         for method in args.methods:
             for seed in range(args.seeds):
-                name = f"{env}-{method}-s{seed}"
+                name = f"{env}-{method}-s{seed}-{args.steps}steps"  # a result is reused only for the same run
+                # the teacher's greedy eval is the same in every run: played once per env (opd, seed 0)
+                teacher_eval = f"eval.teacher={str(method == 'opd' and seed == 0).lower()}"
                 overrides = [f"steps={args.steps}", f"eval.every={args.eval_every}", f"run.seed={seed}", "log.tensorboard=false",
-                             "run.checkpoint_every=0", *args.overrides,
+                             "run.checkpoint_every=0", teacher_eval, *args.overrides,
                              *method_overrides(method, args.steps, tasks, args.intervene_below, args.support_below)]  # fmt: skip
                 specs.append({"env": env, "method": method, "seed": seed, "overrides": overrides,
                               "run_dir": str(work / "runs" / name), "result": str(work / "results" / f"{name}.json")})  # fmt: skip
