@@ -136,6 +136,9 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         out = Path(spec["result"])
         if out.exists():
             return json.loads(out.read_text())
+        if args.report_only:
+            print(f"missing {out.name}: not run (--report-only)", flush=True)
+            return None
         log = Path(spec["run_dir"] + ".log")
         log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -258,6 +261,7 @@ def main() -> None:
     ap.add_argument("--support-below", type=float, default=0.3, help="recipe.turn_support_below of opd_turn_weights")
     ap.add_argument("--work", type=Path, default=Path("runs/quality"), help="run directories and per-run results")
     ap.add_argument("--out", type=Path, help="the markdown report (a PNG is written next to it)")
+    ap.add_argument("--report-only", action="store_true", help="run nothing: report the results already under --work")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. run.device=cuda")
     args = ap.parse_args()
     if args.worker:
