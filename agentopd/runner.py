@@ -50,7 +50,7 @@ from agentopd.routing import Router
 from agentopd.rundir import DONE, RunDir
 from agentopd.store import Store
 from agentopd.teacher.base import is_server
-from agentopd.types import INTERVENED_TOKENS, Episode
+from agentopd.types import INTERVENED_TOKENS, Episode, TokenStream
 
 if TYPE_CHECKING:
     from agentopd.config import Config
@@ -339,18 +339,8 @@ class Runner:
         samples = []
         for i, (p, ep) in enumerate(zip(planned, episodes)):
             sc = scores[i] if scores is not None else None
-            samples.append(
-                TrainSample.from_stream(
-                    ep.tokens,
-                    teacher_logprobs=sc.logprobs if sc else None,
-                    teacher_topk_ids=sc.topk_ids if sc else None,
-                    teacher_topk_logprobs=sc.topk_logprobs if sc else None,
-                    teacher_hidden=sc.hidden if sc else None,
-                    reward=ep.reward,
-                    group_id=group[p.source, ep.task_id],
-                    token_weights=token_weights[i] if token_weights is not None else None,
-                )
-            )
+            weights = token_weights[i] if token_weights is not None else None
+            samples.append(_train_sample(ep.tokens, sc, reward=ep.reward, group_id=group[p.source, ep.task_id], token_weights=weights))
         samples += self._branch_samples(episodes, scores[len(episodes) :] if scores is not None else None, first_group=len(group))
         return [s for s in samples if s.num_student_tokens > 0]
 
@@ -359,24 +349,11 @@ class Runner:
         same order. Each is a group of its own: its episode's outcome came after the teacher's turn, so a branch
         carries no task-reward signal (a group of one: GRPO advantage 0, reward weight 1)."""
         branches = [(ep, b) for ep in episodes for b in ep.branches]
-        out = []
-        for j, (ep, branch) in enumerate(branches):
-            sc = scores[j] if scores is not None else None
-            out.append(
-                TrainSample.from_stream(
-                    branch,
-                    teacher_logprobs=sc.logprobs if sc else None,
-                    teacher_topk_ids=sc.topk_ids if sc else None,
-                    teacher_topk_logprobs=sc.topk_logprobs if sc else None,
-                    teacher_hidden=sc.hidden if sc else None,
-                    reward=ep.reward,
-                    group_id=first_group + j,
-                )
-            )
-        return out
+        return [_train_sample(b, scores[j] if scores is not None else None, reward=ep.reward, group_id=first_group + j)
+                for j, (ep, b) in enumerate(branches)]  # fmt: skip
 
     @staticmethod
-    def _teacher_work(episodes: list[Episode], scores: list[TeacherScores] | None, objective: Objective, teacher_played: set[str]) -> dict[str, float]:
+    def _teacher_work(episodes: list[Episode], scores: list[TeacherScores] | None, objective: Objective) -> dict[str, float]:
         """`teacher/scored_tokens` (every token of the sequences it scored: one forward pass over each) and
         `teacher/generated_tokens` (its assistant tokens: the episodes it played, the turns it took over)."""
         scored = sum(len(e.tokens.token_ids) + sum(len(b.token_ids) for b in e.branches) for e in episodes if e.tokens) if scores else 0
@@ -428,7 +405,7 @@ class Runner:
         teacher_played = self._teacher_played.pop(step, set())
         if teacher_played:
             metrics["recipe/teacher_episodes"] = float(len(teacher_played))
-        metrics |= self._teacher_work(episodes, scores, objective, teacher_played)
+        metrics |= self._teacher_work(episodes, scores, objective)
         own = [i for i, p in enumerate(planned) if p.spec.episode_id not in teacher_played]  # what the diagnostics describe
         if own:
             mine = [episodes[i] for i in own]
@@ -505,6 +482,21 @@ class Runner:
         with writes_uninterrupted(lambda: self.progress.note("Ctrl-C: finishing the checkpoint first")):
             self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
         self._checkpointed = step
+
+
+def _train_sample(stream: TokenStream, sc: TeacherScores | None, *, reward: float, group_id: int,
+                  token_weights: list[float] | None = None) -> TrainSample:  # fmt: skip
+    """One stream and what its teacher returned for it (None: unscored) as a TrainSample."""
+    return TrainSample.from_stream(
+        stream,
+        teacher_logprobs=sc.logprobs if sc else None,
+        teacher_topk_ids=sc.topk_ids if sc else None,
+        teacher_topk_logprobs=sc.topk_logprobs if sc else None,
+        teacher_hidden=sc.hidden if sc else None,
+        reward=reward,
+        group_id=group_id,
+        token_weights=token_weights,
+    )
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:
