@@ -178,7 +178,8 @@ class Runner:
             self.log.close()
         try:
             if not interrupted:
-                self._checkpoint(self.cfg.run.steps, summary)
+                if self._checkpointed != self.cfg.run.steps:  # run.checkpoint_every may have written the last step already
+                    self._checkpoint(self.cfg.run.steps, summary)
                 self.backend.export(self.rd.final, self.tokenizer)
         finally:
             summary.interrupted = interrupted

@@ -209,3 +209,15 @@ def test_gain_line():
     assert gain_line(0.09, 0.58, 0.61) == "student: +49 points of held-out success (94% of the gap to the teacher)"
     assert gain_line(0.30, 0.25, 0.80) == "student: -5 points of held-out success (-10% of the gap to the teacher)"
     assert gain_line(0.50, 0.55, 0.40) == "student: +5 points of held-out success (it started level with or above the teacher)"
+
+
+def test_each_checkpoint_is_written_once(cli, tmp_path, monkeypatch):
+    """run.checkpoint_every=1 writes the last step's checkpoint in the loop; the end of the run does not write it again."""
+    from agentopd.backends.local import LocalBackend
+
+    written = []
+    save = LocalBackend.save_checkpoint
+    monkeypatch.setattr(LocalBackend, "save_checkpoint", lambda self, path, extra: (written.append(path.name), save(self, path, extra))[1])
+    result = cli("run", "--env", "calculator", "--run-dir", tmp_path / "run", *SHORT)
+    assert result.exit_code == 0, result.output
+    assert written == ["step_000001", "step_000002"]
