@@ -356,7 +356,7 @@ class Config(Section):
         self._check_teacher_recipes()
         self._check_intervene()
         trainer = self.trainer_config()  # the loss, its temperature and the teachers must fit together
-        servers = [ref for ref in (*self.mix.teachers.values(), self.teacher.path) if str(ref).startswith(("http://", "https://"))]
+        servers = self.server_teachers()
         if servers:
             self._check_server_teacher(servers[0], trainer)
         return self
@@ -375,12 +375,16 @@ class Config(Section):
         if used and self.run.objective != Objective.OPD:
             raise ValueError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} objective=opd (got objective={self.run.objective})")
 
+    def server_teachers(self) -> list[str]:
+        """The teachers given as http(s) URLs: vLLM servers that score tokens and cannot play."""
+        return [ref for ref in (*self.mix.teachers.values(), self.teacher.path) if str(ref).startswith(("http://", "https://"))]
+
     def _check_intervene(self) -> None:
         """recipe.intervene_below: the local backend replaces student turns with turns one teacher plays in-process."""
         r = self.recipe
         if r.intervene_below is None:
             return
-        servers = [ref for ref in (*self.mix.teachers.values(), self.teacher.path) if str(ref).startswith(("http://", "https://"))]
+        servers = self.server_teachers()
         problems = []
         if self.run.backend != "local":
             problems.append(f"run.backend={self.run.backend} (only the local backend intervenes)")
