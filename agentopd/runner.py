@@ -392,7 +392,10 @@ class Runner:
         token_weights, recipe_metrics = self._turn_weights(episodes, scores)
         head = self.backend.teacher_head(teacher_of[0]) if scores and scores[0].hidden is not None else None
         with self.progress.phase("train", total=None):
-            train = self.backend.train(self._samples(planned, episodes, scores, token_weights), head, loss=objective.loss)
+            # a phase with a loss of its own (the SFT warm start) trains at that loss's temperature (Config.loss_temperature)
+            step_loss = objective.loss if objective is not self.objective else None
+            temperature = cfg.loss_temperature(step_loss) if step_loss is not None else None
+            train = self.backend.train(self._samples(planned, episodes, scores, token_weights), head, loss=step_loss, temperature=temperature)
         self._trained_through = step
         self._unlogged = (step, dict(train))
         t = time.perf_counter()

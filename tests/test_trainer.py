@@ -308,3 +308,17 @@ def test_matmul_params_count_the_head_once_and_no_untied_embedding():
     embed = untied.get_input_embeddings().weight.numel()
     assert matmul_params(untied) == sum(p.numel() for p in untied.parameters()) - embed
     assert matmul_params(untied) == matmul_params(tied)  # same shapes: the head counts once either way
+
+
+def test_a_per_step_loss_trains_as_a_trainer_configured_with_it():
+    """train_step(loss=, temperature=) (the SFT warm start of a sampled_k1 run at rollout T=0.5): the step equals
+    one of a trainer built for that loss at that temperature, not at the configured loss's temperature."""
+    samples = make_samples(6, seed=2)
+    plain = Trainer(tiny_model(), TrainerConfig(**CFG | {"loss": LossKind.SFT, "temperature": 1.0}))
+    switched = Trainer(tiny_model(), TrainerConfig(**CFG | {"loss": LossKind.SAMPLED_K1, "temperature": 0.5}))
+    want = plain.train_step(samples)
+    got = switched.train_step(samples, loss=LossKind.SFT, temperature=1.0)
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
+    for k, v in _params(plain).items():
+        torch.testing.assert_close(_params(switched)[k], v, atol=1e-6, rtol=0, msg=k)
+    assert switched.cfg.loss == LossKind.SAMPLED_K1  # the next step trains with the configured loss again

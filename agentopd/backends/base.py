@@ -10,7 +10,8 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
   in plan order, `on_episode(planned, episode)` called as each finishes. `who` is `student` or a
   teacher name.
 - `score({teacher: streams}, mode)` -> `{teacher: [TeacherScores]}` in the same order.
-- `train(samples, head)` -> the step's metrics (the same on every rank).
+- `train(samples, head, loss=None, temperature=None)` -> the step's metrics (the same on every rank); a
+  `loss` (at `temperature`) replaces the trainer's own for this step (the SFT warm start).
 - `save_checkpoint(path, extra)`: every rank's part, then the DONE marker (`RunDir.mark_done`),
   so a checkpoint without DONE is never resumed from.
 - `connect(cfg, teachers)` comes first, before any model is built: a backend that needs resources
@@ -67,7 +68,8 @@ class Backend(Protocol):
 
     def teacher_head(self, name: str) -> torch.Tensor: ...
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None) -> dict[str, float]: ...
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None,
+              temperature: float | None = None) -> dict[str, float]: ...  # fmt: skip
 
     def sync_weights(self) -> None: ...
 

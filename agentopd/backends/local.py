@@ -102,8 +102,9 @@ class LocalBackend:
     def teacher_head(self, name: str) -> torch.Tensor:
         return self.teachers[name].head_weight()
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None) -> dict[str, float]:
-        return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss)
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None,
+              temperature: float | None = None) -> dict[str, float]:  # fmt: skip
+        return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss, temperature=temperature)
 
     def sync_weights(self) -> None:
         self.players.update_weights(self.trainer.state_dict_for_engine())

@@ -249,7 +249,8 @@ class RayBackend:
         self.version = step
         raise TrainerRestarted(step, str(error)) from error
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None) -> dict[str, float]:
+    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None,
+              temperature: float | None = None) -> dict[str, float]:  # fmt: skip
         ranks = self.rc.trainer_workers
         shares: list[list[TrainSample]] = [[] for _ in range(ranks)]
         load = [0] * ranks
@@ -259,7 +260,7 @@ class RayBackend:
             load[r] += s.num_tokens
         head_ref = self.ray.put(head) if head is not None else None
         try:
-            metrics = self.group.call("train", head_ref, loss, per_rank=shares)
+            metrics = self.group.call("train", head_ref, loss, temperature, per_rank=shares)
             self.version = self.group.call("step")[0]  # a skipped step (no student tokens) is no new version
         except TrainerLost as e:
             self._trainer_lost(e)

@@ -95,8 +95,8 @@ class TrainerWorker:
         self.trainer = Trainer(str(self.ctx.student_ref), self.ctx.trainer_cfg, device=self.ctx.device)
         return self.rank
 
-    def train(self, samples: list[Any], head: torch.Tensor | None, loss: Any = None) -> dict[str, float]:
-        return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss)
+    def train(self, samples: list[Any], head: torch.Tensor | None, loss: Any = None, temperature: float | None = None) -> dict[str, float]:
+        return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss, temperature=temperature)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every rank must call it (a collective gather); rank 0 returns the full weights, the others {}."""

@@ -235,12 +235,19 @@ class Trainer:
         ]
 
     def train_step(
-        self, samples: list[TrainSample], *, teacher_head_VH: torch.Tensor | None = None, loss: LossKind | None = None
+        self,
+        samples: list[TrainSample],
+        *,
+        teacher_head_VH: torch.Tensor | None = None,
+        loss: LossKind | None = None,
+        temperature: float | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on this rank's `samples` (with `loss` instead of the configured one for this
-        step, e.g. an SFT warm start); returns global metrics (same on every rank)."""
+        """One optimizer step on this rank's `samples` (with `loss` at `temperature` instead of the configured
+        ones for this step, e.g. an SFT warm start); returns global metrics (same on every rank)."""
         t0 = time.perf_counter()
-        cfg = self.cfg if loss is None or loss == self.cfg.loss else dataclasses.replace(self.cfg, loss=LossKind(loss))
+        cfg = self.cfg
+        if loss is not None:
+            cfg = dataclasses.replace(cfg, loss=LossKind(loss), temperature=cfg.temperature if temperature is None else temperature)
         samples = self._episode_terms(samples, cfg)
         micro_batches = pack(samples, cfg.micro_batch_tokens, row_tokens=self._row_tokens(samples))
         counts = torch.tensor(
