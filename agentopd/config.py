@@ -377,7 +377,9 @@ class Config(Section):
 
     def server_teachers(self) -> list[str]:
         """The teachers given as http(s) URLs: vLLM servers that score tokens and cannot play."""
-        return [ref for ref in (*self.mix.teachers.values(), self.teacher.path) if str(ref).startswith(("http://", "https://"))]
+        from agentopd.teacher.base import is_server
+
+        return [ref for ref in (*self.mix.teachers.values(), self.teacher.path) if is_server(ref)]
 
     def _check_intervene(self) -> None:
         """recipe.intervene_below: the local backend replaces student turns with turns one teacher plays in-process."""
