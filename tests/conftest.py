@@ -32,6 +32,19 @@ def private_home(tmp_path_factory):
         yield path
 
 
+@pytest.fixture
+def cli(tiny_home, monkeypatch):
+    """`agentopd ...` in this process on the tiny built-in models (exceptions propagate). test_cli.py and
+    test_pair.py have their own."""
+    from typer.testing import CliRunner
+
+    from agentopd.cli import app
+
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
 # --- plugin fixtures: the test plugin distributions installed outside the venv ----------------
 import subprocess  # noqa: E402
 import sys  # noqa: E402

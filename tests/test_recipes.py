@@ -6,10 +6,8 @@ import math
 import sqlite3
 
 import pytest
-from typer.testing import CliRunner
 
 from agentopd.batch import TrainSample, pack
-from agentopd.cli import app
 from agentopd.config import load_config
 from agentopd.recipes.turn_weights import (
     turn_support,
@@ -66,13 +64,6 @@ def test_token_weights_reach_the_loss_rows():
 def test_bad_recipes_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_config("calculator", overrides=overrides)
-
-
-@pytest.fixture
-def cli(tiny_home, monkeypatch):
-    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
-    runner = CliRunner()
-    return lambda *args: runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
 def _records(run):

@@ -24,13 +24,6 @@ SHORT = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def cli(tiny_home, monkeypatch):
-    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
-    runner = CliRunner()
-    return lambda *args: runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-
-
 def _train_tokens(run) -> dict[str, str]:
     db = sqlite3.connect(run / "trajectories.db")
     return dict(db.execute("select id, token_ids from episodes where split='train' order by id"))

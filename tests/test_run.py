@@ -15,10 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from agentopd.bootstrap import TINY_SPEC
-from agentopd.cli import app
 
 SHORT = [
     "steps=2", "rollout.tasks_per_step=3", "rollout.n=2", "rollout.max_new_tokens=24", "rollout.max_turns=3",
@@ -38,18 +36,6 @@ EPISODE_COLUMNS = {
 @pytest.fixture(scope="module")
 def home(tiny_home):
     return tiny_home
-
-
-@pytest.fixture
-def cli(home, monkeypatch):
-    monkeypatch.setenv("AGENTOPD_HOME", str(home))
-    runner = CliRunner()
-
-    def invoke(*args):
-        result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-        return result
-
-    return invoke
 
 
 @pytest.mark.parametrize("env", ["sql_db", "calculator"])
