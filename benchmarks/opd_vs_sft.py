@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from quality import learning_curve  # benchmarks/quality.py, beside this script
+
 
 def one_run(env: str, objective: str, steps: int, eval_every: int, overrides: list[str], out: Path) -> dict:
     from agentopd.config import load_config
@@ -32,13 +34,7 @@ def one_run(env: str, objective: str, steps: int, eval_every: int, overrides: li
     summary = Runner(cfg, out).run()
     seconds = time.perf_counter() - t0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    tokens, curve = 0.0, []
-    evals = {r["step"]: r for r in summary.evals}
-    for r in rows:
-        tokens += r.get("train/student_tokens", 0.0)
-        if r["step"] in evals and (not curve or curve[-1]["step"] != r["step"]):
-            curve.append({"step": r["step"], "tokens": int(tokens), "success": evals[r["step"]]["eval/success_rate"]})
-    teacher = next((e["eval/teacher_success_rate"] for e in summary.evals if "eval/teacher_success_rate" in e), None)
+    curve, teacher = learning_curve(rows, summary.evals)
     return {"curve": curve, "teacher": teacher, "seconds": seconds}
 
 

@@ -65,13 +65,7 @@ def run_one(spec: dict) -> dict:
     summary = Runner(cfg, run_dir).run()
     seconds = time.perf_counter() - t0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = {e["step"]: e for e in summary.evals}
-    tokens, curve = 0.0, []
-    for r in records:
-        tokens += r.get("train/student_tokens", 0.0)
-        if r["step"] in evals and (not curve or curve[-1]["step"] != r["step"]):
-            curve.append({"step": r["step"], "tokens": int(tokens), "success": evals[r["step"]]["eval/success_rate"]})
-    teacher = next((e["eval/teacher_success_rate"] for e in summary.evals if "eval/teacher_success_rate" in e), None)
+    curve, teacher = learning_curve(records, summary.evals)
     intervene = [r["intervene/rate"] for r in records if "intervene/rate" in r]
     return {
         **{k: spec[k] for k in ("env", "method", "seed")},
@@ -84,6 +78,19 @@ def run_one(spec: dict) -> dict:
         "teacher_generated": sum(r.get("teacher/generated_tokens", 0.0) for r in records),
         **last_eval_diagnosis(run_dir, cfg),
     }
+
+
+def learning_curve(records: list[dict], evals: list[dict]) -> tuple[list[dict], float | None]:
+    """Per eval: its step, the student tokens trained on by then (cumulative train/student_tokens of the
+    run's metrics.jsonl records) and held-out success; and the teacher's success, where it was evaluated."""
+    by_step = {e["step"]: e for e in evals}
+    tokens, curve = 0.0, []
+    for r in records:
+        tokens += r.get("train/student_tokens", 0.0)
+        if r["step"] in by_step and (not curve or curve[-1]["step"] != r["step"]):
+            curve.append({"step": r["step"], "tokens": int(tokens), "success": by_step[r["step"]]["eval/success_rate"]})
+    teacher = next((e["eval/teacher_success_rate"] for e in evals if "eval/teacher_success_rate" in e), None)
+    return curve, teacher
 
 
 def last_eval_diagnosis(run_dir: Path, cfg) -> dict:
