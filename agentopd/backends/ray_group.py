@@ -55,8 +55,9 @@ class TrainerGroup:
         return [getattr(a, method).remote(*(() if per_rank is None else (per_rank[r],)), *args) for r, a in enumerate(self.ranks)]
 
     def wait(self, refs: list[Any]) -> list[Any]:
-        """The results of `refs`; TrainerLost as soon as one of them comes from a dead rank."""
-        from ray.exceptions import ActorUnavailableError, RayActorError
+        """The results of `refs`; TrainerLost as soon as one of them comes from a dead rank, or fails because a
+        rank died (a survivor's collective breaks when its peer is killed, and may report first)."""
+        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
         pending = list(refs)
         while pending:
@@ -65,7 +66,25 @@ class TrainerGroup:
                 self.ray.get(ready[0])
             except (RayActorError, ActorUnavailableError) as e:
                 raise TrainerLost(str(e).splitlines()[0]) from e
+            except RayTaskError as e:
+                dead = self._dead_rank()
+                if dead is not None:
+                    raise TrainerLost(dead) from e
+                raise
         return self.ray.get(refs)
+
+    def _dead_rank(self, timeout_s: float = 30.0) -> str | None:
+        """Which rank is gone, if one is: each is asked for its pid; a dead one answers with RayActorError."""
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        for r, actor in enumerate(self.ranks):
+            try:
+                self.ray.get(actor.pid.remote(), timeout=timeout_s)
+            except (RayActorError, ActorUnavailableError) as e:
+                return f"rank {r}: {str(e).splitlines()[0]}"
+            except GetTimeoutError:
+                continue
+        return None
 
     def call(self, method: str, *args: Any, per_rank: list[Any] | None = None) -> list[Any]:
         return self.wait(self.submit(method, *args, per_rank=per_rank))
