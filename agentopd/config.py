@@ -174,9 +174,35 @@ class RayConfig(Section):
         "PACK", description="Ray placement-group strategy of the reservation of every role"
     )
     placement_timeout_s: float = Field(20.0, gt=0, description="how long to wait for the reservation before failing")
-    episodes_per_call: int = Field(8, ge=1, description="episodes per rollout work item (what is re-run when an actor dies)")
+    episodes_per_call: int | None = Field(
+        None, ge=1,
+        description="episodes per rollout work item (what is re-run when an actor dies); null = each worker's whole share "
+        "of the step in one call: an engine batches only the episodes of one call, so small items starve a GPU engine",
+    )
     max_restarts: int = Field(3, ge=0, description="replacements of dead rollout/teacher actors (and trainer group restarts) before the run fails")
     threads_per_actor: int = Field(1, ge=1, description="torch intra-op threads in each actor")
+    weight_sync: Literal["auto", "object_store", "broadcast", "ipc"] = Field(
+        "auto",
+        description="trainer -> engines: object_store (through Ray's store), broadcast (a NCCL group of trainer rank 0 "
+        "and the workers; gloo on CPU), ipc (CUDA IPC: trainer rank 0 and every worker on one GPU); auto = ipc when "
+        "they share a GPU, broadcast when they have GPUs of their own, else object_store",
+    )
+
+    @model_validator(mode="after")
+    def _check_gpus(self) -> RayConfig:
+        if self.trainer_workers > 1 and 0 < self.gpus_per_trainer_worker <= 0.5:
+            raise ValueError(
+                f"ray.trainer_workers={self.trainer_workers} with ray.gpus_per_trainer_worker={self.gpus_per_trainer_worker:g}: "
+                "Ray may put two ranks on one GPU, and NCCL cannot run a group with two ranks of one GPU; give each rank "
+                "more than half a GPU (e.g. 0.75 leaves 0.25 of each for rollout workers or teachers) or a whole one"
+            )
+        if self.weight_sync == "ipc" and not (self.gpus_per_rollout_worker > 0 and self.gpus_per_trainer_worker > 0):
+            raise ValueError(
+                "ray.weight_sync=ipc shares GPU memory between trainer rank 0 and the rollout workers: it needs "
+                f"ray.gpus_per_rollout_worker > 0 and ray.gpus_per_trainer_worker > 0 (got {self.gpus_per_rollout_worker:g} "
+                f"and {self.gpus_per_trainer_worker:g})"
+            )
+        return self
 
 
 class AsyncConfig(Section):

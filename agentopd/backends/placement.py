@@ -14,7 +14,7 @@ cluster has. A role given explicitly gets exactly that; roles asking for nothing
 are not reserved.
 
 Reservation: one placement group holds a bundle per reserved actor (rollout workers, each teacher's
-replicas, trainer ranks). It must be ready within `ray.placement_timeout_s`; otherwise it is removed
+replicas, trainer ranks), the largest GPU shares first. It must be ready within `ray.placement_timeout_s`; otherwise it is removed
 and the run fails with what was asked and what is free. A replacement actor (a dead rollout worker,
 teacher replica or trainer rank) goes back into its predecessor's bundle.
 """
@@ -162,7 +162,9 @@ class Reservation:
         from ray.util.placement_group import placement_group
 
         bundles, index = [], {}
-        for r in plan.roles:
+        # the largest GPU shares first: Ray hands out a bundle's GPU fractions first-fit, in bundle order, so two
+        # trainer ranks of 0.75 GPU each get a GPU each before rollout workers and teachers of 0.25 fill the rest
+        for r in sorted(plan.roles, key=lambda r: -r.gpus):
             if not r.reserved:
                 continue
             for i in range(r.count):

@@ -9,15 +9,20 @@ cluster cannot hold fails within `ray.placement_timeout_s`, naming what it asked
 
 Roles and resources (`ray.*`, see agentopd.config.RayConfig):
 - `rollout_workers` RolloutWorker actors, each with its own engine and env instances of every
-  source. A step's episodes are cut into work items of at most `episodes_per_call` episodes, spread
-  round-robin; the driver stores each item's episodes as it arrives.
+  source. A step's episodes are cut into work items (by default one per worker: an engine batches
+  only what one call gives it; `episodes_per_call` makes them smaller, so less is replayed when an
+  actor dies), spread round-robin; the driver stores each item's episodes as it arrives.
 - `teacher_replicas` TeacherWorker actors per teacher (one pool per teacher); a teacher's streams
   are split over its pool.
 - `trainer_workers` TrainerWorker actors forming one torch.distributed group (gloo on CPU, NCCL on
   GPU) running the FSDP2 Trainer; each rank gets a token-balanced share of the batch.
-- Weight sync after each update: every rank gathers the full state dict (a collective), rank 0's
-  copy goes into the object store, and every rollout worker loads it from there (`perf/weight_gather_s`,
-  `perf/weight_push_s`). NCCL broadcast or CUDA IPC between GPU actors is not implemented.
+- Weight sync after each update (`ray.weight_sync`, agentopd.backends.weight_sync): `object_store`
+  (every rank gathers the full state dict, rank 0's copy goes into the object store, every rollout
+  worker loads it: `perf/weight_gather_s`, `perf/weight_push_s`); `broadcast` (trainer rank 0 and the
+  workers form a NCCL group of their own, gloo on CPU, formed again when a member is replaced:
+  `perf/weight_broadcast_s`, `perf/weight_group_s`); `ipc` (trainer rank 0 and every worker share one
+  GPU: a CUDA IPC handle to one flat buffer: `perf/weight_gather_s`, `perf/weight_push_s`). `auto`
+  picks ipc, broadcast or the object store from the GPUs Ray gave the actors.
 The driver owns the store, metrics and viewer files, so a run directory looks as it does locally.
 
 Async mode (`async.enabled`): the runner submits the rollouts of the next `max_staleness` steps
@@ -51,6 +56,7 @@ from agentopd.backends.base import TrainerRestarted
 from agentopd.backends.placement import (
     ROLLOUT,
     Cluster,
+    PlacementError,
     Plan,
     Reservation,
     plan_placement,
@@ -59,6 +65,7 @@ from agentopd.backends.placement import (
 from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker
 from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
+from agentopd.backends.weight_sync import WeightLayout
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
 from agentopd.rundir import RunDir
@@ -142,6 +149,10 @@ class RayBackend:
         self.group = TrainerGroup(ray, self.ctx, rc, self.reservation)
         ray.get([w.pid.remote() for w in self.workers])  # every actor up before the first step
         self.version = 0
+        self.weight_sync = self._weight_sync_mode()
+        self._layout: WeightLayout | None = None
+        self._weight_members: tuple[Any, ...] = ()
+        self._pending: list[Any] = []  # a weight sync still running (async mode): settled before the trainer's next call
 
     # ---- actors -----------------------------------------------------------------------------
     def _new_rollout_worker(self, i: int) -> Any:
@@ -159,11 +170,25 @@ class RayBackend:
         if self.restarts[role] > self.rc.max_restarts:
             raise RuntimeError(f"{role} actors died {self.restarts[role]} times (ray.max_restarts={self.rc.max_restarts}): {error}") from error
 
-    def _replace_worker(self, i: int, dead: Any, error: Exception) -> None:
+    def _replace_worker(self, i: int, dead: Any, error: Exception, push: bool = True) -> None:
         if self.workers[i] is dead:  # several items of one dead actor: replace it once
             self._restart("rollout", error)
             self.ray.kill(dead, no_restart=True)
             self.workers[i] = self._new_rollout_worker(i)
+            if push and self.weight_sync != "object_store" and self.version > 0:  # it starts from the initial weights
+                self._push_weights(wait=True)
+
+    def _replace_dead_workers(self) -> None:
+        """Replace the rollout workers that died since they last answered (without pushing weights to them):
+        a broadcast group with a dead member would wait for it."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        pings = [(i, w, w.pid.remote()) for i, w in enumerate(self.workers)]
+        for i, w, ref in pings:
+            try:
+                self.ray.get(ref)
+            except (RayActorError, ActorUnavailableError) as e:
+                self._replace_worker(i, w, e, push=False)
 
     @property
     def policy_version(self) -> int:
@@ -172,7 +197,8 @@ class RayBackend:
     # ---- rollout ------------------------------------------------------------------------------
     def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> list[_Item]:
         planned, n = list(planned), len(self.workers)
-        size = max(1, min(self.rc.episodes_per_call, math.ceil(len(planned) / n)))
+        share = math.ceil(len(planned) / n)
+        size = max(1, min(self.rc.episodes_per_call or share, share))
         items = [_Item(planned[i : i + size], config, who, (i // size) % n) for i in range(0, len(planned), size)]
         for item in items:
             self._submit(item)
@@ -251,6 +277,7 @@ class RayBackend:
 
     def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None,
               temperature: float | None = None) -> dict[str, float]:  # fmt: skip
+        self._settle()
         ranks = self.rc.trainer_workers
         shares: list[list[TrainSample]] = [[] for _ in range(ranks)]
         load = [0] * ranks
@@ -267,9 +294,19 @@ class RayBackend:
         return metrics[0]
 
     def sync_weights(self) -> None:
-        """Trainer -> object store -> every rollout engine. Waited for unless in async mode."""
-        from ray.exceptions import RayActorError
+        """Trainer -> every rollout engine, by `self.weight_sync`. Waited for unless in async mode."""
+        self._push_weights(wait=not self.ctx.cfg.async_.enabled)
 
+    def _push_weights(self, wait: bool) -> None:
+        self._settle()
+        if self.weight_sync == "object_store":
+            self._sync_object_store(wait)
+        elif self.weight_sync == "broadcast":
+            self._sync_broadcast(wait)
+        else:
+            self._sync_ipc(wait)
+
+    def _sync_object_store(self, wait: bool) -> None:
         t0 = time.perf_counter()
         refs = self.group.submit("state_dict")  # a collective: every rank takes part; rank 0 holds the weights
         try:
@@ -279,16 +316,108 @@ class RayBackend:
         self.weights_ref, self.weights_version = refs[0], self.version
         t1 = time.perf_counter()
         pushes = [(i, w, w.update_weights.remote(self.weights_ref, self.version)) for i, w in enumerate(self.workers)]
-        if not self.ctx.cfg.async_.enabled:
-            for i, w, ref in pushes:
-                try:
-                    self.ray.get(ref)
-                except RayActorError as e:  # the replacement starts from these weights
-                    self._replace_worker(i, w, e)
+        if wait:
+            self._wait_pushes(pushes)
         self._timings = {"perf/weight_gather_s": t1 - t0, "perf/weight_push_s": time.perf_counter() - t1}
+
+    def _sync_broadcast(self, wait: bool) -> None:
+        t0 = time.perf_counter()
+        self._replace_dead_workers()
+        self._form_weight_group()
+        t1 = time.perf_counter()
+        sends = self.group.submit("send_weights", self._layout)
+        pushes = [(i, w, w.receive_weights.remote(self._layout, self.version)) for i, w in enumerate(self.workers)]
+        self._timings = {"perf/weight_group_s": t1 - t0}
+        self._pending = [sends, pushes, None, t1]
+        if wait:
+            self._settle()
+
+    def _sync_ipc(self, wait: bool) -> None:
+        t0 = time.perf_counter()
+        refs = self.group.submit("share_weights", self._weight_layout())  # rank 0 holds one flat GPU buffer
+        try:
+            handle = self.group.wait(refs)[0]
+        except TrainerLost as e:
+            self._trainer_lost(e)
+        t1 = time.perf_counter()
+        pushes = [(i, w, w.load_ipc.remote(handle, self._layout, self.version)) for i, w in enumerate(self.workers)]
+        self._timings = {"perf/weight_gather_s": t1 - t0}
+        self._pending = [None, pushes, "unshare_weights", t1]
+        if wait:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the weight sync still running (broadcast or ipc), then release what it held."""
+        if not self._pending:
+            return
+        sends, pushes, release, t1 = self._pending
+        self._pending = []
+        if sends is not None:
+            try:
+                seconds = self.group.wait(sends)[0]
+            except TrainerLost as e:
+                self._trainer_lost(e)
+            self._timings["perf/weight_broadcast_s"] = seconds
+        self._wait_pushes(pushes)
+        if release is not None:
+            self.group.call(release)
+        self._timings["perf/weight_push_s"] = time.perf_counter() - t1
+
+    def _wait_pushes(self, pushes: list[tuple[int, Any, Any]]) -> None:
+        from ray.exceptions import RayActorError
+
+        for i, w, ref in pushes:
+            try:
+                self.ray.get(ref)
+            except RayActorError as e:  # the replacement starts from these weights
+                self._replace_worker(i, w, e)
+
+    def _weight_layout(self) -> WeightLayout:
+        if self._layout is None:
+            dtype = torch.bfloat16 if self.reservation.plan.role(ROLLOUT).gpus > 0 else torch.float32
+            self._layout = self.ray.get(self.group.ranks[0].weight_layout.remote(dtype))
+        return self._layout
+
+    def _form_weight_group(self) -> None:
+        """Trainer rank 0 and every rollout worker in one broadcast group; formed again when one was replaced."""
+        members = (self.group.ranks[0], *self.workers)
+        if len(members) == len(self._weight_members) and all(a is b for a, b in zip(members, self._weight_members)):
+            return
+        self._weight_layout()
+        world, rank0 = len(members), members[0]
+        addr, port = self.ray.get(rank0.host_weights.remote(world))
+        joins = [rank0.join_weights.remote(addr, port, world)]
+        joins += [w.join_weights.remote(addr, port, i + 1, world) for i, w in enumerate(self.workers)]
+        self.ray.get(joins)
+        self._weight_members = members
+
+    def _weight_sync_mode(self) -> str:
+        """`ray.weight_sync`, `auto` resolved from the GPUs Ray gave trainer rank 0 and the workers; a mode
+        the placement cannot serve is refused here, before the first step."""
+        asked = self.rc.weight_sync
+        trainer = set(self.group.call("gpu_ids")[0])
+        workers = [set(g) for g in self.ray.get([w.gpu_ids.remote() for w in self.workers])]
+        shared = [bool(g & trainer) for g in workers]
+        on_gpus = bool(trainer) and all(workers)
+        if asked == "auto":
+            if not on_gpus:
+                return "object_store"
+            return "ipc" if all(shared) else "broadcast" if not any(shared) else "object_store"
+        if asked == "ipc" and not (on_gpus and all(shared)):
+            raise PlacementError(
+                f"ray.weight_sync=ipc needs every rollout worker on trainer rank 0's GPU; trainer rank 0 has GPU "
+                f"{sorted(trainer) or 'none'}, the workers {[sorted(g) or 'none' for g in workers]}"
+            )
+        if asked == "broadcast" and on_gpus and any(shared):
+            raise PlacementError(
+                "ray.weight_sync=broadcast cannot run NCCL between two actors of one GPU: a rollout worker shares "
+                f"trainer rank 0's GPU {sorted(trainer)}; use ray.weight_sync=ipc (all on that GPU) or object_store"
+            )
+        return asked
 
     # ---- checkpoints and export ------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
+        self._settle()
         try:
             self.group.call("save", str(path), extra)
         except TrainerLost as e:
@@ -297,12 +426,14 @@ class RayBackend:
         self._checkpoint = path
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        self._settle()
         extras = self.group.call("load", str(path))
         self.version = self.group.call("step")[0]
         self._checkpoint = path
         return extras[0]
 
     def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+        self._settle()
         tok_dir = RunDir(out_dir.parent).tokenizer
         if not (tok_dir / "tokenizer_config.json").exists():
             tokenizer.save_pretrained(tok_dir)

@@ -13,15 +13,30 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agentopd.backends.stages import STUDENT, Players, RunContext, build_teacher
+from agentopd.backends.weight_sync import (
+    WeightGroup,
+    WeightLayout,
+    flatten,
+    from_ipc,
+    ipc_handle,
+)
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
 from agentopd.types import Episode
+
+
+def _gpu_ids() -> list[str]:
+    """The physical GPUs this actor was given (Ray's ids; [] without one)."""
+    import ray
+
+    return [str(g) for g in ray.get_gpu_ids()]
 
 
 def _role_ctx(ctx: RunContext, gpus: float, threads: int) -> RunContext:
@@ -53,6 +68,32 @@ class RolloutWorker:
         self.players.update_weights(state_dict)
         self.version = version
         return version
+
+    # ---- weight sync other than the object store (agentopd.backends.weight_sync) ----------------
+    def join_weights(self, addr: str, port: int, rank: int, world: int) -> int:
+        self.leave_weights()
+        self.weight_group = WeightGroup.join(addr, port, rank, world, self.ctx.device)
+        return rank
+
+    def receive_weights(self, layout: WeightLayout, version: int) -> int:
+        return self.update_weights(self.weight_group.receive(layout), version)
+
+    def load_ipc(self, handle: Any, layout: WeightLayout, version: int) -> int:
+        """Copy the weights out of trainer rank 0's shared buffer (same GPU) into the engine."""
+        flat = from_ipc(handle)
+        version = self.update_weights(layout.views(flat), version)
+        del flat
+        torch.cuda.synchronize()
+        return version
+
+    def leave_weights(self) -> None:
+        group = getattr(self, "weight_group", None)
+        if group is not None:
+            group.close()
+        self.weight_group = None
+
+    def gpu_ids(self) -> list[str]:
+        return _gpu_ids()
 
     def pid(self) -> int:
         return os.getpid()
@@ -101,6 +142,54 @@ class TrainerWorker:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every rank must call it (a collective gather); rank 0 returns the full weights, the others {}."""
         return self.trainer.state_dict_for_engine()
+
+    # ---- weight sync other than the object store (agentopd.backends.weight_sync) ----------------
+    def weight_layout(self, dtype: torch.dtype) -> WeightLayout:
+        return WeightLayout.of(self.trainer.hf, dtype)
+
+    def host_weights(self, world: int) -> tuple[str, int]:
+        """Rank 0: a store for a new weight group of `world` members (itself and the rollout workers)."""
+        self.leave_weights()
+        self._weight_store, addr, port = WeightGroup.host(world)
+        return addr, port
+
+    def join_weights(self, addr: str, port: int, world: int) -> int:
+        self.weight_group = WeightGroup.join(addr, port, 0, world, self.ctx.device, store=self._weight_store)
+        return 0
+
+    def send_weights(self, layout: WeightLayout) -> float:
+        """Every rank (the gather is a collective); rank 0 broadcasts. Its seconds."""
+        t0 = time.perf_counter()
+        tensors = self.trainer.full_tensors()
+        if self.rank == 0:
+            self.weight_group.send(layout, tensors)
+        else:
+            for _ in tensors:
+                pass
+        return time.perf_counter() - t0
+
+    def share_weights(self, layout: WeightLayout) -> Any:
+        """Every rank (a collective); rank 0 keeps the weights in one GPU buffer and returns its IPC handle."""
+        tensors = self.trainer.full_tensors()
+        if self.rank != 0:
+            for _ in tensors:
+                pass
+            return None
+        self._shared = flat = flatten(layout, tensors, self.ctx.device)
+        torch.cuda.synchronize()
+        return ipc_handle(flat)
+
+    def unshare_weights(self) -> None:
+        self._shared = None
+
+    def leave_weights(self) -> None:
+        group = getattr(self, "weight_group", None)
+        if group is not None:
+            group.close()
+        self.weight_group = None
+
+    def gpu_ids(self) -> list[str]:
+        return _gpu_ids()
 
     def step(self) -> int:
         return self.trainer.step

@@ -19,6 +19,7 @@ import copy
 import json
 import random
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,20 @@ def full_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
             src = next(n for n in sd if shared.get(n) is shared.get(name))
             sd[name] = sd[src]
     return sd
+
+
+def full_tensors(trainer: Trainer) -> Iterator[tuple[str, torch.Tensor]]:
+    """The state dict's tensors unsharded on the trainer's device, one at a time, in state-dict order and
+    tied names once (the weight-sync stream: agentopd.backends.weight_sync). A collective under FSDP:
+    every rank iterates it to the end; only rank 0's copies are meant to be used."""
+    seen: set[int] = set()
+    with torch.no_grad():
+        for name, t in trainer.hf.state_dict(keep_vars=True).items():
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            full = t.full_tensor() if hasattr(t, "full_tensor") else t
+            yield name, full.detach()
 
 
 def export(trainer: Trainer, out_dir: Path, tokenizer=None) -> None:

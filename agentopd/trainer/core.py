@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +374,11 @@ class Trainer:
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
         """Full, unsharded HF-named state dict on CPU (rank 0; other ranks get {}); every rank must call it."""
         return ckpt.full_state_dict(self)
+
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights unsharded on this trainer's device, one tensor at a time (tied names once); every rank
+        must iterate it to the end (a collective under FSDP); rank 0 sends them (weight sync)."""
+        return ckpt.full_tensors(self)
 
     def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
         """Resumable checkpoint (model, optimizer, scheduler, RNG, step, `extra`); every rank must call it."""
