@@ -33,6 +33,11 @@ def build(shape: str, tok, out: Path, dtype) -> int:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     h, layers, heads, kv, hd, inter = SHAPES[shape]
+    if (out / "config.json").exists():  # built by an earlier run of this script (same shape, same tokenizer)
+        built = Qwen3Config.from_pretrained(out)
+        if (built.hidden_size, built.num_hidden_layers, built.vocab_size) == (h, layers, len(tok)):
+            with torch.device("meta"):
+                return sum(p.numel() for p in Qwen3ForCausalLM(built).parameters())
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, head_dim=hd, intermediate_size=inter, max_position_embeddings=4096,
                       tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
@@ -79,7 +84,9 @@ def main() -> None:
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r][1:] or [r for r in records if "loss" in r]  # skip the warm-up step
     keys = ["perf/rollout_tokens_per_s", "perf/teacher_tokens_per_s", "perf/train_tokens_per_s",
-            "perf/rollout_s", "perf/teacher_s", "perf/train_step_s", "perf/weight_sync_s"]  # fmt: skip
+            "perf/rollout_s", "perf/teacher_s", "perf/train_step_s", "perf/weight_sync_s",
+            "perf/weight_broadcast_s", "perf/weight_group_s", "perf/weight_gather_s", "perf/weight_push_s",
+            "perf/step_s", "perf/mfu"]  # fmt: skip
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     lines = [f"# OPD loop on {dev}: {s_shape} student ({n_s / 1e6:.0f}M) / {t_shape} teacher ({n_t / 1e6:.0f}M), random weights",
              "", f"command: `python benchmarks/gpu_opd.py --out DIR` (runs: `{' '.join(cmd[3:])}`)", "",
