@@ -107,7 +107,19 @@ class LocalBackend:
         return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss, temperature=temperature)
 
     def sync_weights(self) -> None:
-        self.players.update_weights(self.trainer.state_dict_for_engine())
+        """The trainer's weights into the student's engine. On a GPU they go from the (gathered) parameters on
+        the device into the engine's in-place copy (`Trainer.full_tensors`); on CPU, and for vLLM (its workers
+        load host tensors), through the full state dict on the host (`Trainer.state_dict_for_engine`)."""
+        from agentopd.engines.vllm import VLLMEngine
+
+        if self.trainer.device.type == "cuda" and not isinstance(self.players.engine(STUDENT), VLLMEngine):
+            weights = {}
+            for name, t in self.trainer.full_tensors():  # a collective under FSDP: every rank iterates
+                if self.trainer.rank == 0:
+                    weights[name] = t
+            self.players.update_weights(weights)
+        else:
+            self.players.update_weights(self.trainer.state_dict_for_engine())
         self._synced = self.trainer.step
 
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
