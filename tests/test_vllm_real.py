@@ -123,6 +123,20 @@ def test_our_option_names_map_to_vllm_and_unknown_ones_are_refused(student_engin
         make_engine("vllm", str(pair[1]), device="cuda")
 
 
+def test_a_head_size_vllms_cpu_build_cannot_serve_is_refused_by_name(tmp_path):
+    """The embedded default's student (hidden 96, 4 heads: head_dim 24) killed vLLM's CPU engine core
+    ("Unsupported CPU attention configuration"); the engine now refuses it before vLLM starts."""
+    from transformers import Qwen3ForCausalLM
+
+    from agentopd.bootstrap import TINY_SPEC, ModelSize, ensure_tokenizer
+    from agentopd.engines import make_engine
+
+    tok = ensure_tokenizer(TINY_SPEC, home=tmp_path)
+    Qwen3ForCausalLM(ModelSize(hidden=96, layers=1, heads=4, kv_heads=2).config(tok, 256)).save_pretrained(tmp_path / "m")
+    with pytest.raises(ValueError, match=r"vLLM's CPU build serves head sizes \[32, .*has head_dim 24.*engine.kind=fast"):
+        make_engine("vllm", str(tmp_path / "m"), device="cpu", dtype=torch.float32)
+
+
 # ---- the engine protocol ------------------------------------------------------------------------
 
 def test_greedy_streams_and_logprobs_match_a_teacher_forced_forward(student_engine, runner, pair):

@@ -233,6 +233,21 @@ class WeightSyncExtension:
         return True
 
 
+def _check_cpu_head_size(config: Any, model: Any) -> None:
+    """vLLM's CPU attention serves a fixed set of head sizes; any other dies inside the engine core
+    ("Unsupported CPU attention configuration"). Refuse it here, by name, before vLLM starts."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim is not None and head_dim not in supported:
+        raise ValueError(
+            f"vLLM's CPU build serves head sizes {supported}; {os.fspath(model)} has head_dim {head_dim} (the embedded "
+            "default's student is one such model): use engine.kind=fast or hf on CPU, or models with a supported head size"
+        )
+
+
 class VLLMEngine:
     """vLLM AsyncLLM serving token ids (see the module docstring)."""
 
@@ -268,10 +283,13 @@ class VLLMEngine:
 
         platform = current_platform.device_type
         model_max_len = None
-        if platform == "cpu" and max_model_len is None and isinstance(model, (str, os.PathLike)):
+        if platform == "cpu" and isinstance(model, (str, os.PathLike)):
             from transformers import AutoConfig
 
-            model_max_len = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+            config = AutoConfig.from_pretrained(model)
+            _check_cpu_head_size(config, model)
+            if max_model_len is None:
+                model_max_len = getattr(config, "max_position_embeddings", None)
         args = vllm_engine_kwargs(
             model, platform=platform, model_max_len=model_max_len, device=device, dtype=dtype,
             max_batch_size=max_batch_size, max_model_len=max_model_len, seed=seed,
