@@ -181,6 +181,10 @@ class RayConfig(Section):
     )
     max_restarts: int = Field(3, ge=0, description="replacements of dead rollout/teacher actors (and trainer group restarts) before the run fails")
     threads_per_actor: int = Field(1, ge=1, description="torch intra-op threads in each actor")
+    engine_sleep: bool = Field(
+        False, description="rollout engines free their KV pool while the trainer runs (a trainer sharing their GPU); "
+        "the fast engine captures its decode graphs again on waking",
+    )
     weight_sync: Literal["auto", "object_store", "broadcast", "ipc"] = Field(
         "auto",
         description="trainer -> engines: object_store (through Ray's store), broadcast (a NCCL group of trainer rank 0 "
@@ -378,6 +382,11 @@ class Config(Section):
             raise ValueError(
                 "async.max_staleness=0 with async.enabled=true: every episode would be one step stale and dropped; "
                 "set async.enabled=false for synchronous training, or async.max_staleness >= 1"
+            )
+        if self.ray.engine_sleep and self.async_.enabled:
+            raise ValueError(
+                "ray.engine_sleep with async.enabled=true: the engines play the next step while the trainer runs, so "
+                "they cannot free their KV pool then; turn one off"
             )
         self._check_teacher_recipes()
         self._check_intervene()

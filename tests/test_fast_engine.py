@@ -251,6 +251,35 @@ def test_update_weights_equals_fresh_engine():
     assert torch.equal(q, new.state_dict()["model.layers.0.self_attn.q_proj.weight"])
 
 
+def test_sleep_frees_the_pool_and_requests_wait_for_wake(model):
+    """sleep() (a trainer beside the engine on its GPU) drops the pool and the cached pages; a request made
+    while asleep is answered after wake(), exactly as by an engine that never slept."""
+    reqs = [GenerateRequest(p, SamplingParams(temperature=0.8, max_tokens=10, seed=i), f"s{i}")
+            for i, p in enumerate(prompts(4, seed=3))]
+    engine = FastEngine(model, max_batch_size=4)
+
+    async def go():
+        first = await asyncio.gather(*[engine.generate(r) for r in reqs])
+        await engine.sleep()
+        assert engine.pool is None and engine.stats()["idle"] == 0
+        await engine.sleep()  # twice is harmless
+        waiting = asyncio.ensure_future(engine.generate(reqs[0]))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # held while asleep
+        await engine.wake()
+        assert engine.pool is not None
+        late = await waiting
+        again = await asyncio.gather(*[engine.generate(r) for r in reqs[1:]])
+        await engine.close()
+        return first, [late, *again]
+
+    first, after = asyncio.run(go())
+    assert [r.token_ids for r in after] == [r.token_ids for r in first]
+    for a, b in zip(after, first):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=REUSE_TOL)
+    assert after[0].info["prefix_hit_tokens"] == 0  # the pages cached before sleep() are gone
+
+
 def test_small_pool_preempts_and_recomputes_exactly(model):
     """A pool of 24 pages for 12 concurrent 3-turn episodes: rows are preempted and recomputed, held
     episode caches dropped, and every output still equals the roomy engine's; nothing leaks."""

@@ -4,7 +4,8 @@ the rollout workers form a weight group of their own (gloo here, NCCL on GPUs; a
 A 4-step run with 2 rollout workers and a trainer group of 2 ranks (the full weights are gathered across
 both) keeps every engine on the trainer's weights: the sampler's logprobs equal the trainer's at every step
 (`train/logprob_diff_sampler`), also after a rollout worker is killed while step 2 plays — its replacement
-joins a new weight group and gets the step-1 weights before it plays again.
+joins a new weight group and gets the step-1 weights before it plays again. The fast engines also free their
+KV pools while the trainer runs (`ray.engine_sleep`) and allocate them again for the next rollout.
 """
 
 import json
@@ -23,6 +24,7 @@ RUN = [
     "eval.num_tasks=2", "eval.every=0", "eval.teacher=false", "run.checkpoint_every=0", "trainer.lr=5e-2",
     "log.tensorboard=false", "trainer.loss=sampled_k1", "rollout.max_context=2048", "backend=ray",
     "ray.rollout_workers=2", "ray.trainer_workers=2", "ray.episodes_per_call=2", "ray.weight_sync=broadcast",
+    "ray.engine_sleep=true", "engine.kind=fast",
 ]  # fmt: skip
 
 
@@ -64,6 +66,7 @@ def test_broadcast_sync_keeps_every_engine_on_the_trainers_weights_through_a_rep
     assert records[-1]["ray/rollout_restarts"] >= 1
     assert all(r["train/logprob_diff_sampler"] < 1e-4 for r in records), [r["train/logprob_diff_sampler"] for r in records]
     assert all(r["perf/weight_broadcast_s"] > 0 for r in records[:-1])  # the last step's weights are not pushed
+    assert all(r["perf/engine_sleep_s"] > 0 for r in records)  # KV pools freed for every step's training
     db = sqlite3.connect(run_dir / "trajectories.db")
     ids = db.execute("select id from episodes where split='train'").fetchall()
     assert len(ids) == len(set(ids)) == STEPS * TASKS * N
@@ -79,3 +82,8 @@ def test_two_trainer_ranks_that_could_share_a_gpu_are_refused_when_the_config_lo
     with pytest.raises(ValueError, match=r"NCCL cannot run a group with two ranks of one GPU"):
         load_config("calculator", overrides=[*gpus, "ray.gpus_per_trainer_worker=0.5"])
     assert load_config("calculator", overrides=[*gpus, "ray.gpus_per_trainer_worker=0.75"]).ray.trainer_workers == 2
+
+
+def test_engine_sleep_with_async_is_refused_when_the_config_loads():
+    with pytest.raises(ValueError, match=r"ray.engine_sleep with async.enabled=true"):
+        load_config("calculator", overrides=["backend=ray", "ray.engine_sleep=true", "async.enabled=true"])

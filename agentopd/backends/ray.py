@@ -23,6 +23,9 @@ Roles and resources (`ray.*`, see agentopd.config.RayConfig):
   `perf/weight_broadcast_s`, `perf/weight_group_s`); `ipc` (trainer rank 0 and every worker share one
   GPU: a CUDA IPC handle to one flat buffer: `perf/weight_gather_s`, `perf/weight_push_s`). `auto`
   picks ipc, broadcast or the object store from the GPUs Ray gave the actors.
+- `engine_sleep`: each rollout engine frees its KV pool (and the fast engine its decode graphs) before the
+  trainer runs and allocates them again when the next rollout is submitted: for a trainer that shares the
+  engines' GPU (colocated). `perf/engine_sleep_s`.
 The driver owns the store, metrics and viewer files, so a run directory looks as it does locally.
 
 Async mode (`async.enabled`): the runner submits the rollouts of the next `max_staleness` steps
@@ -153,6 +156,7 @@ class RayBackend:
         self._layout: WeightLayout | None = None
         self._weight_members: tuple[Any, ...] = ()
         self._pending: list[Any] = []  # a weight sync still running (async mode): settled before the trainer's next call
+        self._asleep = False  # the engines freed their KV pools for training (ray.engine_sleep)
 
     # ---- actors -----------------------------------------------------------------------------
     def _new_rollout_worker(self, i: int) -> Any:
@@ -178,6 +182,20 @@ class RayBackend:
             if push and self.weight_sync != "object_store" and self.version > 0:  # it starts from the initial weights
                 self._push_weights(wait=True)
 
+    def _sleep_engines(self) -> None:
+        """Every rollout engine frees its KV pool before the trainer runs (`ray.engine_sleep`); it is allocated
+        again when the next rollout is submitted. A worker that died here is replaced (awake)."""
+        from ray.exceptions import RayActorError
+
+        t0 = time.perf_counter()
+        for i, w, ref in [(i, w, w.sleep.remote()) for i, w in enumerate(self.workers)]:
+            try:
+                self.ray.get(ref)
+            except RayActorError as e:
+                self._replace_worker(i, w, e)
+        self._asleep = True
+        self._timings["perf/engine_sleep_s"] = time.perf_counter() - t0
+
     def _replace_dead_workers(self) -> None:
         """Replace the rollout workers that died since they last answered (without pushing weights to them):
         a broadcast group with a dead member would wait for it."""
@@ -196,6 +214,10 @@ class RayBackend:
 
     # ---- rollout ------------------------------------------------------------------------------
     def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> list[_Item]:
+        if self._asleep:  # the wake runs on each worker before the plays queued after it
+            self._asleep = False
+            for w in self.workers:
+                w.wake.remote()
         planned, n = list(planned), len(self.workers)
         share = math.ceil(len(planned) / n)
         size = max(1, min(self.rc.episodes_per_call or share, share))
@@ -286,6 +308,9 @@ class RayBackend:
             shares[r].append(s)
             load[r] += s.num_tokens
         head_ref = self.ray.put(head) if head is not None else None
+        self._timings = {}  # this step's (stats() reads them after the sync)
+        if self.rc.engine_sleep:
+            self._sleep_engines()
         try:
             metrics = self.group.call("train", head_ref, loss, temperature, per_rank=shares)
             self.version = self.group.call("step")[0]  # a skipped step (no student tokens) is no new version
@@ -318,7 +343,7 @@ class RayBackend:
         pushes = [(i, w, w.update_weights.remote(self.weights_ref, self.version)) for i, w in enumerate(self.workers)]
         if wait:
             self._wait_pushes(pushes)
-        self._timings = {"perf/weight_gather_s": t1 - t0, "perf/weight_push_s": time.perf_counter() - t1}
+        self._timings |= {"perf/weight_gather_s": t1 - t0, "perf/weight_push_s": time.perf_counter() - t1}
 
     def _sync_broadcast(self, wait: bool) -> None:
         t0 = time.perf_counter()
@@ -327,7 +352,7 @@ class RayBackend:
         t1 = time.perf_counter()
         sends = self.group.submit("send_weights", self._layout)
         pushes = [(i, w, w.receive_weights.remote(self._layout, self.version)) for i, w in enumerate(self.workers)]
-        self._timings = {"perf/weight_group_s": t1 - t0}
+        self._timings["perf/weight_group_s"] = t1 - t0
         self._pending = [sends, pushes, None, t1]
         if wait:
             self._settle()
@@ -341,7 +366,7 @@ class RayBackend:
             self._trainer_lost(e)
         t1 = time.perf_counter()
         pushes = [(i, w, w.load_ipc.remote(handle, self._layout, self.version)) for i, w in enumerate(self.workers)]
-        self._timings = {"perf/weight_gather_s": t1 - t0}
+        self._timings["perf/weight_gather_s"] = t1 - t0
         self._pending = [None, pushes, "unshare_weights", t1]
         if wait:
             self._settle()

@@ -69,6 +69,15 @@ class RolloutWorker:
         self.version = version
         return version
 
+    def sleep(self) -> float:
+        """Free the engine's KV pool for the trainer on this GPU (`ray.engine_sleep`); its seconds."""
+        t0 = time.perf_counter()
+        self.players.sleep()
+        return time.perf_counter() - t0
+
+    def wake(self) -> None:
+        self.players.wake()
+
     # ---- weight sync other than the object store (agentopd.backends.weight_sync) ----------------
     def join_weights(self, addr: str, port: int, rank: int, world: int) -> int:
         self.leave_weights()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentopd.engines.base import Engine, logprob_temperature
+from agentopd.engines.loop import LoopEngine
 from agentopd.plan import Mixture, Planned
 from agentopd.rollout import Guide, Rollout, RolloutConfig
 from agentopd.types import Episode, TokenStream
@@ -148,6 +149,19 @@ class Players:
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.loop.run(self.engine(STUDENT).update_weights(state_dict))
+
+    def sleep(self) -> None:
+        """The student's engine frees its device memory besides the weights until `wake()` (engines/loop.py)."""
+        self.loop.run(self._sleeper().sleep())
+
+    def wake(self) -> None:
+        self.loop.run(self._sleeper().wake())
+
+    def _sleeper(self) -> LoopEngine:
+        engine = self.engine(STUDENT)
+        if not isinstance(engine, LoopEngine):
+            raise ValueError(f"ray.engine_sleep needs the fast or hf engine (engine.kind), not {type(engine).__name__}")
+        return engine
 
     def close(self) -> None:
         async def close_all() -> None:

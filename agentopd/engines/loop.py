@@ -32,6 +32,7 @@ class LoopEngine:
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self._paused = False
+        self._asleep = False
         self._closed = False
 
     def _refuse(self, request: GenerateRequest) -> GenerateResult | None:
@@ -55,15 +56,32 @@ class LoopEngine:
 
     async def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Load new weights once the running work has finished; queued requests wait for them."""
+        await self._quiesced(self._load, state_dict)
+        self.weight_version += 1
+
+    async def sleep(self) -> None:
+        """Free what the engine holds on its device besides the weights (the fast engine's KV pool and decode
+        graphs) once the running work has finished, e.g. for a trainer on the same GPU; requests wait until
+        `wake()`. Idempotent."""
+        self._asleep = True
+        await self._quiesced(self._release)
+
+    async def wake(self) -> None:
+        """Allocate again what `sleep()` freed and take requests again."""
+        self._asleep = False
+        await self._quiesced(self._allocate)
+
+    async def _quiesced(self, fn: Any, *args: Any) -> None:
+        """`fn(*args)` on the worker thread once no request is running; new ones are held meanwhile (and after,
+        while the engine sleeps)."""
         self._paused = True
         try:
             if self._task is not None and not self._task.done():
                 self._wake.set()
                 await self._idle.wait()
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._load, state_dict)
-            self.weight_version += 1
+            await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         finally:
-            self._paused = False
+            self._paused = self._asleep
             if self._wake is not None:
                 self._wake.set()
 
@@ -83,3 +101,9 @@ class LoopEngine:
 
     def _load(self, state_dict: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def _release(self) -> None:
+        """Worker thread, engine idle: free device memory other than the weights (nothing by default)."""
+
+    def _allocate(self) -> None:
+        """Worker thread: allocate again what `_release` freed."""

@@ -19,6 +19,9 @@ Knobs beyond the shared ones (device, dtype, max_batch_size, seed): `max_model_l
 max_batch_size full contexts of up to 2048 tokens on CPU), `token_budget` (new tokens per step),
 `cuda_graphs`.
 
+`sleep()` frees the KV pool and the decode graphs (their cached pages are dropped) for a trainer on the
+same GPU; `wake()` allocates and captures them again (seconds on a GPU: every batch-size bucket).
+
 `update_weights` stops admitting new requests, waits for the running ones to finish, copies the
 tensors in place, drops every cached page (their K/V belong to the old weights) and bumps
 `weight_version` (reported in each result's info, with `prefix_hit_tokens` and `preemptions`). `timings` adds up
@@ -98,17 +101,13 @@ class FastEngine(LoopEngine):
         if num_pages < need:
             raise ValueError(f"num_pages={num_pages} cannot hold one context of max_model_len={self.max_model_len} "
                              f"tokens ({need} pages of {PAGE}): raise num_pages / kv_cache_gb or lower max_model_len")
-        self.pool = KVPool(s.layers, s.kv_heads, s.head_dim, num_pages, self.device, self.runner.dtype)
-        self.runner.attach_cache(self.pool.k, self.pool.v)
+        self.num_pages, self._pages_per_row, self._cuda_graphs = num_pages, need, on_gpu and cuda_graphs
         self.pages = PageAllocator(num_pages)
         self.max_batch_size = max_batch_size
         self.scheduler = Scheduler(self.pages, max_batch_size, token_budget or (8192 if on_gpu else 512),
                                    self.max_model_len)
-        self.graphs = None
-        if on_gpu and cuda_graphs:
-            from agentopd.engines.fast.graphs import DecodeGraphs
-
-            self.graphs = DecodeGraphs(self.runner, max_batch_size, need)
+        self.pool = None
+        self._allocate()
         self._table = np.zeros((max_batch_size, need), dtype=np.int32)  # page-table rows of live sequences
         self._free_rows = list(range(max_batch_size - 1, -1, -1))
         self.weight_version = 0
@@ -274,6 +273,33 @@ class FastEngine(LoopEngine):
         tokens, logprobs = sample(logits_SV, [s.request.params for s in samplers], [s.seed for s in samplers],
                                   [len(s.tokens) for s in samplers])
         return {seq: (tok, lp) for seq, tok, lp in zip(samplers, tokens, logprobs)}
+
+    def _allocate(self) -> None:
+        """The KV pool and (on a GPU) the decode graphs that read it: at start-up and on `wake()`."""
+        if self.pool is not None:
+            return
+        s = self.runner.shape
+        self.pool = KVPool(s.layers, s.kv_heads, s.head_dim, self.num_pages, self.device, self.runner.dtype)
+        self.runner.attach_cache(self.pool.k, self.pool.v)
+        self.graphs = None
+        if self._cuda_graphs:
+            from agentopd.engines.fast.graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self.runner, self.max_batch_size, self._pages_per_row)
+
+    def _release(self) -> None:
+        """`sleep()`: drop every cached page, then the pool and the graphs (captured on its addresses)."""
+        if self.pool is None:
+            return
+        with self._lock:
+            self.scheduler.drop_held()
+            self.pages.invalidate()
+        self.graphs = None
+        self.runner.attach_cache([], [])
+        self.pool = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def _load(self, state_dict: dict[str, Any]) -> None:
         self.runner.load(state_dict)
