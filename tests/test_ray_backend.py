@@ -9,10 +9,9 @@ episodes asked for, each once. Models: conftest `tiny_home` (made in a second, n
 import json
 import re
 import sqlite3
-import threading
-import time
 
 import pytest
+from _faults import kill_rollout_worker_during
 from typer.testing import CliRunner
 
 from agentopd.cli import app
@@ -83,25 +82,7 @@ def test_killed_rollout_actor_is_replaced_and_nothing_duplicates(ray_cluster, ho
     run_dir, steps = tmp_path / "run", 4
     cfg = load_config("calculator,sql_db", overrides=[*SHORT, *RAY, f"steps={steps}", "ray.trainer_workers=1"])
     runner = Runner(cfg, run_dir)
-    killed = []
-
-    def kill_when_step_2_is_under_way():
-        deadline = time.time() + 120
-        while time.time() < deadline and not killed:
-            db = run_dir / "trajectories.db"
-            try:
-                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-                    started = conn.execute("select count(*) from episodes where split='train' and step=2").fetchone()[0]
-            except sqlite3.OperationalError:  # not created yet
-                started = 0
-            if started:
-                    victim = runner.backend.workers[0]
-                    killed.append(ray_cluster.get(victim.pid.remote()))
-                    ray_cluster.kill(victim, no_restart=True)
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=kill_when_step_2_is_under_way, daemon=True)
-    thread.start()
+    thread, killed = kill_rollout_worker_during(ray_cluster, runner, run_dir, step=2)
     summary = runner.run()
     thread.join(timeout=5)
     assert killed, "the test never killed an actor"

@@ -10,10 +10,9 @@ KV pools while the trainer runs (`ray.engine_sleep`) and allocate them again for
 
 import json
 import sqlite3
-import threading
-import time
 
 import pytest
+from _faults import kill_rollout_worker_during
 
 from agentopd.config import load_config
 from agentopd.runner import Runner
@@ -37,24 +36,7 @@ def home(tiny_home, monkeypatch):
 def test_broadcast_sync_keeps_every_engine_on_the_trainers_weights_through_a_replaced_worker(ray_cluster, home, tmp_path):
     run_dir = tmp_path / "run"
     runner = Runner(load_config("calculator", overrides=RUN), run_dir)
-    killed = []
-
-    def kill_when_step_2_is_under_way():
-        deadline = time.time() + 180
-        while time.time() < deadline and not killed:
-            try:
-                with sqlite3.connect(f"file:{run_dir / 'trajectories.db'}?mode=ro", uri=True) as conn:
-                    started = conn.execute("select count(*) from episodes where split='train' and step=2").fetchone()[0]
-            except sqlite3.OperationalError:  # not created yet
-                started = 0
-            if started:
-                victim = runner.backend.workers[0]
-                killed.append(ray_cluster.get(victim.pid.remote()))
-                ray_cluster.kill(victim, no_restart=True)
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=kill_when_step_2_is_under_way, daemon=True)
-    thread.start()
+    thread, killed = kill_rollout_worker_during(ray_cluster, runner, run_dir, step=2)
     summary = runner.run()
     thread.join(timeout=5)
     assert killed, "the test never killed an actor"

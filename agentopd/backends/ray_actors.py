@@ -32,11 +32,21 @@ from agentopd.rollout import RolloutConfig
 from agentopd.types import Episode
 
 
-def _gpu_ids() -> list[str]:
-    """The physical GPUs this actor was given (Ray's ids; [] without one)."""
-    import ray
+class _WeightMember:
+    """What trainer rank 0 and the rollout workers share as members of a weight group (weight_sync.py)."""
 
-    return [str(g) for g in ray.get_gpu_ids()]
+    weight_group: WeightGroup | None = None
+
+    def leave_weights(self) -> None:
+        if self.weight_group is not None:
+            self.weight_group.close()
+        self.weight_group = None
+
+    def gpu_ids(self) -> list[str]:
+        """The physical GPUs this actor was given (Ray's ids; [] without one)."""
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()]
 
 
 def _role_ctx(ctx: RunContext, gpus: float, threads: int) -> RunContext:
@@ -47,7 +57,7 @@ def _role_ctx(ctx: RunContext, gpus: float, threads: int) -> RunContext:
     return dataclasses.replace(ctx, device=torch.device("cpu"), dtype=torch.float32)
 
 
-class RolloutWorker:
+class RolloutWorker(_WeightMember):
     def __init__(self, ctx: RunContext, gpus: float, threads: int, weights: dict | None = None, version: int = 0):
         from transformers import AutoTokenizer
 
@@ -95,14 +105,6 @@ class RolloutWorker:
         torch.cuda.synchronize()
         return version
 
-    def leave_weights(self) -> None:
-        group = getattr(self, "weight_group", None)
-        if group is not None:
-            group.close()
-        self.weight_group = None
-
-    def gpu_ids(self) -> list[str]:
-        return _gpu_ids()
 
     def pid(self) -> int:
         return os.getpid()
@@ -119,7 +121,7 @@ class TeacherWorker:
         return self.teacher.head_weight()
 
 
-class TrainerWorker:
+class TrainerWorker(_WeightMember):
     """One rank. `rendezvous()` on rank 0 gives the address; `init(addr, port)` on every rank (at once)
     forms the process group (gloo on CPU, NCCL on GPU) and builds the FSDP2 Trainer."""
 
@@ -191,14 +193,6 @@ class TrainerWorker:
     def unshare_weights(self) -> None:
         self._shared = None
 
-    def leave_weights(self) -> None:
-        group = getattr(self, "weight_group", None)
-        if group is not None:
-            group.close()
-        self.weight_group = None
-
-    def gpu_ids(self) -> list[str]:
-        return _gpu_ids()
 
     def step(self) -> int:
         return self.trainer.step
