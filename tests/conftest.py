@@ -93,7 +93,7 @@ def build_tiny_home(home: Path) -> Path:
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from agentopd.bootstrap import RECIPE, TINY_SPEC, ModelSize, ensure_tokenizer
+    from agentopd.bootstrap import RECIPE, SPEC_VERSIONS, TINY_SPEC, ModelSize, ensure_tokenizer
     from agentopd.config import load_config
 
     tok = ensure_tokenizer(TINY_SPEC, home=home)
@@ -113,7 +113,8 @@ def build_tiny_home(home: Path) -> Path:
         save(home / "models" / env / "student", 0.5)
         # bootstrap() reuses cached models built for the preset's env kwargs
         env_kwargs = {k: v for k, v in load_config(env).env.kwargs.items() if k != "split"}
-        (home / "models" / env / "report.json").write_text(json.dumps({"env": env, "recipe": RECIPE, "env_kwargs": env_kwargs, "test": True}))
+        report = {"env": env, "recipe": RECIPE, "spec_version": SPEC_VERSIONS.get(env, 1), "env_kwargs": env_kwargs, "test": True}
+        (home / "models" / env / "report.json").write_text(json.dumps(report))
     mixed = home / "models" / "mixed" / "calculator+sql_db"
     save(mixed / "student", 0.5)
     (mixed / "report.json").write_text(json.dumps({"envs": ["calculator", "sql_db"], "test": True}))
