@@ -68,11 +68,9 @@ class Side:
         self.group = WeightGroup.join(addr, port, rank, world, torch.device(self.device), store=self.store)
 
     def _named(self):
-        seen = set()
-        for name, t in self.model.state_dict(keep_vars=True).items():
-            if id(t) not in seen:
-                seen.add(id(t))
-                yield name, t.detach()
+        from agentopd.trainer.checkpoint import unique_state
+
+        return ((name, t.detach()) for name, t, first in unique_state(self.model) if name == first)
 
     def _load(self, state_dict) -> float:
         own = self.model.state_dict()

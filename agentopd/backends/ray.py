@@ -182,31 +182,29 @@ class RayBackend:
             if push and self.weight_sync != "object_store" and self.version > 0:  # it starts from the initial weights
                 self._push_weights(wait=True)
 
-    def _sleep_engines(self) -> None:
-        """Every rollout engine frees its KV pool before the trainer runs (`ray.engine_sleep`); it is allocated
-        again when the next rollout is submitted. A worker that died here is replaced (awake)."""
+    def _await_workers(self, calls: list[tuple[int, Any, Any]], push: bool = True) -> None:
+        """Wait for each (worker index, worker, ObjectRef) call; a worker found dead is replaced (and given the
+        current weights, unless `push` is False). RayActorError covers ActorUnavailableError and ActorDiedError."""
         from ray.exceptions import RayActorError
 
-        t0 = time.perf_counter()
-        for i, w, ref in [(i, w, w.sleep.remote()) for i, w in enumerate(self.workers)]:
+        for i, w, ref in calls:
             try:
                 self.ray.get(ref)
             except RayActorError as e:
-                self._replace_worker(i, w, e)
+                self._replace_worker(i, w, e, push=push)
+
+    def _sleep_engines(self) -> None:
+        """Every rollout engine frees its KV pool before the trainer runs (`ray.engine_sleep`); it is allocated
+        again when the next rollout is submitted. A worker that died here is replaced (awake)."""
+        t0 = time.perf_counter()
+        self._await_workers([(i, w, w.sleep.remote()) for i, w in enumerate(self.workers)])
         self._asleep = True
         self._timings["perf/engine_sleep_s"] = time.perf_counter() - t0
 
     def _replace_dead_workers(self) -> None:
         """Replace the rollout workers that died since they last answered (without pushing weights to them):
         a broadcast group with a dead member would wait for it."""
-        from ray.exceptions import ActorUnavailableError, RayActorError
-
-        pings = [(i, w, w.pid.remote()) for i, w in enumerate(self.workers)]
-        for i, w, ref in pings:
-            try:
-                self.ray.get(ref)
-            except (RayActorError, ActorUnavailableError) as e:
-                self._replace_worker(i, w, e, push=False)
+        self._await_workers([(i, w, w.pid.remote()) for i, w in enumerate(self.workers)], push=False)
 
     @property
     def policy_version(self) -> int:
@@ -342,7 +340,7 @@ class RayBackend:
         t1 = time.perf_counter()
         pushes = [(i, w, w.update_weights.remote(self.weights_ref, self.version)) for i, w in enumerate(self.workers)]
         if wait:
-            self._wait_pushes(pushes)
+            self._await_workers(pushes)
         self._timings |= {"perf/weight_gather_s": t1 - t0, "perf/weight_push_s": time.perf_counter() - t1}
 
     def _sync_broadcast(self, wait: bool) -> None:
@@ -383,19 +381,10 @@ class RayBackend:
             except TrainerLost as e:
                 self._trainer_lost(e)
             self._timings["perf/weight_broadcast_s"] = seconds
-        self._wait_pushes(pushes)
+        self._await_workers(pushes)
         if release is not None:
             self.group.call(release)
         self._timings["perf/weight_push_s"] = time.perf_counter() - t1
-
-    def _wait_pushes(self, pushes: list[tuple[int, Any, Any]]) -> None:
-        from ray.exceptions import RayActorError
-
-        for i, w, ref in pushes:
-            try:
-                self.ray.get(ref)
-            except RayActorError as e:  # the replacement starts from these weights
-                self._replace_worker(i, w, e)
 
     def _weight_layout(self) -> WeightLayout:
         if self._layout is None:

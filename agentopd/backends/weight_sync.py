@@ -30,7 +30,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-MODES = ("object_store", "broadcast", "ipc")
 BUCKET_BYTES = 256 << 20  # what rank 0 stages and sends at once
 
 
@@ -45,16 +44,16 @@ class WeightLayout:
 
     @classmethod
     def of(cls, model: torch.nn.Module, dtype: torch.dtype) -> WeightLayout:
-        """The layout of `model`'s state dict (parameters and buffers it persists), tied names as aliases."""
-        sent: dict[int, str] = {}
+        """The layout of `model`'s state dict (parameters and buffers it persists), tied names as aliases: the
+        order and names of `Trainer.full_tensors` (both walk `unique_state`)."""
+        from agentopd.trainer.checkpoint import unique_state
+
         tensors, aliases = [], {}
-        for name, t in model.state_dict(keep_vars=True).items():
-            key = id(t)
-            if key in sent:
-                aliases[name] = sent[key]
-                continue
-            sent[key] = name
-            tensors.append((name, tuple(t.shape)))
+        for name, t, first in unique_state(model):
+            if name == first:
+                tensors.append((name, tuple(t.shape)))
+            else:
+                aliases[name] = first
         return cls(tuple(tensors), dtype, aliases)
 
     @property

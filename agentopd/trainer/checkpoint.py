@@ -129,18 +129,23 @@ def full_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
     return sd
 
 
+def unique_state(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor, str]]:
+    """`module.state_dict(keep_vars=True)` in order, each name with its tensor and the first name that tensor
+    appeared under: the name itself, or for a tied alias (lm_head.weight of tied embeddings) the one it shares."""
+    first: dict[int, str] = {}
+    for name, t in module.state_dict(keep_vars=True).items():
+        yield name, t, first.setdefault(id(t), name)
+
+
 def full_tensors(trainer: Trainer) -> Iterator[tuple[str, torch.Tensor]]:
     """The state dict's tensors unsharded on the trainer's device, one at a time, in state-dict order and
     tied names once (the weight-sync stream: agentopd.backends.weight_sync). A collective under FSDP:
     every rank iterates it to the end; only rank 0's copies are meant to be used."""
-    seen: set[int] = set()
     with torch.no_grad():
-        for name, t in trainer.hf.state_dict(keep_vars=True).items():
-            if id(t) in seen:
-                continue
-            seen.add(id(t))
-            full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            yield name, full.detach()
+        for name, t, first in unique_state(trainer.hf):
+            if name == first:
+                full = t.full_tensor() if hasattr(t, "full_tensor") else t
+                yield name, full.detach()
 
 
 def export(trainer: Trainer, out_dir: Path, tokenizer=None) -> None:
