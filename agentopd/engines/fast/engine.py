@@ -17,7 +17,7 @@ while the others keep running. Cancelled callers' rows are dropped at the next s
 Knobs beyond the shared ones (device, dtype, max_batch_size, seed): `max_model_len`,
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
 max_batch_size full contexts of up to 2048 tokens on CPU), `token_budget` (new tokens per step),
-`cuda_graphs`.
+`cuda_graphs`, `overlap` (queue the next decode step before reading this one's tokens; default: on a GPU).
 
 `sleep()` frees the KV pool and the decode graphs (their cached pages are dropped) for a trainer on the
 same GPU; `wake()` allocates and captures them again (seconds on a GPU: every batch-size bucket).
@@ -46,7 +46,7 @@ from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
 from agentopd.engines.fast.attention import PAGE, AttnBatch
 from agentopd.engines.fast.kv_cache import KVPool, PageAllocator
 from agentopd.engines.fast.model import ModelRunner
-from agentopd.engines.fast.sampler import sample
+from agentopd.engines.fast.sampler import sample_on_device
 from agentopd.engines.fast.scheduler import Scheduler, Seq
 from agentopd.engines.loop import LoopEngine
 
@@ -57,6 +57,39 @@ def _resolve(seq: Seq, version: int) -> None:
     info = {"weight_version": version, "prefix_hit_tokens": seq.prefix_hit, "preemptions": seq.preemptions}
     seq.future.set_result(GenerateResult(list(seq.out_ids), list(seq.out_logprobs),
                                          seq.finish or FinishReason.ABORT, info))
+
+
+class _Launched:
+    """A step queued on the device: its rows, the rows that sample, and their tokens and logprobs on the way
+    to the host (a pinned copy and an event on CUDA, so reading them waits for this step only)."""
+
+    def __init__(self, rows: list[tuple[Seq, int]], samplers: list[Seq], decode: bool) -> None:
+        self.rows, self.samplers, self.decode = rows, samplers, decode
+        self.tokens: torch.Tensor | None = None  # [S] on the device: what a following step feeds
+        self._host: torch.Tensor | None = None
+        self._event: Any = None
+
+    def fetch(self, logprobs: torch.Tensor) -> None:
+        both = torch.stack([self.tokens, logprobs])
+        if both.is_cuda:
+            self._host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+            self._host.copy_(both, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = both
+
+    def live_rows(self) -> list[tuple[Seq, int]]:
+        """The rows still running: a row finished by the step before this one was computed for nothing."""
+        return [(seq, n) for seq, n in self.rows if seq.finish is None]
+
+    def collect(self) -> dict[Seq, tuple[int, float]]:
+        if self._host is None:
+            return {}
+        if self._event is not None:
+            self._event.synchronize()
+        tokens, logprobs = self._host.tolist()
+        return {seq: (int(tok), lp) for seq, tok, lp in zip(self.samplers, tokens, logprobs) if seq.finish is None}
 
 
 class FastEngine(LoopEngine):
@@ -75,6 +108,7 @@ class FastEngine(LoopEngine):
         kv_cache_gb: float = 16.0,
         token_budget: int | None = None,
         cuda_graphs: bool = True,
+        overlap: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -102,6 +136,7 @@ class FastEngine(LoopEngine):
             raise ValueError(f"num_pages={num_pages} cannot hold one context of max_model_len={self.max_model_len} "
                              f"tokens ({need} pages of {PAGE}): raise num_pages / kv_cache_gb or lower max_model_len")
         self.num_pages, self._pages_per_row, self._cuda_graphs = num_pages, need, on_gpu and cuda_graphs
+        self.overlap = on_gpu if overlap is None else overlap
         self.pages = PageAllocator(num_pages)
         self.max_batch_size = max_batch_size
         self.scheduler = Scheduler(self.pages, max_batch_size, token_budget or (8192 if on_gpu else 512),
@@ -115,7 +150,8 @@ class FastEngine(LoopEngine):
         self._lock = threading.Lock()  # scheduler state: worker steps vs. the event loop's add/release
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine")
         self._init_loop()
-        self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0}  # seconds
+        self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0,
+                        "overlapped_steps": 0}  # seconds, counts
 
     # ---- the protocol -------------------------------------------------------------------
 
@@ -202,37 +238,78 @@ class FastEngine(LoopEngine):
 
     @torch.inference_mode()
     def _work(self) -> None:
-        """Run steps until nothing is left to run (or the engine closes / pauses with nothing running)."""
+        """Run steps until nothing is left to run (or the engine closes / pauses with nothing running).
+
+        With `overlap`, a decode step whose rows all keep decoding is followed at once by the next one,
+        queued before this one's tokens reach the host (`_follow`): the GPU runs step t+1 while the host
+        reads step t's tokens and does its bookkeeping."""
+        launched = None
         while not self._closed:
             t0 = time.perf_counter()
-            with self._lock:
-                self._deliver(self.scheduler.drop_cancelled())
-                rows = self.scheduler.schedule(admit=not self._paused)
-            if not rows:
-                return
-            t1 = time.perf_counter()
-            sampled = self._step(rows)
+            if launched is None:
+                with self._lock:
+                    self._deliver(self.scheduler.drop_cancelled())
+                    rows = self.scheduler.schedule(admit=not self._paused)
+                if not rows:
+                    return
+                self.timings["schedule"] += time.perf_counter() - t0
+                t0, launched = time.perf_counter(), self._launch(rows)
+            following = self._follow(launched) if self.overlap else None
+            sampled = launched.collect()
             t2 = time.perf_counter()
             with self._lock:
-                done = self.scheduler.advance(rows, sampled)
+                done = self.scheduler.advance(launched.live_rows(), sampled)
             self._deliver(done)
             t = self.timings
-            t["schedule"] += t1 - t0
-            t["step"] += t2 - t1
+            t["step"] += t2 - t0
             t["advance"] += time.perf_counter() - t2
             t["steps"] += 1
-            t["decode_steps"] += all(n == 1 for _, n in rows)
+            t["decode_steps"] += launched.decode
+            t["overlapped_steps"] += following is not None
+            launched = following
 
-    def _step(self, rows: list[tuple[Seq, int]]) -> dict[Seq, tuple[int, float]]:
-        """Run the rows' new tokens through the model; sample for rows that reached their end."""
+    def _follow(self, step: _Launched) -> _Launched | None:
+        """Queue the decode step after `step` for its rows that certainly go on — fed the tokens `step` samples,
+        still on the device — when that is the step the scheduler would pick: no request waits to be admitted,
+        none was cancelled, every running row takes part, pages are free. A row that `step` finishes (a stop
+        token) is computed once more for nothing and dropped."""
+        if not step.decode or len(step.samplers) != len(step.rows):
+            return None
+        with self._lock:
+            sched = self.scheduler
+            if (sched.waiting and not self._paused and len(sched.running) < self.max_batch_size) or \
+                    len(sched.running) != len(step.live_rows()):
+                return None
+            keep = []
+            for i, (seq, _) in enumerate(step.rows):
+                if seq.finish is not None:
+                    continue  # finished at the step before `step`: not running any more
+                if seq.cancelled:
+                    return None
+                if len(seq.out_ids) + 1 >= seq.request.params.max_tokens or len(seq.tokens) + 1 >= self.max_model_len:
+                    continue  # `step` ends it
+                if not sched.reserve(seq, seq.num_cached + 2):
+                    return None
+                keep.append(i)
+        if not keep:
+            return None
+        ids = step.tokens if len(keep) == len(step.rows) else step.tokens[torch.tensor(keep, device=self.device)]
+        return self._launch([(step.rows[i][0], 1) for i in keep], ahead_ids=ids)
+
+    def _launch(self, rows: list[tuple[Seq, int]], ahead_ids: torch.Tensor | None = None) -> _Launched:
+        """Queue the rows' new tokens through the model and the sampler for rows that reached their end.
+
+        `ahead_ids`: the rows are one decode step ahead of their host state (`_follow`) — each feeds the token
+        at position num_cached + 1, whose id is only on the device yet."""
         t0 = time.perf_counter()
+        ahead = 0 if ahead_ids is None else 1
         ids, positions, slots, q_starts, q_lens, ctx_lens, sample_idx, samplers = [], [], [], [], [], [], [], []
         width = max(len(seq.pages) for seq, _ in rows)
         table_rows = []
-        for r, (seq, n) in enumerate(rows):
-            start = seq.num_cached
+        for seq, n in rows:
+            start = seq.num_cached + ahead
             assert not self.pages.is_registered(seq.pages[start // PAGE]), "a cached page would be written"
-            q_starts.append(len(ids))
+            q_starts.append(len(positions))
             q_lens.append(n)
             ctx_lens.append(start + n)
             if seq.row < 0:
@@ -245,34 +322,40 @@ class FastEngine(LoopEngine):
                 seq.table_len = len(seq.pages)
             table_rows.append(seq.row)
             if n == 1:
-                ids.append(seq.tokens[start])
+                if not ahead:
+                    ids.append(seq.tokens[start])
                 positions.append(start)
                 slots.append(seq.pages[start // PAGE] * PAGE + start % PAGE)
             else:
                 ids += seq.tokens[start : start + n]
                 positions += range(start, start + n)
                 slots += [seq.pages[p // PAGE] * PAGE + p % PAGE for p in range(start, start + n)]
-            if start + n == len(seq.tokens):
-                sample_idx.append(len(ids) - 1)
+            if start + n == len(seq.tokens) + ahead:
+                sample_idx.append(len(positions) - 1)
                 samplers.append(seq)
         dev = self.device
-        flat_3N = torch.tensor([ids, positions, slots], dtype=torch.long).to(dev, non_blocking=True)
-        ids_N, pos_N, slots_N = flat_3N
+        if ahead:
+            pos_N, slots_N = torch.tensor([positions, slots], dtype=torch.long).to(dev, non_blocking=True)
+            ids_N = ahead_ids.long()
+        else:
+            ids_N, pos_N, slots_N = torch.tensor([ids, positions, slots], dtype=torch.long).to(dev, non_blocking=True)
         ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
         table_RP = torch.from_numpy(self._table[table_rows, :width]).to(dev, non_blocking=True)
-        decode = len(ids) == len(rows)
+        decode = len(positions) == len(rows)
         self.timings["prepare"] += time.perf_counter() - t0
+        step = _Launched(rows, samplers, decode)
         if decode and self.graphs is not None and len(rows) == len(samplers):
             logits_SV = self.graphs.run(ids_N, pos_N, slots_N, table_RP, ctx_R)
         else:
             batch = AttnBatch(pos_N, slots_N, table_RP, ctx_R, torch.tensor(q_starts, dtype=torch.int32).to(dev),
                               q_lens, q_starts, ctx_lens, decode=decode)
             logits_SV = self.runner.forward(ids_N, batch, torch.tensor(sample_idx, dtype=torch.long).to(dev))
-        if not samplers:
-            return {}
-        tokens, logprobs = sample(logits_SV, [s.request.params for s in samplers], [s.seed for s in samplers],
-                                  [len(s.tokens) for s in samplers])
-        return {seq: (tok, lp) for seq, tok, lp in zip(samplers, tokens, logprobs)}
+        if samplers:
+            step.tokens, logprobs = sample_on_device(logits_SV, [s.request.params for s in samplers],
+                                                     [s.seed for s in samplers],
+                                                     [len(s.tokens) + ahead for s in samplers])
+            step.fetch(logprobs)
+        return step
 
     def _allocate(self) -> None:
         """The KV pool and (on a GPU) the decode graphs that read it: at start-up and on `wake()`."""

@@ -90,6 +90,14 @@ def uniforms(keys_B: torch.Tensor, vocab: int) -> torch.Tensor:
 def sample(logits_BV: torch.Tensor, params: list[SamplingParams], seeds: list[int],
            positions: list[int]) -> tuple[list[int], list[float]]:
     """One token per row and its protocol logprob; row i uses params[i], seeds[i], positions[i]."""
+    both = torch.stack(sample_on_device(logits_BV, params, seeds, positions)).tolist()  # one device sync
+    return [int(t) for t in both[0]], both[1]
+
+
+def sample_on_device(logits_BV: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+                     positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` without the host sync: float64 tensors [B] of tokens and logprobs on logits' device
+    (float64 holds both exactly), so a caller can queue more work before it reads them."""
     assert logits_BV.shape[0] == len(params) == len(seeds) == len(positions)
     device = logits_BV.device
     temps = [logprob_temperature(p.temperature) for p in params]
@@ -102,8 +110,7 @@ def sample(logits_BV: torch.Tensor, params: list[SamplingParams], seeds: list[in
             meta_3B = meta_3B.to(device, non_blocking=True)
             tokens_B, logprobs_B = triton_sampler.fused_sample(
                 logits_BV, meta_3B[0].float(), meta_3B[1].long(), meta_3B[2].to(torch.int8))
-            both = torch.stack([tokens_B.double(), logprobs_B.double()]).tolist()  # one device sync
-            return [int(t) for t in both[0]], both[1]
+            return tokens_B.double(), logprobs_B.double()
     if all(t == 1.0 for t in temps):
         logprobs_BV = torch.log_softmax(logits_BV.float(), dim=-1)
     else:
@@ -128,4 +135,4 @@ def sample(logits_BV: torch.Tensor, params: list[SamplingParams], seeds: list[in
         else:
             tokens_B[rows] = picked_S
     chosen_B = logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
-    return tokens_B.tolist(), chosen_B.tolist()
+    return tokens_B.double(), chosen_B.double()

@@ -210,6 +210,10 @@ class Scheduler:
             self.pages.release(seq.pages)
             seq.pages = []
 
+    def reserve(self, seq: Seq, upto: int) -> bool:
+        """Pages for tokens [0, upto) of a running sequence outside `schedule` (a step queued ahead)."""
+        return self._reserve(seq, upto)
+
     def _reserve(self, seq: Seq, upto: int) -> bool:
         """Pages for tokens [0, upto) of seq, dropping held episode caches (oldest first) if needed."""
         need = -(-upto // PAGE) - len(seq.pages)
