@@ -149,6 +149,7 @@ class MicroBatch:
     teacher_topk_ids_NK: torch.Tensor | None = None  # long
     teacher_topk_logprobs_NK: torch.Tensor | None = None  # float32
     teacher_hidden_NH: torch.Tensor | None = None  # teacher dtype, (N, H_t)
+    loss_index_N: torch.Tensor | None = None  # long: flat (row-major) index of each loss position in B x T
 
     @property
     def num_tokens(self) -> int:
@@ -213,14 +214,14 @@ def _group_rows(samples: list[TrainSample], rows: list[list[int]], max_tokens: i
     return groups
 
 
-def _collate(samples: list[TrainSample], rows: list[list[int]]) -> MicroBatch:
+def _collate(samples: list[TrainSample], rows: list[list[int]], pin_memory: bool = False) -> MicroBatch:
     parts = [samples[i] for row in rows for i in row]
     has_tlp = all(s.teacher_logprobs is not None for s in parts)
     has_topk = all(s.teacher_topk_ids is not None for s in parts)
     has_hidden = all(s.teacher_hidden is not None for s in parts)
     width = max(sum(samples[i].num_tokens for i in row) for row in rows)
     ids_rows, pos_rows, mask_rows, tgt_rows, seq_lens = [], [], [], [], []
-    old, tlp, w, adv, sidx, topk_ids, topk_lp, hidden_rows = [], [], [], [], [], [], [], []
+    old, tlp, w, adv, sidx, topk_ids, topk_lp, hidden_rows = [], [], [], [], [], [], [], []  # hidden: (sample, picked)
     for row in rows:
         ids, pos, lmask, tgt, lens = [], [], [], [], []
         for i in row:
@@ -242,7 +243,7 @@ def _collate(samples: list[TrainSample], rows: list[list[int]]) -> MicroBatch:
                 topk_ids.extend(s.teacher_topk_ids[r] for r in picked)
                 topk_lp.extend(s.teacher_topk_logprobs[r] for r in picked)
             if has_hidden:
-                hidden_rows.append(s.teacher_hidden[torch.tensor(picked, dtype=torch.long)])
+                hidden_rows.append((s.teacher_hidden, picked))
         pad = width - len(ids)
         ids_rows.append(ids + [0] * pad)
         pos_rows.append(pos + list(range(pad)))  # padding: a sequence of its own
@@ -266,8 +267,25 @@ def _collate(samples: list[TrainSample], rows: list[list[int]]) -> MicroBatch:
         teacher_logprobs_N=torch.tensor(tlp, dtype=torch.float32) if has_tlp else None,
         teacher_topk_ids_NK=torch.tensor(topk_ids, dtype=torch.long).reshape(n, k) if has_topk else None,
         teacher_topk_logprobs_NK=torch.tensor(topk_lp, dtype=torch.float32).reshape(n, k) if has_topk else None,
-        teacher_hidden_NH=torch.cat(hidden_rows) if has_hidden else None,
+        teacher_hidden_NH=_gather_hidden(hidden_rows, pin_memory) if has_hidden else None,
+        loss_index_N=loss_mask_BT.flatten().nonzero()[:, 0],
     )
+
+
+def _gather_hidden(parts: list[tuple[torch.Tensor, list[int]]], pin_memory: bool) -> torch.Tensor:
+    """The picked rows of each sample's teacher hidden states, written once into one buffer (page-locked
+    when the trainer is on a GPU, so its copy to the device does not hold the host)."""
+    first = parts[0][0]
+    out = torch.empty((sum(len(p) for _, p in parts), first.shape[1]), dtype=first.dtype, pin_memory=pin_memory)
+    row = 0
+    for hidden, picked in parts:
+        dst = out[row : row + len(picked)]
+        if len(picked) == hidden.shape[0]:  # every response token is the student's: no gather
+            dst.copy_(hidden)
+        else:
+            torch.index_select(hidden, 0, torch.tensor(picked, dtype=torch.long), out=dst)
+        row += len(picked)
+    return out
 
 
 def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[MicroBatch]:
@@ -284,11 +302,30 @@ def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None 
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if row_tokens is not None and row_tokens < 1:
         raise ValueError(f"row_tokens must be >= 1 or None, got {row_tokens}")
+    return [_collate(samples, g) for g in plan(samples, max_tokens, row_tokens=row_tokens)]
+
+
+def plan(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[list[list[int]]]:
+    """`pack`'s layout without building the tensors: per micro-batch, its rows of sample indices. The trainer
+    collates each (`collate`) while the GPU still runs the one before."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if row_tokens is not None and row_tokens < 1:
+        raise ValueError(f"row_tokens must be >= 1 or None, got {row_tokens}")
     if not samples:
         return []
     rows = _rows(samples, row_tokens, max_tokens)
-    groups = [[row] for row in rows] if row_tokens is None else _group_rows(samples, rows, max_tokens)
-    return [_collate(samples, g) for g in groups]
+    return [[row] for row in rows] if row_tokens is None else _group_rows(samples, rows, max_tokens)
+
+
+def collate(samples: list[TrainSample], group: list[list[int]], *, pin_memory: bool = False) -> MicroBatch:
+    """One micro-batch of `plan`'s layout (`pin_memory`: its teacher hidden states page-locked)."""
+    return _collate(samples, group, pin_memory)
+
+
+def planned_slots(samples: list[TrainSample], group: list[list[int]]) -> int:
+    """B x T of the micro-batch `collate` builds for `group` (padding included)."""
+    return len(group) * max(sum(samples[i].num_tokens for i in row) for row in group)
 
 
 def dummy_micro_batch(token_id: int = 0) -> MicroBatch:

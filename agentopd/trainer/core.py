@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from agentopd.batch import MicroBatch, TrainSample, dummy_micro_batch, pack
+from agentopd.batch import MicroBatch, TrainSample, collate, dummy_micro_batch, plan, planned_slots
 from agentopd.trainer import attention
 from agentopd.trainer import checkpoint as ckpt
 from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
@@ -79,7 +79,8 @@ class _Student(nn.Module):
             # vs 152,064): both distributions over the shared rows
             rows = min(head_VH.shape[0], teacher_head_VH.shape[0])
             head_VH, teacher_head_VH = head_VH[:rows], teacher_head_VH[:rows]
-        hidden_NH = hidden_BTH[mb.loss_mask_BT]
+        # the loss rows by index (from the host), not by mask: a mask would make the host wait for the forward
+        hidden_NH = hidden_BTH.flatten(0, 1).index_select(0, mb.loss_index_N)
         if autocast_dtype is not None:  # the loss matmuls in bf16 too (fp32 accumulation inside the losses)
             hidden_NH, head_VH = hidden_NH.to(autocast_dtype), head_VH.to(autocast_dtype)
         if mb.num_loss_tokens == 0:  # still touch every parameter so every rank reduces the same grads
@@ -250,17 +251,17 @@ class Trainer:
         if loss is not None:
             cfg = dataclasses.replace(cfg, loss=LossKind(loss), temperature=cfg.temperature if temperature is None else temperature)
         samples = self._episode_terms(samples, cfg)
-        micro_batches = pack(samples, cfg.micro_batch_tokens, row_tokens=self._row_tokens(samples))
+        groups = plan(samples, cfg.micro_batch_tokens, row_tokens=self._row_tokens(samples))
         counts = torch.tensor(
             [
                 sum(s.num_student_tokens for s in samples),
                 sum(s.num_tokens for s in samples),
-                sum(mb.num_slots for mb in micro_batches),
+                sum(planned_slots(samples, g) for g in groups),
             ],
             dtype=torch.float64,
         )
         n_student, n_tokens, n_slots = self._all_reduce(counts.to(self._comm_device)).tolist()
-        n_micro = torch.tensor([len(micro_batches)], device=self._comm_device)
+        n_micro = torch.tensor([len(groups)], device=self._comm_device)
         n_micro = int(self._all_reduce(n_micro, dist.ReduceOp.MAX if self.distributed else None).item())
         if teacher_head_VH is not None:
             teacher_head_VH = teacher_head_VH.to(self.device)
@@ -271,15 +272,23 @@ class Trainer:
         # FSDP averages gradients over ranks; scale so the result is sum / global count
         scale = self.world_size / n_student
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64, device=self.device))
+        pin = self.device.type == "cuda"
+
+        def micro_batch(i: int) -> MicroBatch:
+            mb = collate(samples, groups[i], pin_memory=pin) if i < len(groups) else dummy_micro_batch()
+            return mb.to(self.device)
+
+        following = micro_batch(0)
         for i in range(n_micro):
-            mb = micro_batches[i] if i < len(micro_batches) else dummy_micro_batch()
-            mb = mb.to(self.device)
+            mb = following
             if self.distributed:  # reduce-scatter (and reshard) after the last micro-batch only
                 last = i == n_micro - 1
                 self.student.set_requires_gradient_sync(last)
                 self.student.set_reshard_after_backward(last)
             loss_sum, stats = self.student(mb, cfg, teacher_head_VH, self._autocast_dtype, self.varlen)
             (loss_sum * scale).backward()
+            if i + 1 < n_micro:  # built while the GPU still runs this backward
+                following = micro_batch(i + 1)
             sums["loss"] += loss_sum.detach().double()
             for k, v in stats.items():
                 v = v.detach().double().to(self.device)
