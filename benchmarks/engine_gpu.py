@@ -12,7 +12,8 @@ random weights, bf16. Arms:
    prompt (128 shared system tokens + 128 own), 128 sampled tokens per turn (T=1), observations of
    64-256 tokens: generated tokens/s, prefix-hit tokens, and the largest |logprob - teacher-forced|
    against an fp32 and a bf16 HF forward of the same weights (8 episodes' final streams).
-4. HFEngine (transformers) on a smaller multi-turn workload, with the fast engine on the same one.
+   Each workload runs twice: one decode step at a time (overlap off), then the engine's default (overlap on).
+4. HFEngine (transformers) on smaller multi-turn workloads, with the fast engine on the same ones.
 """
 
 from __future__ import annotations
@@ -178,29 +179,36 @@ def main() -> None:
     print("\n## multi-turn rollouts (FastEngine, 4 turns, 128 tokens/turn)", flush=True)
     model32 = None
     for episodes in ((64, 128) if args.quick else (64, 128, 256)):
-        before = dict(engine.timings)
-        wall, gen, hits, streams = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=episodes, check=8))
-        print(timing_line(before, engine.timings), flush=True)
-        if model32 is None:
-            model32 = model_bf16().float()  # same seed: the same weights, in fp32
-            model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
-        g32, g16 = logprob_gap(model32, model, streams)
-        print(f"| {episodes} episodes | {gen} generated | {wall:.1f} s | {gen / wall:,.0f} tok/s | "
-              f"prefix hits {hits} tokens | max |lp - fp32 TF| {g32:.3f} | max |lp - bf16 TF| {g16:.3f} |", flush=True)
+        for overlap in (False, True):  # one decode step at a time, then each queued before the last is read
+            engine.overlap = overlap
+            before = dict(engine.timings)
+            wall, gen, hits, streams = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=episodes + 1000 * overlap,
+                                                                   check=8))  # own prompts: no cache hits from the other arm
+            print(timing_line(before, engine.timings), flush=True)
+            if model32 is None:
+                model32 = model_bf16().float()  # same seed: the same weights, in fp32
+                model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+            g32, g16 = logprob_gap(model32, model, streams)
+            print(f"| {episodes} episodes | overlap {'on' if overlap else 'off'} | {gen} generated | {wall:.1f} s | "
+                  f"{gen / wall:,.0f} tok/s | prefix hits {hits} tokens | max |lp - fp32 TF| {g32:.3f} | "
+                  f"max |lp - bf16 TF| {g16:.3f} |", flush=True)
     del model32
     torch.cuda.empty_cache()
 
-    print("\n## baseline: HFEngine vs FastEngine, 64 episodes x 2 turns x 64 tokens", flush=True)
-    fast_wall, fast_gen, _, _ = asyncio.run(multi_turn(engine, 64, 2, 64, seed=7))
+    workloads = ((64, 2, 64),) if args.quick else ((64, 2, 64), (128, 2, 64))  # episodes, turns, tokens a turn
+    print("\n## baseline: HFEngine (max_batch_size = episodes) vs FastEngine", flush=True)
+    fast = {w: asyncio.run(multi_turn(engine, *w, seed=7))[:2] for w in workloads}
     asyncio.run(engine.close())
     del engine
     torch.cuda.empty_cache()
-    hf = HFEngine(model, max_batch_size=64)
-    hf_wall, hf_gen, _, _ = asyncio.run(multi_turn(hf, 64 if not args.quick else 16, 2, 64, seed=7))
-    asyncio.run(hf.close())
-    print(f"HFEngine: {hf_gen} tokens in {hf_wall:.1f} s = {hf_gen / hf_wall:,.0f} tok/s", flush=True)
-    print(f"FastEngine: {fast_gen} tokens in {fast_wall:.1f} s = {fast_gen / fast_wall:,.0f} tok/s "
-          f"({(fast_gen / fast_wall) / (hf_gen / hf_wall):.0f}x)", flush=True)
+    for w in workloads:
+        hf = HFEngine(model, max_batch_size=w[0])
+        hf_wall, hf_gen, _, _ = asyncio.run(multi_turn(hf, *w, seed=7))
+        asyncio.run(hf.close())
+        fast_wall, fast_gen = fast[w]
+        print(f"{w[0]} episodes x {w[1]} turns x {w[2]} tokens: HFEngine {hf_gen} tokens in {hf_wall:.1f} s = "
+              f"{hf_gen / hf_wall:,.0f} tok/s; FastEngine {fast_gen} tokens in {fast_wall:.2f} s = "
+              f"{fast_gen / fast_wall:,.0f} tok/s ({(fast_gen / fast_wall) / (hf_gen / hf_wall):.0f}x)", flush=True)
 
 
 if __name__ == "__main__":
