@@ -273,19 +273,12 @@ def _collate(samples: list[TrainSample], rows: list[list[int]], pin_memory: bool
 
 
 def _gather_hidden(parts: list[tuple[torch.Tensor, list[int]]], pin_memory: bool) -> torch.Tensor:
-    """The picked rows of each sample's teacher hidden states, written once into one buffer (page-locked
-    when the trainer is on a GPU, so its copy to the device does not hold the host)."""
-    first = parts[0][0]
-    out = torch.empty((sum(len(p) for _, p in parts), first.shape[1]), dtype=first.dtype, pin_memory=pin_memory)
-    row = 0
-    for hidden, picked in parts:
-        dst = out[row : row + len(picked)]
-        if len(picked) == hidden.shape[0]:  # every response token is the student's: no gather
-            dst.copy_(hidden)
-        else:
-            torch.index_select(hidden, 0, torch.tensor(picked, dtype=torch.long), out=dst)
-        row += len(picked)
-    return out
+    """The picked rows of each sample's teacher hidden states in one buffer, page-locked when the trainer is on a
+    GPU (so its upload does not hold the host). torch.cat writes it with all threads: a plain copy_ per sample
+    into fresh memory ran at ~1 GB/s on a GPU host (147 MB of 4B-teacher rows: 128 ms a step)."""
+    rows = [h if len(p) == h.shape[0] else h.index_select(0, torch.tensor(p, dtype=torch.long)) for h, p in parts]
+    out = torch.empty((sum(r.shape[0] for r in rows), rows[0].shape[1]), dtype=rows[0].dtype, pin_memory=pin_memory)
+    return torch.cat(rows, out=out)
 
 
 def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[MicroBatch]:
