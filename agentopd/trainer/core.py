@@ -24,7 +24,8 @@ FSDP collectives line up.
 Speed: under FSDP2 the micro-batches before the last accumulate unsharded gradients (in the fp32
 reduce dtype) with parameters kept gathered (`set_requires_gradient_sync(False)`,
 `set_reshard_after_backward(False)`), so a step reduce-scatters once, not once per micro-batch.
-`cfg.compile` compiles each decoder layer's forward; `cfg.checkpoint_every` = k recomputes only
+`cfg.compile` compiles each decoder layer's forward (afresh in each process: `_fresh_inductor_cache`);
+`cfg.checkpoint_every` = k recomputes only
 every k-th layer under activation checkpointing; AdamW is fused on CUDA. The full-vocabulary
 losses take the fused Triton path on CUDA (agentopd/losses/fused.py).
 
@@ -38,7 +39,12 @@ Legend: T = packed tokens, N = loss tokens, H = hidden, V = vocab, E = episodes.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import logging
+import os
+import shutil
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -86,6 +92,31 @@ class _Student(nn.Module):
         if mb.num_loss_tokens == 0:  # still touch every parameter so every rank reduces the same grads
             return (hidden_BTH.sum() + head_VH.sum()) * 0.0, {}
         return micro_batch_loss(hidden_NH, head_VH, mb, cfg, teacher_head_VH=teacher_head_VH)
+
+
+log = logging.getLogger(__name__)
+_USER_INDUCTOR_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # read before anything compiles
+
+
+def _fresh_inductor_cache() -> None:
+    """Point torch.compile at an empty cache directory of this process's own (removed at exit), unless the user
+    set TORCHINDUCTOR_CACHE_DIR (to anything but torch's default). On an H100 the 0.6B student's layers loaded from a cache that an earlier
+    process wrote trained ~20% slower than freshly compiled ones: 43-58k tokens/s in eleven runs against
+    61-73k in six (32k tokens a step). Turning off only the FX-graph and autograd caches did not
+    help; a fresh directory did (benchmarks/results/trainer_gpu.md). The price is compiling every run:
+    ~10 s on that card instead of ~3 s."""
+    try:  # torch sets the variable itself, to this default, the first time anything asks for the directory
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        default = os.path.abspath(default_cache_dir())
+    except ImportError:
+        default = None
+    if _USER_INDUCTOR_DIR is not None and os.path.abspath(_USER_INDUCTOR_DIR) != default:
+        return
+    path = tempfile.mkdtemp(prefix="agentopd-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    log.info("trainer.compile: compiling into a fresh inductor cache %s (set TORCHINDUCTOR_CACHE_DIR to reuse one)", path)
 
 
 # dense bf16 tensor-core peak FLOP/s by device-name substring (vendor datasheets, no sparsity)
@@ -153,6 +184,7 @@ class Trainer:
         if self.varlen:  # one packed row per micro-batch, no padding, no dense mask
             attention.set_varlen(hf)
         if cfg.compile:  # the bound forward, not the module: FSDP2's hooks stay eager, names stay the same
+            _fresh_inductor_cache()
             for layer in hf.model.layers:
                 layer.forward = torch.compile(layer.forward)
         hf.train()
@@ -240,13 +272,23 @@ class Trainer:
         self,
         samples: list[TrainSample],
         *,
-        teacher_head_VH: torch.Tensor | None = None,
+        teacher_head_VH: torch.Tensor | list[torch.Tensor] | None = None,
         loss: LossKind | None = None,
         temperature: float | None = None,
     ) -> dict[str, float]:
         """One optimizer step on this rank's `samples` (with `loss` at `temperature` instead of the configured
-        ones for this step, e.g. an SFT warm start); returns global metrics (same on every rank)."""
+        ones for this step, e.g. an SFT warm start); returns global metrics (same on every rank).
+
+        `teacher_head_VH`: the teacher's lm_head for the full-vocabulary losses, or one per teacher of a run that
+        routes episodes to several, indexed by each sample's `teacher_index` (a micro-batch holds one teacher's)."""
         t0 = time.perf_counter()
+        heads = [teacher_head_VH] if isinstance(teacher_head_VH, torch.Tensor) else teacher_head_VH
+        if heads is not None:
+            if not heads:
+                raise ValueError("teacher_head_VH: an empty list (give None, one head, or one per teacher)")
+            if (top := max((s.teacher_index for s in samples), default=0)) >= len(heads):
+                raise ValueError(f"a sample has teacher_index={top} but {len(heads)} teacher head(s) were given")
+            heads = [h.to(self.device) for h in heads]
         cfg = self.cfg
         if loss is not None:
             cfg = dataclasses.replace(cfg, loss=LossKind(loss), temperature=cfg.temperature if temperature is None else temperature)
@@ -263,8 +305,6 @@ class Trainer:
         n_student, n_tokens, n_slots = self._all_reduce(counts.to(self._comm_device)).tolist()
         n_micro = torch.tensor([len(groups)], device=self._comm_device)
         n_micro = int(self._all_reduce(n_micro, dist.ReduceOp.MAX if self.distributed else None).item())
-        if teacher_head_VH is not None:
-            teacher_head_VH = teacher_head_VH.to(self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         if n_student == 0:
             return {"loss": 0.0, "grad_norm": 0.0, "lr": lr, "train/skipped": 1.0}
@@ -285,7 +325,8 @@ class Trainer:
                 last = i == n_micro - 1
                 self.student.set_requires_gradient_sync(last)
                 self.student.set_reshard_after_backward(last)
-            loss_sum, stats = self.student(mb, cfg, teacher_head_VH, self._autocast_dtype, self.varlen)
+            head = None if heads is None else heads[samples[groups[i][0][0]].teacher_index if i < len(groups) else 0]
+            loss_sum, stats = self.student(mb, cfg, head, self._autocast_dtype, self.varlen)
             (loss_sum * scale).backward()
             if i + 1 < n_micro:  # built while the GPU still runs this backward
                 following = micro_batch(i + 1)
