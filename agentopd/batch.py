@@ -61,8 +61,11 @@ class TrainSample:
     advantage: float = 0.0  # per-episode task advantage (the trainer fills it for the GRPO term)
     turn_index: list[int] = field(default_factory=list)
     token_weights: list[float] | None = None  # per response token, times `weight` (recipe.turn_support_below)
+    teacher_index: int = 0  # which of the step's teacher lm_heads applies to teacher_hidden (several teachers)
 
     def __post_init__(self) -> None:
+        if self.teacher_index < 0:
+            raise ValueError(f"teacher_index must be >= 0, got {self.teacher_index}")
         n = len(self.token_ids) - self.prompt_len
         if self.prompt_len < 1 or n < 0:
             raise ValueError(
@@ -107,6 +110,7 @@ class TrainSample:
         group_id: int = 0,
         weight: float = 1.0,
         token_weights: list[float] | None = None,
+        teacher_index: int = 0,
     ) -> TrainSample:
         """A sample from a token stream plus the teacher's scores of it (teacher.TeacherScores fields)."""
         return cls(
@@ -123,6 +127,7 @@ class TrainSample:
             weight=weight,
             turn_index=list(stream.turn_index),
             token_weights=token_weights,
+            teacher_index=teacher_index,
         )
 
 
@@ -300,13 +305,22 @@ def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None 
 
 def plan(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[list[list[int]]]:
     """`pack`'s layout without building the tensors: per micro-batch, its rows of sample indices. The trainer
-    collates each (`collate`) while the GPU still runs the one before."""
+    collates each (`collate`) while the GPU still runs the one before. Samples of different `teacher_index`
+    never share a micro-batch."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if row_tokens is not None and row_tokens < 1:
         raise ValueError(f"row_tokens must be >= 1 or None, got {row_tokens}")
     if not samples:
         return []
+    teachers = sorted({s.teacher_index for s in samples})
+    if len(teachers) > 1:  # one teacher per micro-batch: the loss applies one teacher lm_head to it
+        groups = []
+        for t in teachers:
+            index = [i for i, s in enumerate(samples) if s.teacher_index == t]
+            groups += [[[index[i] for i in row] for row in g] for g in plan([samples[i] for i in index], max_tokens,
+                                                                          row_tokens=row_tokens)]
+        return groups
     rows = _rows(samples, row_tokens, max_tokens)
     return [[row] for row in rows] if row_tokens is None else _group_rows(samples, rows, max_tokens)
 

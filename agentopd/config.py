@@ -471,11 +471,6 @@ class Config(Section):
                 "trainer.loss=sampled_k3 is not a training loss: the k3 estimator's expected gradient ascends the forward "
                 "KL, not the reverse KL (agentopd.losses.policy); use trainer.loss=sampled_k1 (k3 stays in the metrics)"
             )
-        if cfg.loss.is_full_vocab and self.teacher_count() > 1:
-            raise ValueError(
-                f"trainer.loss={cfg.loss} compares with one teacher's full distribution (its lm_head), but this run routes "
-                f"episodes to {self.teacher_count()} teachers: use trainer.loss=sampled_k1 or topk_forward_kl"
-            )
         cfg.total_steps = max(self.run.steps, 1)
         cfg.temperature = self.loss_temperature(cfg.loss)
         return cfg
@@ -645,9 +640,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def mixed_preset(env_names: str) -> dict[str, Any]:
     """`sql_db,calculator`: each env's preset `env` section becomes a source of `envs` (weight 1);
-    the other sections come from the presets merged in order (a later one fills what is unset).
-    A mixed run is scored by one teacher per env, so a full-vocabulary loss from a preset (it needs
-    one teacher's lm_head) becomes `sampled_k1`; an explicit `trainer.loss=` override still wins."""
+    the other sections come from the presets merged in order (a later one fills what is unset). Each env's
+    episodes are scored by its own teacher; the full-vocabulary losses apply each sample's teacher's lm_head."""
     names = [n.strip() for n in env_names.split(",")]
     if any(not n for n in names) or len(set(names)) != len(names):
         raise ValueError(f"--env {env_names!r}: give distinct env names separated by commas, e.g. sql_db,calculator")
@@ -663,9 +657,6 @@ def mixed_preset(env_names: str) -> dict[str, Any]:
             else:
                 data.setdefault(section, values)
     data["env"] = {"name": ",".join(names)}
-    trainer = data.get("trainer")
-    if isinstance(trainer, dict) and trainer.get("loss") in ("forward_kl", "reverse_kl", "jsd"):
-        trainer["loss"] = "sampled_k1"
     return data
 
 

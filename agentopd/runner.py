@@ -335,13 +335,16 @@ class Runner:
         return scores
 
     def _samples(self, planned: list[Planned], episodes: list[Episode], scores: list[TeacherScores] | None,
-                 token_weights: list[list[float]] | None = None) -> list[TrainSample]:  # fmt: skip
+                 token_weights: list[list[float]] | None = None, teacher_index: list[int] | None = None) -> list[TrainSample]:  # fmt: skip
+        """`teacher_index[i]`: which of the step's teachers scored episode i (its lm_head applies to its hidden states);
+        the intervention's branches are scored by the run's one teacher."""
         group = {key: i for i, key in enumerate(dict.fromkeys((p.source, p.spec.task_id) for p in planned))}
         samples = []
         for i, (p, ep) in enumerate(zip(planned, episodes)):
             sc = scores[i] if scores is not None else None
             weights = token_weights[i] if token_weights is not None else None
-            samples.append(_train_sample(ep.tokens, sc, reward=ep.reward, group_id=group[p.source, ep.task_id], token_weights=weights))
+            samples.append(_train_sample(ep.tokens, sc, reward=ep.reward, group_id=group[p.source, ep.task_id], token_weights=weights,
+                                         teacher_index=teacher_index[i] if teacher_index else 0))  # fmt: skip
         samples += self._branch_samples(episodes, scores[len(episodes) :] if scores is not None else None, first_group=len(group))
         return [s for s in samples if s.num_student_tokens > 0]
 
@@ -390,12 +393,14 @@ class Runner:
         teacher_s = time.perf_counter() - t
 
         token_weights, recipe_metrics = self._turn_weights(episodes, scores)
-        head = self.backend.teacher_head(teacher_of[0]) if scores and scores[0].hidden is not None else None
+        keys = list(dict.fromkeys(teacher_of))  # the step's teachers; a sample's teacher_index points into them
+        heads = [self.backend.teacher_head(k) for k in keys] if scores and scores[0].hidden is not None else None
         with self.progress.phase("train", total=None):
             # a phase with a loss of its own (the SFT warm start) trains at that loss's temperature (Config.loss_temperature)
             step_loss = objective.loss if objective is not self.objective else None
             temperature = cfg.loss_temperature(step_loss) if step_loss is not None else None
-            train = self.backend.train(self._samples(planned, episodes, scores, token_weights), head, loss=step_loss, temperature=temperature)
+            samples = self._samples(planned, episodes, scores, token_weights, [keys.index(k) for k in teacher_of])
+            train = self.backend.train(samples, heads, loss=step_loss, temperature=temperature)
         self._trained_through = step
         self._unlogged = (step, dict(train))
         t = time.perf_counter()
@@ -489,7 +494,7 @@ class Runner:
 
 
 def _train_sample(stream: TokenStream, sc: TeacherScores | None, *, reward: float, group_id: int,
-                  token_weights: list[float] | None = None) -> TrainSample:  # fmt: skip
+                  token_weights: list[float] | None = None, teacher_index: int = 0) -> TrainSample:  # fmt: skip
     """One stream and what its teacher returned for it (None: unscored) as a TrainSample."""
     return TrainSample.from_stream(
         stream,
@@ -500,6 +505,7 @@ def _train_sample(stream: TokenStream, sc: TeacherScores | None, *, reward: floa
         reward=reward,
         group_id=group_id,
         token_weights=token_weights,
+        teacher_index=teacher_index,
     )
 
 

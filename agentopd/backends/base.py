@@ -10,8 +10,9 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
   in plan order, `on_episode(planned, episode)` called as each finishes. `who` is `student` or a
   teacher name.
 - `score({teacher: streams}, mode)` -> `{teacher: [TeacherScores]}` in the same order.
-- `train(samples, head, loss=None, temperature=None)` -> the step's metrics (the same on every rank); a
-  `loss` (at `temperature`) replaces the trainer's own for this step (the SFT warm start).
+- `train(samples, head, loss=None, temperature=None)` -> the step's metrics (the same on every rank); `head` is
+  the teacher's lm_head for the full-vocabulary losses, or a list of one per teacher indexed by the samples'
+  `teacher_index`; a `loss` (at `temperature`) replaces the trainer's own for this step (the SFT warm start).
 - `save_checkpoint(path, extra)`: every rank's part, then the DONE marker (`RunDir.mark_done`),
   so a checkpoint without DONE is never resumed from.
 - `connect(cfg, teachers)` comes first, before any model is built: a backend that needs resources
@@ -68,7 +69,7 @@ class Backend(Protocol):
 
     def teacher_head(self, name: str) -> torch.Tensor: ...
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None,
+    def train(self, samples: list[TrainSample], head: torch.Tensor | list[torch.Tensor] | None, loss: LossKind | None = None,
               temperature: float | None = None) -> dict[str, float]: ...  # fmt: skip
 
     def sync_weights(self) -> None: ...

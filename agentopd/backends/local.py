@@ -102,7 +102,7 @@ class LocalBackend:
     def teacher_head(self, name: str) -> torch.Tensor:
         return self.teachers[name].head_weight()
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None,
+    def train(self, samples: list[TrainSample], head: torch.Tensor | list[torch.Tensor] | None, loss: LossKind | None = None,
               temperature: float | None = None) -> dict[str, float]:  # fmt: skip
         return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss, temperature=temperature)
 

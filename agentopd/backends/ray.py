@@ -295,7 +295,7 @@ class RayBackend:
         self.version = step
         raise TrainerRestarted(step, str(error)) from error
 
-    def train(self, samples: list[TrainSample], head: torch.Tensor | None, loss: LossKind | None = None,
+    def train(self, samples: list[TrainSample], head: torch.Tensor | list[torch.Tensor] | None, loss: LossKind | None = None,
               temperature: float | None = None) -> dict[str, float]:  # fmt: skip
         self._settle()
         ranks = self.rc.trainer_workers
