@@ -108,7 +108,8 @@ def test_a_task_without_a_teacher_fails_before_the_run(home, tmp_path):
 
 
 def test_mixed_run_out_of_the_box(home, tmp_path):
-    """No models given: each env's built-in teacher, routed by env, and the mixed built-in student."""
+    """No models given: each env's built-in teacher, routed by env, and the mixed built-in student, trained on the
+    presets' full-vocabulary forward KL, each episode toward its own teacher's lm_head."""
     run = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", "--env", "calculator,sql_db", "--run-dir", str(run), *SHORT])
     assert result.exit_code == 0, result.output
@@ -119,8 +120,9 @@ def test_mixed_run_out_of_the_box(home, tmp_path):
                 "eval/calculator/success_rate", "eval/sql_db/success_rate", "tool/calculate/calls", "tool/sql_query/calls"):  # fmt: skip
         assert key in last, key
     assert "eval/teacher_success_rate" in records[0] and "eval/teacher/sql_db/success_rate" in records[0]
+    assert "train/distill_loss" in last  # a full-vocabulary loss ran (sampled_k1 has none)
     config = (run / "config.yaml").read_text()
-    assert "envs:" in config and "calculator:" in config
+    assert "envs:" in config and "calculator:" in config and "loss: forward_kl" in config
     db = sqlite3.connect(run / "trajectories.db")
     rows = db.execute("select env, teacher, count(*) from episodes where split='train' group by 1, 2").fetchall()
     assert rows == [("calculator", "calculator", 8), ("sql_db", "sql_db", 8)]
