@@ -100,11 +100,12 @@ _USER_INDUCTOR_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # read before an
 
 def _fresh_inductor_cache() -> None:
     """Point torch.compile at an empty cache directory of this process's own (removed at exit), unless the user
-    set TORCHINDUCTOR_CACHE_DIR (to anything but torch's default). On an H100 the 0.6B student's layers loaded from a cache that an earlier
-    process wrote trained ~20% slower than freshly compiled ones: 43-58k tokens/s in eleven runs against
-    61-73k in six (32k tokens a step). Turning off only the FX-graph and autograd caches did not
-    help; a fresh directory did (benchmarks/results/trainer_gpu.md). The price is compiling every run:
-    ~10 s on that card instead of ~3 s."""
+    set TORCHINDUCTOR_CACHE_DIR (to anything but torch's default).
+
+    On an H100 the 0.6B student's layers loaded from a cache that an earlier process wrote trained ~20% slower
+    than freshly compiled ones: 43-58k tokens/s in eleven runs against 61-73k in six (32k tokens a step).
+    Turning off only the FX-graph and autograd caches did not help; a fresh directory did
+    (benchmarks/results/trainer_gpu.md). The price is compiling every run: ~10 s on that card instead of ~3 s."""
     try:  # torch sets the variable itself, to this default, the first time anything asks for the directory
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
