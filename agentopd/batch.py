@@ -219,7 +219,9 @@ def _group_rows(samples: list[TrainSample], rows: list[list[int]], max_tokens: i
     return groups
 
 
-def _collate(samples: list[TrainSample], rows: list[list[int]], pin_memory: bool = False) -> MicroBatch:
+def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bool = False) -> MicroBatch:
+    """One micro-batch of `plan`'s layout: `rows` of sample indices (`pin_memory`: its teacher hidden states
+    page-locked)."""
     parts = [samples[i] for row in rows for i in row]
     has_tlp = all(s.teacher_logprobs is not None for s in parts)
     has_topk = all(s.teacher_topk_ids is not None for s in parts)
@@ -296,11 +298,7 @@ def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None 
     A sample longer than the budget gets a micro-batch of its own. Teacher fields are packed when
     every sample of a micro-batch has them (they are None otherwise).
     """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if row_tokens is not None and row_tokens < 1:
-        raise ValueError(f"row_tokens must be >= 1 or None, got {row_tokens}")
-    return [_collate(samples, g) for g in plan(samples, max_tokens, row_tokens=row_tokens)]
+    return [collate(samples, g) for g in plan(samples, max_tokens, row_tokens=row_tokens)]
 
 
 def plan(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[list[list[int]]]:
@@ -325,11 +323,6 @@ def plan(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None 
     return [[row] for row in rows] if row_tokens is None else _group_rows(samples, rows, max_tokens)
 
 
-def collate(samples: list[TrainSample], group: list[list[int]], *, pin_memory: bool = False) -> MicroBatch:
-    """One micro-batch of `plan`'s layout (`pin_memory`: its teacher hidden states page-locked)."""
-    return _collate(samples, group, pin_memory)
-
-
 def planned_slots(samples: list[TrainSample], group: list[list[int]]) -> int:
     """B x T of the micro-batch `collate` builds for `group` (padding included)."""
     return len(group) * max(sum(samples[i].num_tokens for i in row) for row in group)
@@ -338,4 +331,4 @@ def planned_slots(samples: list[TrainSample], group: list[list[int]]) -> int:
 def dummy_micro_batch(token_id: int = 0) -> MicroBatch:
     """A one-token micro-batch with no loss tokens: lets a rank with fewer micro-batches keep
     step with the FSDP collectives of the others (its forward/backward contributes zero)."""
-    return _collate([TrainSample(token_ids=[token_id], prompt_len=1, response_mask=[], old_logprobs=[])], [[0]])
+    return collate([TrainSample(token_ids=[token_id], prompt_len=1, response_mask=[], old_logprobs=[])], [[0]])

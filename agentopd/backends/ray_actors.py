@@ -105,7 +105,6 @@ class RolloutWorker(_WeightMember):
         torch.cuda.synchronize()
         return version
 
-
     def pid(self) -> int:
         return os.getpid()
 
@@ -192,7 +191,6 @@ class TrainerWorker(_WeightMember):
 
     def unshare_weights(self) -> None:
         self._shared = None
-
 
     def step(self) -> int:
         return self.trainer.step
