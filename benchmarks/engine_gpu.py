@@ -13,7 +13,10 @@ random weights, bf16. Arms:
    64-256 tokens: generated tokens/s, prefix-hit tokens, and the largest |logprob - teacher-forced|
    against an fp32 and a bf16 HF forward of the same weights (8 episodes' final streams).
    Each workload runs twice: one decode step at a time (overlap off), then the engine's default (overlap on).
-4. HFEngine (transformers) on smaller multi-turn workloads, with the fast engine on the same ones.
+   Then 128 and 256 episodes at shorter contexts (128-token first prompt, 64 tokens a turn: mean decode
+   context ~500, where the issue derived its 30k target).
+4. HFEngine (transformers) on two smaller multi-turn workloads and on the 64-episode workload of arm 3,
+   with the fast engine on the same ones.
 """
 
 from __future__ import annotations
@@ -94,10 +97,12 @@ def fixed_batch(engine: FastEngine, bw: float, weight_bytes: int) -> list[str]:
     return lines
 
 
-async def multi_turn(engine, episodes: int, turns: int, max_tokens: int, seed: int, check: int = 0):
+async def multi_turn(engine, episodes: int, turns: int, max_tokens: int, seed: int, check: int = 0, prompt: int = 256):
+    """E episodes x `turns`; the first prompt is `prompt` tokens (half shared system, half own). Returns wall,
+    generated, prefix hits, `check` final streams and the mean context a sampled token was decoded at."""
     rng = random.Random(seed)
-    system = [rng.randrange(VOCAB) for _ in range(128)]
-    starts = [system + [rng.randrange(VOCAB) for _ in range(128)] for _ in range(episodes)]
+    system = [rng.randrange(VOCAB) for _ in range(prompt // 2)]
+    starts = [system + [rng.randrange(VOCAB) for _ in range(prompt - prompt // 2)] for _ in range(episodes)]
     obs = [[[rng.randrange(VOCAB) for _ in range(rng.randrange(64, 257))] for _ in range(turns)] for _ in range(episodes)]
     streams = []
 
@@ -118,7 +123,8 @@ async def multi_turn(engine, episodes: int, turns: int, max_tokens: int, seed: i
     t = time.perf_counter()
     out = await asyncio.gather(*[play(i) for i in range(episodes)])
     wall = time.perf_counter() - t
-    return wall, sum(g for g, _ in out), sum(h for _, h in out), streams[:check]
+    ctx = [p for _, positions, _ in streams for p in positions]
+    return wall, sum(g for g, _ in out), sum(h for _, h in out), streams[:check], sum(ctx) / max(len(ctx), 1)
 
 
 def timing_line(before: dict, after: dict) -> str:
@@ -182,20 +188,31 @@ def main() -> None:
         for overlap in (False, True):  # one decode step at a time, then each queued before the last is read
             engine.overlap = overlap
             before = dict(engine.timings)
-            wall, gen, hits, streams = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=episodes + 1000 * overlap,
-                                                                   check=8))  # own prompts: no cache hits from the other arm
+            wall, gen, hits, streams, ctx = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=episodes + 1000 * overlap,
+                                                                        check=8))  # own prompts: no cache hits from the other arm
             print(timing_line(before, engine.timings), flush=True)
             if model32 is None:
                 model32 = model_bf16().float()  # same seed: the same weights, in fp32
                 model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
             g32, g16 = logprob_gap(model32, model, streams)
             print(f"| {episodes} episodes | overlap {'on' if overlap else 'off'} | {gen} generated | {wall:.1f} s | "
-                  f"{gen / wall:,.0f} tok/s | prefix hits {hits} tokens | max |lp - fp32 TF| {g32:.3f} | "
+                  f"{gen / wall:,.0f} tok/s | mean context {ctx:.0f} | prefix hits {hits} tokens | max |lp - fp32 TF| {g32:.3f} | "
                   f"max |lp - bf16 TF| {g16:.3f} |", flush=True)
     del model32
     torch.cuda.empty_cache()
 
-    workloads = ((64, 2, 64),) if args.quick else ((64, 2, 64), (128, 2, 64))  # episodes, turns, tokens a turn
+    print("\n## multi-turn rollouts at shorter contexts (4 turns, 128-token first prompt, 64 tokens/turn, "
+          "observations 64-256; overlap on)", flush=True)
+    engine.overlap = True
+    for episodes in ((128,) if args.quick else (128, 256)):
+        before = dict(engine.timings)
+        wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, 64, seed=5000 + episodes, prompt=128))
+        print(timing_line(before, engine.timings), flush=True)
+        print(f"| {episodes} episodes | short | {gen} generated | {wall:.1f} s | {gen / wall:,.0f} tok/s | "
+              f"mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
+
+    # episodes, turns, tokens a turn; the last is the 64-episode workload of the multi-turn table above
+    workloads = ((64, 2, 64),) if args.quick else ((64, 2, 64), (128, 2, 64), (64, 4, 128))
     print("\n## baseline: HFEngine (max_batch_size = episodes) vs FastEngine", flush=True)
     fast = {w: asyncio.run(multi_turn(engine, *w, seed=7))[:2] for w in workloads}
     asyncio.run(engine.close())
@@ -203,7 +220,7 @@ def main() -> None:
     torch.cuda.empty_cache()
     for w in workloads:
         hf = HFEngine(model, max_batch_size=w[0])
-        hf_wall, hf_gen, _, _ = asyncio.run(multi_turn(hf, *w, seed=7))
+        hf_wall, hf_gen = asyncio.run(multi_turn(hf, *w, seed=7))[:2]
         asyncio.run(hf.close())
         fast_wall, fast_gen = fast[w]
         print(f"{w[0]} episodes x {w[1]} turns x {w[2]} tokens: HFEngine {hf_gen} tokens in {hf_wall:.1f} s = "
