@@ -46,6 +46,23 @@ def test_builds_caches_and_rebuilds(tmp_path, monkeypatch):
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
     assert json.loads((models.teacher_dir.parent / "report.json").read_text())["spec_version"] == newer
 
+    from dataclasses import replace
+
+    teacher_stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
+    student_stamp = (models.student_dir / "model.safetensors").stat().st_mtime_ns
+    before = json.loads((models.teacher_dir.parent / "report.json").read_text())
+    longer = replace(TINY_SPEC, student=replace(TINY_SPEC.student, max_steps=3))  # a new student plan: the student alone
+    bootstrap("calculator", spec=longer, home=tmp_path)
+    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns == teacher_stamp
+    assert (models.student_dir / "model.safetensors").stat().st_mtime_ns != student_stamp
+    after = json.loads((models.teacher_dir.parent / "report.json").read_text())
+    assert after["spec"]["student"]["max_steps"] == 3 and after["teacher"] == before["teacher"]
+    assert after["student"]["steps"] == 3
+    bootstrap("calculator", spec=longer, home=tmp_path)  # and that is the cache now
+    assert json.loads((models.teacher_dir.parent / "report.json").read_text()) == after
+    bootstrap("calculator", spec=replace(longer, teacher=replace(longer.teacher, max_steps=5)), home=tmp_path)
+    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != teacher_stamp  # a new teacher plan: both
+
 
 def test_an_env_that_is_not_installed_is_named():
     """Any installed env with an oracle has an embedded default (tests/test_plugin_env.py); a name
