@@ -124,10 +124,10 @@ ENV_SPECS: dict[str, BootstrapSpec] = {
         teacher=replace(BootstrapSpec.teacher, max_steps=1500, eval_every=300), mistakes=0.5, demonstrations=6000,
         student=replace(BootstrapSpec.student, size=ModelSize(hidden=128, layers=2), max_steps=400)),  # fmt: skip
 }
-# bumped per preset when what its ENV_SPECS entry builds changes beyond the spec's own fields, so a cache built the
-# older way is rebuilt (RECIPE would rebuild every env's). A change of the spec itself is seen in the report's copy
-# of it: a new student plan alone retrains the student only
-SPEC_VERSIONS: dict[str, int] = {"sql_db_explore": 3, "calculator": 2}  # 2: a 1,500- / 600-step teacher; 3: every task
+# bumped per preset when its ENV_SPECS entry changes, so a cache built by the older spec is rebuilt (RECIPE would
+# rebuild every env's); where the new spec differs from the one in the cache's report in the student's plan and
+# nothing else, the cached teacher is kept and the student alone is retrained
+SPEC_VERSIONS: dict[str, int] = {"sql_db_explore": 4, "calculator": 2}  # 2: a 1,500- / 600-step teacher; 3: every task; 4: the student
 # presets of a built-in env other than its own (configs/<name>.yaml): name -> (env, the env kwargs that select it)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"sql_db_explore": ("sql_db", {"difficulty": ["explore"]})}
 
@@ -356,13 +356,13 @@ def bootstrap(
     if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
         report = json.loads(report_path.read_text())
         same_env = report.get("env_kwargs", {}) == json.loads(json.dumps(env_kwargs))
-        same_version = report.get("spec_version", 1) == SPEC_VERSIONS.get(preset, 1)
-        built, wanted = report.get("spec"), json.loads(json.dumps(asdict(spec)))
-        if same_env and same_version and report.get("recipe") == RECIPE and report.get("env_version") == version:
-            if built is None or built == wanted:  # (a report without its spec predates the spec in reports)
+        same_spec = report.get("spec_version", 1) == SPEC_VERSIONS.get(preset, 1)
+        if same_env and report.get("recipe") == RECIPE and report.get("env_version") == version:
+            if same_spec:
                 return BuiltinModels(env_name, teacher_dir, student_dir, report)
-            if {**built, "student": None} == {**wanted, "student": None}:
-                keep_teacher = report  # only the student's plan changed: the teacher (minutes of SFT) stays
+            built, wanted = report.get("spec"), json.loads(json.dumps(asdict(spec)))
+            if built is not None and built["student"] != wanted["student"] and {**built, "student": None} == {**wanted, "student": None}:
+                keep_teacher = report  # the new spec changes the student's plan only: the teacher (minutes of SFT) stays
         # the preset's env, the env's package, the preset's spec or the recipe changed since these were built: rebuild
     if env_name not in BUILTIN_ENVS:
         require_oracle(env_name, env_kwargs)

@@ -51,17 +51,19 @@ def test_builds_caches_and_rebuilds(tmp_path, monkeypatch):
     teacher_stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
     student_stamp = (models.student_dir / "model.safetensors").stat().st_mtime_ns
     before = json.loads((models.teacher_dir.parent / "report.json").read_text())
-    longer = replace(TINY_SPEC, student=replace(TINY_SPEC.student, max_steps=3))  # a new student plan: the student alone
+    longer = replace(TINY_SPEC, student=replace(TINY_SPEC.student, max_steps=3))
+    monkeypatch.setattr(b, "SPEC_VERSIONS", {"calculator": newer + 1})  # a new spec that changes the student's plan only
     bootstrap("calculator", spec=longer, home=tmp_path)
-    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns == teacher_stamp
+    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns == teacher_stamp  # the teacher is kept
     assert (models.student_dir / "model.safetensors").stat().st_mtime_ns != student_stamp
     after = json.loads((models.teacher_dir.parent / "report.json").read_text())
     assert after["spec"]["student"]["max_steps"] == 3 and after["teacher"] == before["teacher"]
-    assert after["student"]["steps"] == 3
+    assert after["student"]["steps"] == 3 and after["spec_version"] == newer + 1
     bootstrap("calculator", spec=longer, home=tmp_path)  # and that is the cache now
     assert json.loads((models.teacher_dir.parent / "report.json").read_text()) == after
+    monkeypatch.setattr(b, "SPEC_VERSIONS", {"calculator": newer + 2})  # one that changes the teacher's: both rebuilt
     bootstrap("calculator", spec=replace(longer, teacher=replace(longer.teacher, max_steps=5)), home=tmp_path)
-    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != teacher_stamp  # a new teacher plan: both
+    assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != teacher_stamp
 
 
 def test_an_env_that_is_not_installed_is_named():
