@@ -362,6 +362,25 @@ def test_overlapped_decode_equals_serial_steps(model, num_pages):
     assert stats["held"] == 0 and stats["free"] + stats["idle"] == stats["pages"]
 
 
+def test_pages_of_waiting_sequences_go_to_the_head_of_the_queue():
+    """With nothing running, the head of the queue gets the pages that sequences behind it were given when they were
+    attached at an earlier step (a preempted sequence goes back in front of them). Before, the engine failed with
+    "cannot hold one sequence" though the pool could (seen in CI, timing-dependent, in the overlap test at 24 pages)."""
+    from agentopd.engines.fast.scheduler import Scheduler, Seq
+
+    pages = PageAllocator(9)  # 8 usable pages of 16 tokens
+    sched = Scheduler(pages, max_batch_size=4, token_budget=1000, max_model_len=1000)
+    behind = Seq(GenerateRequest(list(range(80)), SamplingParams()), 0, list(range(80)))
+    sched._attach(behind)
+    assert sched._reserve(behind, 80) and len(behind.pages) == 5  # attached and reserved, not admitted
+    head = Seq(GenerateRequest(list(range(100, 164)), SamplingParams()), 0, list(range(100, 164)))
+    sched.waiting.extend([head, behind])
+    rows = dict(sched.schedule())
+    assert rows == {head: 64} and sched.running == [head] and len(head.pages) == 4
+    assert list(sched.waiting) == [behind] and behind.pages == []  # its pages went to the head; it waits
+    pages.check(sched.holders())
+
+
 class _Pages:
     """A model of who holds what, for the allocator property test."""
 

@@ -215,10 +215,14 @@ class Scheduler:
         return self._reserve(seq, upto)
 
     def _reserve(self, seq: Seq, upto: int) -> bool:
-        """Pages for tokens [0, upto) of seq, dropping held episode caches (oldest first) if needed."""
+        """Pages for tokens [0, upto) of seq, dropping held episode caches (oldest first) if needed, then the pages
+        of waiting sequences behind it (attached at an earlier step, not yet admitted: they attach again)."""
         need = -(-upto // PAGE) - len(seq.pages)
         while need > self.pages.available() and self.held:
             self.release_episode(next(iter(self.held)))
+        behind = [w for w in reversed(self.waiting) if w is not seq and w.pages]
+        while need > self.pages.available() and behind:
+            self._detach(behind.pop(0))
         if need <= 0:
             return True
         fresh = self.pages.allocate(need)
@@ -240,11 +244,15 @@ class Scheduler:
         """Free a running sequence's pages and queue it first; it is recomputed from its token list."""
         self.running.remove(seq)
         self._preempted.add(seq)
+        self._detach(seq)
+        seq.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _detach(self, seq: Seq) -> None:
+        """Release a sequence's pages; at its next admission it reuses what the prefix cache still holds."""
         self.pages.release(seq.pages)
         seq.pages = []
         seq.table_len = 0
         seq.num_cached = seq.num_settled = 0
         seq.chain, seq.registering = None, True
-        seq.attached = False  # re-admission reuses what the prefix cache still holds
-        seq.preemptions += 1
-        self.waiting.appendleft(seq)
+        seq.attached = False
