@@ -56,16 +56,15 @@ def reference_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if "ref" not in batch.memo:  # gathers' indices and masks, the same for every layer of the step
         batch.memo["ref"] = _reference_plan(batch, q_NHD.device)
     dec, rest = batch.memo["ref"]
+    out_NHD = torch.empty_like(q_NHD)
     if dec is not None:  # one-query rows together, contexts padded to the longest
         tok_R, slots_RT, valid_RT = dec
         k = gather(k_cache, slots_RT).transpose(1, 2)  # [R, Hkv, T, D]
         v = gather(v_cache, slots_RT).transpose(1, 2)
-        q = (q_NHD if tok_R is None else q_NHD[tok_R])[:, :, None]  # [R, Hq, 1, D]
+        q = (q_NHD if batch.decode else q_NHD[tok_R])[:, :, None]  # [R, Hq, 1, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid_RT, scale=scale, enable_gqa=True)
-        if tok_R is None:  # a decode step: row r is token r, nothing to scatter
+        if batch.decode:  # row r is token r: nothing to scatter
             return o[:, :, 0]
-    out_NHD = torch.empty_like(q_NHD)
-    if dec is not None:
         out_NHD[tok_R] = o[:, :, 0]
     for start, n, slots_T, mask_nT in rest:
         k = gather(k_cache, slots_T).transpose(0, 1)[None]  # [1, Hkv, T, D]
@@ -84,8 +83,7 @@ def _reference_plan(batch: AttnBatch, device: torch.device):
         slots_RT = slot_table(batch.page_table_RP[rows], width)
         ctx_R = torch.tensor([batch.ctx_lens[r] for r in rows], device=device)
         valid_RT = torch.arange(width, device=device)[None] < ctx_R[:, None]
-        decode = len(rows) == len(batch.q_lens) and batch.q_starts == rows  # every token is a row's one query
-        tok_R = None if decode else torch.tensor([batch.q_starts[r] for r in rows], device=device)
+        tok_R = None if batch.decode else torch.tensor([batch.q_starts[r] for r in rows], device=device)
         dec = (tok_R, slots_RT, valid_RT[:, None, None])
     rest = []
     for r, n in enumerate(batch.q_lens):

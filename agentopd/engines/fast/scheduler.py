@@ -220,9 +220,12 @@ class Scheduler:
         need = -(-upto // PAGE) - len(seq.pages)
         while need > self.pages.available() and self.held:
             self.release_episode(next(iter(self.held)))
-        behind = [w for w in reversed(self.waiting) if w is not seq and w.pages]
-        while need > self.pages.available() and behind:
-            self._detach(behind.pop(0))
+        if need > self.pages.available():  # (rare: the queue is not walked on every reserve of a step)
+            for waiting in reversed(self.waiting):
+                if need <= self.pages.available():
+                    break
+                if waiting is not seq and waiting.pages:
+                    self._detach(waiting)
         if need <= 0:
             return True
         fresh = self.pages.allocate(need)
