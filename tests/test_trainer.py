@@ -389,3 +389,33 @@ def test_compiled_layers_train_like_eager_and_compile_into_a_fresh_cache(tmp_pat
         assert out["cache"] == str(tmp_path / "mine") and (tmp_path / "mine").is_dir()
     else:
         assert Path(out["cache"]).name.startswith("agentopd-inductor-") and not Path(out["cache"]).exists()
+
+
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl"])
+def test_teacher_temperature_divides_the_teachers_logits_alone(kind):
+    """trainer.teacher_temperature=tau: the teacher's distribution is softmax(z_t / tau) while the student's stays at
+    `temperature`. The step equals one with the teacher's head scaled by temperature / tau (its logits are linear in
+    it); tau == temperature is the plain loss; a sharp teacher moves the student differently."""
+    samples = make_samples(6, seed=2, teacher_hidden=16)
+    head_VH = torch.randn(VOCAB, 16, generator=torch.Generator().manual_seed(3))
+
+    def step(head, **extra):
+        trainer = Trainer(tiny_model(), TrainerConfig(**CFG | {"loss": kind, "temperature": 0.8} | extra))
+        return trainer.train_step(samples, teacher_head_VH=head)["loss"], _params(trainer)
+
+    plain, plain_params = step(head_VH)
+    assert step(head_VH, teacher_temperature=0.8)[0] == pytest.approx(plain, abs=1e-6)
+    sharp, sharp_params = step(head_VH, teacher_temperature=0.2)
+    scaled, scaled_params = step(head_VH * 4.0)
+    assert sharp == pytest.approx(scaled, rel=1e-5)
+    for k, v in scaled_params.items():
+        torch.testing.assert_close(sharp_params[k], v, atol=1e-6, rtol=0, msg=k)
+    assert abs(sharp - plain) > 1e-3
+
+
+def test_teacher_temperature_needs_a_full_vocabulary_loss():
+    with pytest.raises(ValueError, match="teacher_temperature must be > 0"):
+        TrainerConfig(loss="forward_kl", teacher_temperature=0)
+    with pytest.raises(ValueError, match="needs a full-vocabulary loss.*loss=sampled_k1"):
+        TrainerConfig(loss="sampled_k1", teacher_temperature=0.5)
+    TrainerConfig(loss="sft", teacher_temperature=0.5)  # an SFT warm start of a forward_kl run keeps the field

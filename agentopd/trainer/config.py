@@ -64,6 +64,7 @@ class TrainerConfig:
     loss: LossKind = LossKind.SAMPLED_K1
     beta: float = 0.5  # JSD beta (agentopd.losses documents the limits)
     temperature: float = 1.0  # student / teacher logits are divided by it (agentopd run: runner.trainer_config)
+    teacher_temperature: float | None = None  # full-vocabulary losses: the teacher's logits divided by this instead (< temperature sharpens its targets; ~0.1: its argmax)
     chunk_size: int = 1024  # tokens per chunk of the vocabulary-sized losses
     pg_mode: PGMode = PGMode.IS
     clip_eps: float = 0.2
@@ -96,6 +97,13 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.teacher_temperature is not None and not self.teacher_temperature > 0:
+            raise ValueError(f"trainer.teacher_temperature must be > 0 or None, got {self.teacher_temperature!r}")
+        if self.teacher_temperature is not None and not self.loss.is_full_vocab and self.loss != LossKind.SFT:
+            raise ValueError(
+                f"trainer.teacher_temperature={self.teacher_temperature} reshapes the teacher's full distribution: it needs "
+                f"a full-vocabulary loss (forward_kl, reverse_kl, jsd), not loss={self.loss.value}"
+            )
         if self.reward_beta is not None and self.reward_beta <= 0:
             raise ValueError(f"trainer.reward_beta must be > 0 or None, got {self.reward_beta!r}")
         if len(self.betas) != 2:

@@ -68,6 +68,16 @@ def _need(value, name: str, kind: LossKind):
     return value
 
 
+def _teacher_hidden(mb: MicroBatch, cfg: TrainerConfig) -> torch.Tensor:
+    """The teacher's hidden states for a full-vocabulary loss; with `teacher_temperature` scaled by
+    temperature / teacher_temperature, so that the loss's division of the teacher's logits by `temperature`
+    gives logits / teacher_temperature (the lm_head is linear without bias)."""
+    hidden_NH = _need(mb.teacher_hidden_NH, "teacher_hidden", cfg.loss)
+    if cfg.teacher_temperature is None or cfg.teacher_temperature == cfg.temperature:
+        return hidden_NH
+    return hidden_NH * (cfg.temperature / cfg.teacher_temperature)
+
+
 def micro_batch_loss(
     hidden_NH: torch.Tensor,
     head_VH: torch.Tensor,
@@ -115,7 +125,7 @@ def micro_batch_loss(
         loss_sum = losses.chunked_divergence(
             hidden_NH,
             head_VH,
-            teacher_hidden_NH=_need(mb.teacher_hidden_NH, "teacher_hidden", kind),
+            teacher_hidden_NH=_teacher_hidden(mb, cfg),
             teacher_head_VH=_need(teacher_head_VH, "teacher_head_VH", kind),
             kind=str(kind),
             beta=cfg.beta,
