@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agentopd.prefix import MIN_SHARED_PREFIX, shared_prefix_len
 from agentopd.types import TokenStream
 
 
@@ -155,11 +156,15 @@ class MicroBatch:
     teacher_topk_logprobs_NK: torch.Tensor | None = None  # float32
     teacher_hidden_NH: torch.Tensor | None = None  # teacher dtype, (N, H_t)
     loss_index_N: torch.Tensor | None = None  # long: flat (row-major) index of each loss position in B x T
+    # the tokens every row's sample starts with (collate's share_prefix): run once before the rows, whose
+    # tokens, positions and lengths then start after it
+    prefix_ids_1P: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
-        """Real (non-padding) tokens."""
-        return sum(sum(lens) for lens in self.seq_lens)
+        """Real (non-padding) tokens computed: the shared prefix once, then the rows."""
+        prefix = 0 if self.prefix_ids_1P is None else self.prefix_ids_1P.shape[1]
+        return prefix + sum(sum(lens) for lens in self.seq_lens)
 
     @property
     def num_slots(self) -> int:
@@ -219,14 +224,20 @@ def _group_rows(samples: list[TrainSample], rows: list[list[int]], max_tokens: i
     return groups
 
 
-def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bool = False) -> MicroBatch:
+def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bool = False,
+            share_prefix: bool = False) -> MicroBatch:
     """One micro-batch of `plan`'s layout: `rows` of sample indices (`pin_memory`: its teacher hidden states
-    page-locked)."""
+    page-locked). `share_prefix`, where every row holds one sample: the tokens all of them start with (at least
+    MIN_SHARED_PREFIX, agentopd.prefix) become `prefix_ids_1P`, run once; the rows hold what follows it."""
     parts = [samples[i] for row in rows for i in row]
     has_tlp = all(s.teacher_logprobs is not None for s in parts)
     has_topk = all(s.teacher_topk_ids is not None for s in parts)
     has_hidden = all(s.teacher_hidden is not None for s in parts)
-    width = max(sum(samples[i].num_tokens for i in row) for row in rows)
+    shared = 0
+    if share_prefix and len(rows) > 1 and all(len(row) == 1 for row in rows):
+        shared = shared_prefix_len(parts)
+        shared = shared if shared >= MIN_SHARED_PREFIX else 0
+    width = max(sum(samples[i].num_tokens for i in row) for row in rows) - shared
     ids_rows, pos_rows, mask_rows, tgt_rows, seq_lens = [], [], [], [], []
     old, tlp, w, adv, sidx, topk_ids, topk_lp, hidden_rows = [], [], [], [], [], [], [], []  # hidden: (sample, picked)
     for row in rows:
@@ -234,11 +245,11 @@ def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bo
         for i in row:
             s = samples[i]
             L, P = s.num_tokens, s.prompt_len
-            ids.extend(s.token_ids)
-            pos.extend(range(L))
-            tgt.extend(s.token_ids[1:] + [0])
-            lmask.extend([False] * (P - 1) + [bool(m) for m in s.response_mask] + [False])
-            lens.append(L)
+            ids.extend(s.token_ids[shared:])
+            pos.extend(range(shared, L))
+            tgt.extend((s.token_ids[1:] + [0])[shared:])
+            lmask.extend(([False] * (P - 1) + [bool(m) for m in s.response_mask] + [False])[shared:])
+            lens.append(L - shared)
             picked = [r for r, m in enumerate(s.response_mask) if m]
             old.extend(s.old_logprobs[r] for r in picked)
             w.extend([s.weight] * len(picked) if s.token_weights is None else [s.weight * s.token_weights[r] for r in picked])
@@ -257,7 +268,7 @@ def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bo
         # sequence's positions: causal attention keeps every real token from seeing it, and a micro-batch whose
         # rows all hold one sequence has no restarting positions, so transformers needs no block mask (SDPA's
         # causal kernel: ~10% faster a train step on CPU)
-        pos_rows.append(pos + list(range(len(pos), width) if len(row) == 1 else range(pad)))
+        pos_rows.append(pos + list(range(shared + len(pos), shared + width) if len(row) == 1 else range(pad)))
         mask_rows.append(lmask + [False] * pad)
         tgt_rows.append(tgt + [0] * pad)
         seq_lens.append(lens)
@@ -280,6 +291,7 @@ def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bo
         teacher_topk_logprobs_NK=torch.tensor(topk_lp, dtype=torch.float32).reshape(n, k) if has_topk else None,
         teacher_hidden_NH=_gather_hidden(hidden_rows, pin_memory) if has_hidden else None,
         loss_index_N=loss_mask_BT.flatten().nonzero()[:, 0],
+        prefix_ids_1P=torch.tensor([parts[0].token_ids[:shared]], dtype=torch.long) if shared else None,
     )
 
 

@@ -82,3 +82,11 @@ def make_samples(
             )
         )
     return out
+
+
+def with_shared_prefix(samples: list[TrainSample], length: int, seed: int = 9) -> list[TrainSample]:
+    """The samples behind one common prefix of `length` random tokens (a system prompt), part of each prompt."""
+    import dataclasses
+
+    prefix = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [dataclasses.replace(s, token_ids=prefix + s.token_ids, prompt_len=length + s.prompt_len) for s in samples]

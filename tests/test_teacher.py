@@ -231,3 +231,37 @@ def test_plan_packed_rows_respects_the_budget():
     assert [6] in rows and [1] in rows  # at or over the budget: alone
     assert len(rows) == 4  # 50 | 30 | 18+12 | 7+7+5+3: first-fit decreasing leaves no row that could merge
     assert not HFTeacher(tiny_model(), device="cpu").pack  # packing needs CUDA's flash varlen kernel
+
+
+def test_a_shared_prefix_is_run_once_and_changes_nothing():
+    """Streams that start alike (a system prompt): the common prefix goes through the decoder once and every stream
+    attends to its K/V. Scores equal a direct forward of each stream and the path without sharing; the decoder
+    sees the prefix once plus every stream's rest; a prefix that would swallow a stream's first predicting
+    position is cut short of it."""
+    from agentopd.prefix import MIN_SHARED_PREFIX, shared_prefix_len
+
+    rng = random.Random(7)
+    prefix = [rng.randrange(VOCAB) for _ in range(24)]
+    streams = []
+    for n in range(5):
+        own = [rng.randrange(VOCAB) for _ in range(3 + n)]
+        mask = [1] * 4 + [0] * 3 + [1] * (2 + n)
+        ids = prefix + own + [rng.randrange(VOCAB) for _ in mask]
+        streams.append(TokenStream(ids, len(prefix) + len(own), mask, [0.0] * len(mask), [0] * len(mask)))
+    assert shared_prefix_len(streams) == 24 >= MIN_SHARED_PREFIX
+    model = tiny_model()
+    seen = []
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: seen.append(args[0].shape))
+    shared = HFTeacher(model, device="cpu").score(streams, mode="hidden")
+    assert seen[0] == (1, 24) and seen[1] == (5, max(len(s.token_ids) for s in streams) - 24)
+    seen.clear()
+    plain = HFTeacher(model, device="cpu", share_prefix=False).score(streams, mode="hidden")
+    assert seen == [(5, max(len(s.token_ids) for s in streams))]
+    head_VH = model.lm_head.weight.detach()
+    for stream, a, b in zip(streams, shared, plain):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        torch.testing.assert_close(a.hidden, b.hidden, atol=1e-5, rtol=1e-5)
+        assert torch.allclose(torch.log_softmax(a.hidden @ head_VH.T, -1), direct_logprobs_RV(model, stream), atol=1e-4)
+    # one stream whose prompt is the prefix itself: its position 23 predicts its first response token
+    short = TokenStream(prefix + [5, 6], 24, [1, 1], [0.0, 0.0], [0, 0])
+    assert shared_prefix_len([*streams, short]) == 23

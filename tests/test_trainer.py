@@ -419,3 +419,30 @@ def test_teacher_temperature_needs_a_full_vocabulary_loss():
     with pytest.raises(ValueError, match="needs a full-vocabulary loss.*loss=sampled_k1"):
         TrainerConfig(loss="sampled_k1", teacher_temperature=0.5)
     TrainerConfig(loss="sft", teacher_temperature=0.5)  # an SFT warm start of a forward_kl run keeps the field
+
+
+@pytest.mark.parametrize("kind", ["forward_kl", "sampled_k1", "sft"])
+def test_a_shared_prefix_trains_like_full_rows(kind):
+    """trainer.share_prefix: samples behind one system prompt train with the prefix run once per micro-batch (its
+    K/V and their graph shared by the rows). The step's loss and the updated weights equal those of full rows;
+    the decoder saw the prefix once per micro-batch."""
+    from _tiny import with_shared_prefix
+
+    samples = with_shared_prefix(make_samples(6, seed=2, teacher_hidden=16), length=24)
+    head_VH = torch.randn(VOCAB, 16, generator=torch.Generator().manual_seed(3))
+
+    def step(share: bool):
+        trainer = Trainer(tiny_model(), TrainerConfig(**CFG | {"loss": kind, "micro_batch_tokens": 200, "share_prefix": share}))
+        seen = []
+        trainer.hf.model.embed_tokens.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+        loss = trainer.train_step(samples, teacher_head_VH=head_VH)["loss"]
+        return loss, _params(trainer), seen
+
+    full, full_params, full_seen = step(False)
+    shared, shared_params, shared_seen = step(True)
+    assert shared == pytest.approx(full, abs=1e-6)
+    for k, v in full_params.items():
+        torch.testing.assert_close(shared_params[k], v, atol=1e-6, rtol=0, msg=k)
+    prefixes = [shape for shape in shared_seen if shape == (1, 24)]
+    assert len(prefixes) >= 2 and len(shared_seen) == 2 * len(prefixes)  # several micro-batches, a prefix pass each
+    assert sum(b * t for b, t in shared_seen) < sum(b * t for b, t in full_seen)

@@ -31,7 +31,6 @@ Legend: B batch rows, T tokens (time), V vocabulary, H kv heads, D head dim.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
 from agentopd.engines.loop import LoopEngine
 from agentopd.engines.sampling import sample_rows
+from agentopd.prefix import cache_kwarg
 
 
 @dataclass(eq=False)
@@ -151,8 +151,7 @@ class HFEngine(LoopEngine):
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.weight_version = 0
-        # transformers 5.2x renamed `past_key_values` to `cache`; speak whichever this version wants.
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_kw = cache_kwarg(model)
         self._seeds = random.Random(seed)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._pending: deque[_Seq] = deque()

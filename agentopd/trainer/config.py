@@ -78,6 +78,7 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     checkpoint_every: int = 1  # with activation_checkpointing: recompute every k-th decoder layer only (selective)
     compile: bool = False  # torch.compile each decoder layer's forward (CUDA: fuses norms, RoPE, SiLU-mul)
+    share_prefix: bool = True  # padded rows (CPU, fp32): the common prefix of a micro-batch's samples runs once (agentopd.prefix)
     varlen_attention: bool = True  # CUDA + bf16: one packed row per micro-batch, flash varlen attention (trainer/attention.py)
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer state on CPU)
     mixed_precision: Precision = Precision.AUTO

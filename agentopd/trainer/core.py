@@ -54,9 +54,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from agentopd.batch import MicroBatch, TrainSample, collate, dummy_micro_batch, plan, planned_slots
+from agentopd.prefix import MIN_SHARED_PREFIX, cache_kwarg, shared_prefix_len
 from agentopd.trainer import attention
 from agentopd.trainer import checkpoint as ckpt
 from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
@@ -69,16 +70,20 @@ class _Student(nn.Module):
     def __init__(self, hf: PreTrainedModel) -> None:
         super().__init__()
         self.hf = hf
+        self._cache_kw = cache_kwarg(hf.model)
 
     def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None, autocast_dtype=None,
                 varlen: bool = False):
         # autocast (plain bf16 mode) covers the decoder only: the losses pick their own fp32 accumulation
         device_type = mb.input_ids_BT.device.type
-        extra = attention.varlen_kwargs(mb.seq_lens[0], mb.input_ids_BT.device) if varlen else {}
+        extra = attention.varlen_kwargs(mb.seq_lens[0], mb.input_ids_BT.device) if varlen else {"use_cache": False}
         with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            hidden_BTH = self.hf.model(
-                input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, use_cache=False, **extra
-            ).last_hidden_state
+            if mb.prefix_ids_1P is not None:  # the rows' shared prefix once; its K/V (with their graph) serve every row
+                extra = {self._cache_kw: DynamicCache(config=self.hf.config), "use_cache": True}
+                positions_1P = torch.arange(mb.prefix_ids_1P.shape[1], device=mb.prefix_ids_1P.device)[None]
+                self.hf.model(input_ids=mb.prefix_ids_1P, position_ids=positions_1P, **extra)
+                extra[self._cache_kw].batch_repeat_interleave(mb.input_ids_BT.shape[0])
+            hidden_BTH = self.hf.model(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, **extra).last_hidden_state
         head_VH = self.hf.lm_head.weight
         if teacher_head_VH is not None and teacher_head_VH.shape[0] != head_VH.shape[0]:
             # a pair whose vocabularies differ by padding rows only (teacher.check_compatible, e.g. 151,936
@@ -294,7 +299,8 @@ class Trainer:
         if loss is not None:
             cfg = dataclasses.replace(cfg, loss=LossKind(loss), temperature=cfg.temperature if temperature is None else temperature)
         samples = self._episode_terms(samples, cfg)
-        groups = plan(samples, cfg.micro_batch_tokens, row_tokens=self._row_tokens(samples))
+        share = self._shares_prefix(samples)
+        groups = plan(samples, cfg.micro_batch_tokens, row_tokens=1 if share else self._row_tokens(samples))
         counts = torch.tensor(
             [
                 sum(s.num_student_tokens for s in samples),
@@ -316,7 +322,7 @@ class Trainer:
         pin = self.device.type == "cuda"
 
         def micro_batch(i: int) -> MicroBatch:
-            mb = collate(samples, groups[i], pin_memory=pin) if i < len(groups) else dummy_micro_batch()
+            mb = collate(samples, groups[i], pin_memory=pin, share_prefix=share) if i < len(groups) else dummy_micro_batch()
             return mb.to(self.device)
 
         following = micro_batch(0)
@@ -375,6 +381,15 @@ class Trainer:
             for g in grads:
                 g.mul_(coef.to(g.device, g.dtype))
         return float(total)
+
+    def _shares_prefix(self, samples: list[TrainSample]) -> bool:
+        """trainer.share_prefix: where the decoder runs padded rows (sdpa/eager) in one process, without
+        recomputation or compilation, and the step's samples start alike, each sample gets a row of its own and
+        every micro-batch runs their common prefix once (collate's share_prefix)."""
+        cfg = self.cfg
+        if not cfg.share_prefix or self.distributed or cfg.activation_checkpointing or cfg.compile:
+            return False
+        return self._row_tokens(samples) is not None and shared_prefix_len(samples) >= MIN_SHARED_PREFIX
 
     def _row_tokens(self, samples: list[TrainSample]) -> int | None:
         """Flash-attention kernels take one packed row (varlen); dense-mask kernels (sdpa, eager)
