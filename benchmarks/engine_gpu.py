@@ -14,7 +14,8 @@ random weights, bf16. Arms:
    against an fp32 and a bf16 HF forward of the same weights (8 episodes' final streams).
    Each workload runs twice: one decode step at a time (overlap off), then the engine's default (overlap on).
    Then 128 and 256 episodes at shorter contexts (128-token first prompt, 64 tokens a turn: mean decode
-   context ~500, where the issue derived its 30k target).
+   context ~500, where the issue derived its 30k target), and both workloads with turns of uneven length
+   (the same mean), so that episodes do not all return, and prefill, at the same step.
 4. HFEngine (transformers) on two smaller multi-turn workloads and on the 64-episode workload of arm 3,
    with the fast engine on the same ones.
 """
@@ -97,19 +98,23 @@ def fixed_batch(engine: FastEngine, bw: float, weight_bytes: int) -> list[str]:
     return lines
 
 
-async def multi_turn(engine, episodes: int, turns: int, max_tokens: int, seed: int, check: int = 0, prompt: int = 256):
-    """E episodes x `turns`; the first prompt is `prompt` tokens (half shared system, half own). Returns wall,
-    generated, prefix hits, `check` final streams and the mean context a sampled token was decoded at."""
+async def multi_turn(engine, episodes: int, turns: int, max_tokens: int, seed: int, check: int = 0, prompt: int = 256,
+                     spread: int = 0):
+    """E episodes x `turns`; the first prompt is `prompt` tokens (half shared system, half own). A turn samples
+    `max_tokens` tokens, or with `spread` a number drawn from max_tokens +- spread (the same mean: random weights
+    never sample a stop, so without it every episode returns at the same step). Returns wall, generated, prefix
+    hits, `check` final streams and the mean context a sampled token was decoded at."""
     rng = random.Random(seed)
     system = [rng.randrange(VOCAB) for _ in range(prompt // 2)]
     starts = [system + [rng.randrange(VOCAB) for _ in range(prompt - prompt // 2)] for _ in range(episodes)]
     obs = [[[rng.randrange(VOCAB) for _ in range(rng.randrange(64, 257))] for _ in range(turns)] for _ in range(episodes)]
+    lengths = [[rng.randint(max_tokens - spread, max_tokens + spread) for _ in range(turns)] for _ in range(episodes)]
     streams = []
 
     async def play(i):
         ids, gen, hits, positions, logprobs = list(starts[i]), 0, 0, [], []
         for t in range(turns):
-            params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed * 100000 + i * 10 + t)
+            params = SamplingParams(temperature=1.0, max_tokens=lengths[i][t], seed=seed * 100000 + i * 10 + t)
             r = await engine.generate(GenerateRequest(ids, params, f"bench-{seed}-{i}"))
             positions += range(len(ids), len(ids) + len(r.token_ids))
             logprobs += r.logprobs
@@ -210,6 +215,18 @@ def main() -> None:
         print(timing_line(before, engine.timings), flush=True)
         print(f"| {episodes} episodes | short | {gen} generated | {wall:.1f} s | {gen / wall:,.0f} tok/s | "
               f"mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
+
+    print("\n## the same two workloads with turns of uneven length (each turn 32-96 tokens at the short contexts, "
+          "64-192 at the long ones: the same means; episodes return at different steps, as they do with real "
+          "stop tokens; overlap on)", flush=True)
+    for episodes, prompt, tokens, spread in (((128, 128, 64, 32),) if args.quick else
+                                             ((128, 128, 64, 32), (256, 128, 64, 32), (128, 256, 128, 64), (256, 256, 128, 64))):
+        before = dict(engine.timings)
+        wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, tokens, seed=7000 + episodes + prompt,
+                                                         prompt=prompt, spread=spread))
+        print(timing_line(before, engine.timings), flush=True)
+        print(f"| {episodes} episodes | {tokens} +- {spread} tokens a turn | {gen} generated | {wall:.1f} s | "
+              f"{gen / wall:,.0f} tok/s | mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
 
     # episodes, turns, tokens a turn; the last is the 64-episode workload of the multi-turn table above
     workloads = ((64, 2, 64),) if args.quick else ((64, 2, 64), (128, 2, 64), (64, 4, 128))
