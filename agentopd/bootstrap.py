@@ -34,6 +34,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3Config, Qw
 
 from agentopd.batch import TrainSample
 from agentopd.chat import build_tokenizer
+from agentopd.config import VARIANTS, variant_of
 from agentopd.corpus import env_corpus
 from agentopd.engines.scripted import ScriptedEngine
 from agentopd.evaluate import evaluate
@@ -128,21 +129,10 @@ ENV_SPECS: dict[str, BootstrapSpec] = {
 # rebuild every env's); where the new spec differs from the one in the cache's report in the student's plan and
 # nothing else, the cached teacher is kept and the student alone is retrained
 SPEC_VERSIONS: dict[str, int] = {"sql_db_explore": 4, "calculator": 2}  # 2: a 1,500- / 600-step teacher; 3: every task; 4: the student
-# presets of a built-in env other than its own (configs/<name>.yaml): name -> (env, the env kwargs that select it)
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"sql_db_explore": ("sql_db", {"difficulty": ["explore"]})}
 
 
 def default_spec(env_name: str) -> BootstrapSpec:
     return ENV_SPECS.get(env_name, BootstrapSpec())
-
-
-def variant_of(env_name: str, env_kwargs: dict[str, Any] | None) -> str:
-    """The preset whose embedded models a run of a built-in env gets: a variant's (VARIANTS) when the
-    run's env kwargs select it, else the env's own."""
-    for name, (env, selects) in VARIANTS.items():
-        if env == env_name and env_kwargs is not None and all(env_kwargs.get(k) in (v, *v) for k, v in selects.items()):
-            return name
-    return env_name
 
 
 TINY_SPEC = BootstrapSpec(  # for tests: seconds, not minutes

@@ -3,7 +3,8 @@
 One scheme for every command. A config is resolved in three layers:
 
     1. the preset `configs/<env>.yaml` (or the file given with `--config`, which replaces it);
-       an env without a preset (a plugin's) starts from `configs/defaults/embedded.yaml`,
+       an env without a preset (a plugin's) starts from `configs/defaults/embedded.yaml`; overrides that
+       select a variant of the env (VARIANTS: `env.difficulty=[explore]` on sql_db) start from its preset,
     2. dotted overrides `a.b=c` on top, each value parsed as a YAML scalar
        (`env.max_turns=4` -> 4, `env.tasks=my.jsonl` -> "my.jsonl", `x=null` -> None,
        `lr=1e-6` -> 1e-06: YAML 1.2 numbers, which PyYAML alone would leave as strings),
@@ -613,6 +614,21 @@ def _deep_copy(d: Any) -> Any:
 
 
 # --- presets and loading ----------------------------------------------------------------------
+# presets of a built-in env other than its own (configs/<name>.yaml): name -> (env, the env kwargs that select it).
+# `--env sql_db env.difficulty=[explore]` starts from configs/sql_db_explore.yaml as `--env sql_db_explore` does:
+# the embedded models it gets (agentopd.bootstrap) were built for that preset's tools, turns and lengths
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"sql_db_explore": ("sql_db", {"difficulty": ["explore"]})}
+
+
+def variant_of(env_name: str, env_kwargs: dict[str, Any] | None) -> str:
+    """The preset of a run of `env_name` with these env kwargs: a variant's (VARIANTS) when they select it,
+    else the env's own name."""
+    for name, (env, selects) in VARIANTS.items():
+        if env == env_name and env_kwargs is not None and all(env_kwargs.get(k) in (v, *v) for k, v in selects.items()):
+            return name
+    return env_name
+
+
 def preset_dir() -> Path:
     """Where the shipped presets live (the `configs` package)."""
     return Path(str(files("configs")))
@@ -679,6 +695,9 @@ def load_config(env_name: str | None, config_file: str | Path | None = None, ove
         data = mixed_preset(env_name)
     elif env_name is not None and (preset_dir() / f"{env_name}.yaml").is_file():
         data = read_yaml(preset_dir() / f"{env_name}.yaml")
+        env = apply_overrides(data, overrides).get("env")
+        if (variant := variant_of(env_name, env if isinstance(env, dict) else None)) != env_name:
+            data = read_yaml(preset_dir() / f"{variant}.yaml")  # the overrides select a variant: its preset
     elif env_name is not None:  # an env without a preset of its own (a plugin's): the embedded-default recipe
         data = read_yaml(preset_dir() / "defaults" / "embedded.yaml")
     else:

@@ -2,13 +2,11 @@
 
 import pytest
 
-from agentopd.config import Config, apply_overrides, load_config, parse_override, parse_value, preset_dir, presets
+from agentopd.config import VARIANTS, Config, apply_overrides, load_config, parse_override, parse_value, preset_dir, presets
 
 
 @pytest.mark.parametrize("name", presets())
 def test_every_shipped_preset_loads_and_round_trips(name, tmp_path):
-    from agentopd.bootstrap import VARIANTS
-
     cfg = load_config(name)
     assert cfg.env.name == VARIANTS.get(name, (name,))[0]  # a preset is named after its env, or is a variant of one
     written = tmp_path / "config.yaml"
@@ -176,3 +174,17 @@ def test_a_server_teacher_is_refused_where_it_cannot_serve():
         load_config("sql_db", overrides=[url, "objective=sft", "eval.teacher=false", "rollout.temperature=1.0"])
     ok = load_config("sql_db", overrides=[url, "trainer.loss=sampled_k1", "eval.teacher=false", "rollout.temperature=1.0"])
     assert ok.teacher.path == "http://127.0.0.1:9"
+
+
+def test_overrides_that_select_a_variant_start_from_its_preset():
+    """`--env sql_db env.difficulty=[explore]` is `--env sql_db_explore`: that preset's tools, turns and lengths,
+    which its embedded models were built for (on sql_db's own preset they got one tool and 4 turns, and scored 0%).
+    Further overrides still apply on top; another difficulty keeps sql_db's preset."""
+    assert set(VARIANTS) == {"sql_db_explore"}
+    selected = load_config("sql_db", overrides=["env.difficulty=[explore]"])
+    assert selected == load_config("sql_db_explore")
+    assert selected.env.kwargs["tools"] is None and selected.rollout.max_turns == 8
+    narrowed = load_config("sql_db", overrides=["env.difficulty=[explore]", "env.tools=[sql_query]", "run.steps=7"])
+    assert narrowed.env.kwargs["tools"] == ["sql_query"] and narrowed.run.steps == 7 and narrowed.rollout.max_turns == 8
+    plain = load_config("sql_db", overrides=["env.difficulty=[count]"])
+    assert plain.env.kwargs["tools"] == ["sql_query"] and plain.rollout.max_turns == load_config("sql_db").rollout.max_turns
