@@ -56,7 +56,6 @@ def reference_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if "ref" not in batch.memo:  # gathers' indices and masks, the same for every layer of the step
         batch.memo["ref"] = _reference_plan(batch, q_NHD.device)
     dec, rest = batch.memo["ref"]
-    out_NHD = torch.empty_like(q_NHD)
     if dec is not None:  # one-query rows together, contexts padded to the longest
         tok_R, slots_RT, valid_RT = dec
         k = gather(k_cache, slots_RT).transpose(1, 2)  # [R, Hkv, T, D]
@@ -65,6 +64,8 @@ def reference_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid_RT, scale=scale, enable_gqa=True)
         if batch.decode:  # row r is token r: nothing to scatter
             return o[:, :, 0]
+    out_NHD = torch.empty_like(q_NHD)
+    if dec is not None:
         out_NHD[tok_R] = o[:, :, 0]
     for start, n, slots_T, mask_nT in rest:
         k = gather(k_cache, slots_T).transpose(0, 1)[None]  # [1, Hkv, T, D]
