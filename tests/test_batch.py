@@ -139,10 +139,9 @@ def test_a_shared_prefix_runs_once_and_the_rows_hold_the_rest(attn):
     logprob of a separate forward. Rows of several samples, or a prefix shorter than MIN_SHARED_PREFIX, share
     nothing."""
     from _tiny import with_shared_prefix
-    from transformers import DynamicCache
 
     from agentopd.batch import collate
-    from agentopd.prefix import MIN_SHARED_PREFIX, cache_kwarg
+    from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix
 
     model = tiny_model(attn=attn).eval()
     samples = with_shared_prefix(make_samples(5, seed=3), length=20)
@@ -151,11 +150,8 @@ def test_a_shared_prefix_runs_once_and_the_rows_hold_the_rest(attn):
     assert mb.input_ids_BT.shape == (5, max(s.num_tokens for s in samples) - 20)
     assert mb.position_ids_BT[:, 0].tolist() == [20] * 5 and mb.num_tokens == sum(s.num_tokens for s in samples) - 4 * 20
     with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        model.model(input_ids=mb.prefix_ids_1P, position_ids=torch.arange(20)[None], **{cache_kwarg(model.model): cache})
-        cache.batch_repeat_interleave(5)
-        hidden_BTH = model.model(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT,
-                                 **{cache_kwarg(model.model): cache}).last_hidden_state
+        extra = run_prefix(model.model, mb.prefix_ids_1P, rows=5)
+        hidden_BTH = model.model(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, **extra).last_hidden_state
         got_N = torch.log_softmax(model.lm_head(hidden_BTH[mb.loss_mask_BT]), -1).gather(-1, mb.targets_N[:, None])[:, 0]
         torch.testing.assert_close(got_N, _separate_logprobs(model, samples), atol=2e-6, rtol=0)
     assert collate(samples, [[0, 1], [2], [3, 4]], share_prefix=True).prefix_ids_1P is None

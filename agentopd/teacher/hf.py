@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from agentopd.prefix import MIN_SHARED_PREFIX, cache_kwarg, shared_prefix_len
+from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
 from agentopd.types import TokenStream
 
@@ -147,7 +147,6 @@ class HFTeacher:
         self.head_fp32 = head_fp32
         self.offload_after_score = offload_after_score
         self.share_prefix = share_prefix
-        self._cache_kw = cache_kwarg(model.base_model)
         from agentopd.trainer import attention
 
         half = model.dtype in (torch.bfloat16, torch.float16)  # the flash kernel's dtypes
@@ -258,20 +257,17 @@ class HFTeacher:
     def _hidden_padded(self, streams: list[TokenStream]) -> torch.Tensor:
         decoder = self.model.base_model
         shared = shared_prefix_len(streams) if self.share_prefix and len(streams) > 1 else 0
-        cache = {}
         if shared >= MIN_SHARED_PREFIX:  # run the common prefix once; every stream attends to its K/V
-            cache = {self._cache_kw: DynamicCache(config=self.model.config), "use_cache": True}
-            decoder(input_ids=torch.tensor([streams[0].token_ids[:shared]], device=self.device), **cache)
-            cache[self._cache_kw].batch_repeat_interleave(len(streams))
+            extra = run_prefix(decoder, torch.tensor([streams[0].token_ids[:shared]], device=self.device), len(streams))
         else:
-            shared = 0
+            shared, extra = 0, {"use_cache": False}
         longest = max(len(s.token_ids) for s in streams) - shared
         ids_BT = torch.zeros(len(streams), longest, dtype=torch.long)
         for b, s in enumerate(streams):
             ids_BT[b, : len(s.token_ids) - shared] = torch.tensor(s.token_ids[shared:])
         # right padding under a causal mask: no real token attends to a pad, so no padding mask is needed,
         # and without one SDPA takes its causal kernel (~12% faster on CPU; the same hidden states)
-        hidden_BTH = decoder(input_ids=ids_BT.to(self.device), **(cache or {"use_cache": False})).last_hidden_state
+        hidden_BTH = decoder(input_ids=ids_BT.to(self.device), **extra).last_hidden_state
         # Position prompt_len + i - 1 predicts response token i; row t of hidden_BTH is position shared + t.
         return torch.cat([hidden_BTH[b, s.prompt_len - 1 - shared : len(s.token_ids) - 1 - shared] for b, s in enumerate(streams)])
 

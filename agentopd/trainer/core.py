@@ -54,10 +54,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentopd.batch import MicroBatch, TrainSample, collate, dummy_micro_batch, plan, planned_slots
-from agentopd.prefix import MIN_SHARED_PREFIX, cache_kwarg, shared_prefix_len
+from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd.trainer import attention
 from agentopd.trainer import checkpoint as ckpt
 from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
@@ -70,7 +70,6 @@ class _Student(nn.Module):
     def __init__(self, hf: PreTrainedModel) -> None:
         super().__init__()
         self.hf = hf
-        self._cache_kw = cache_kwarg(hf.model)
 
     def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None, autocast_dtype=None,
                 varlen: bool = False):
@@ -79,10 +78,7 @@ class _Student(nn.Module):
         extra = attention.varlen_kwargs(mb.seq_lens[0], mb.input_ids_BT.device) if varlen else {"use_cache": False}
         with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             if mb.prefix_ids_1P is not None:  # the rows' shared prefix once; its K/V (with their graph) serve every row
-                extra = {self._cache_kw: DynamicCache(config=self.hf.config), "use_cache": True}
-                positions_1P = torch.arange(mb.prefix_ids_1P.shape[1], device=mb.prefix_ids_1P.device)[None]
-                self.hf.model(input_ids=mb.prefix_ids_1P, position_ids=positions_1P, **extra)
-                extra[self._cache_kw].batch_repeat_interleave(mb.input_ids_BT.shape[0])
+                extra = run_prefix(self.hf.model, mb.prefix_ids_1P, mb.input_ids_BT.shape[0])
             hidden_BTH = self.hf.model(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, **extra).last_hidden_state
         head_VH = self.hf.lm_head.weight
         if teacher_head_VH is not None and teacher_head_VH.shape[0] != head_VH.shape[0]:
