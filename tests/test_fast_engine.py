@@ -495,8 +495,19 @@ KERNEL_CHECK = textwrap.dedent("""
         b = AttnBatch(None, None, table, ctx, torch.tensor(starts, dtype=torch.int32), [n for _, n in rows], starts,
                       [c for c, _ in rows])
         ref = reference_attention(q, k, v, b, 0.3)
-        err = (ta.prefill_attention(q, k, v, b, 0.3, block_m=16, block_n=16) - ref).abs().max().item()
-        assert err < 1e-5, ("prefill", hq, hkv, d, err)
+        for heads in {1, hq // hkv if hq // hkv in (1, 2) else 1}:  # K/V loaded per query head / once per group
+            err = (ta.prefill_attention(q, k, v, b, 0.3, block_m=16, block_n=16, heads=heads, num_warps=4)
+                   - ref).abs().max().item()
+            assert err < 1e-5, ("prefill", hq, hkv, d, heads, err)
+        order = [0, 1, 5, 2, 3, 4]  # a mixed step: its one-query rows first (the decode program), then the chunks
+        mixed = [rows[r] for r in order]
+        mstarts = [sum(n for _, n in mixed[:r]) for r in range(len(mixed))]
+        qm = torch.cat([q[starts[r] : starts[r] + rows[r][1]] for r in order])
+        bm = AttnBatch(None, None, table[order], ctx[order], torch.tensor(mstarts, dtype=torch.int32),
+                       [n for _, n in mixed], mstarts, [c for c, _ in mixed], decode_rows=3)
+        err = (ta.prefill_attention(qm, k, v, bm, 0.3, block_m=16, block_n=16, num_warps=4)
+               - reference_attention(qm, k, v, bm, 0.3)).abs().max().item()
+        assert err < 1e-5, ("mixed", hq, hkv, d, err)
         dec = [0, 1, 5]
         bd = AttnBatch(None, None, table[dec], ctx[dec], torch.arange(3, dtype=torch.int32), [1] * 3, [0, 1, 2],
                        ctx[dec].tolist(), decode=True)

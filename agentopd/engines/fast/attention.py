@@ -35,6 +35,7 @@ class AttnBatch:
     q_starts: list[int] = field(default_factory=list)
     ctx_lens: list[int] = field(default_factory=list)
     decode: bool = False  # every row has one query, row r = token r
+    decode_rows: int = 0  # a mixed step: rows 0..decode_rows-1 have one query each (row r = token r)
     num_splits: int = 1  # split-KV factor of the decode kernel (fixed per captured graph)
     memo: dict = field(default_factory=dict)  # per-step kernel metadata, built once for all layers
 

@@ -137,6 +137,7 @@ class FastEngine(LoopEngine):
                              f"tokens ({need} pages of {PAGE}): raise num_pages / kv_cache_gb or lower max_model_len")
         self.num_pages, self._pages_per_row, self._cuda_graphs = num_pages, need, on_gpu and cuda_graphs
         self.overlap = on_gpu if overlap is None else overlap
+        self._split_mixed = True  # a mixed step's one-query rows through the decode kernel (off: benchmarks' A/B)
         self.pages = PageAllocator(num_pages)
         self.max_batch_size = max_batch_size
         self.scheduler = Scheduler(self.pages, max_batch_size, token_budget or (8192 if on_gpu else 512),
@@ -303,6 +304,7 @@ class FastEngine(LoopEngine):
         at position num_cached + 1, whose id is only on the device yet."""
         t0 = time.perf_counter()
         ahead = 0 if ahead_ids is None else 1
+        rows = sorted(rows, key=lambda row: row[1] != 1)  # one-query rows first: a mixed step's decode kernel takes them
         ids, positions, slots, q_starts, q_lens, ctx_lens, sample_idx, samplers = [], [], [], [], [], [], [], []
         width = max(len(seq.pages) for seq, _ in rows)
         table_rows = []
@@ -348,7 +350,8 @@ class FastEngine(LoopEngine):
             logits_SV = self.graphs.run(ids_N, pos_N, slots_N, table_RP, ctx_R)
         else:
             batch = AttnBatch(pos_N, slots_N, table_RP, ctx_R, torch.tensor(q_starts, dtype=torch.int32).to(dev),
-                              q_lens, q_starts, ctx_lens, decode=decode)
+                              q_lens, q_starts, ctx_lens, decode=decode,
+                              decode_rows=0 if decode or not self._split_mixed else q_lens.count(1))
             logits_SV = self.runner.forward(ids_N, batch, torch.tensor(sample_idx, dtype=torch.long).to(dev))
         if samplers:
             step.tokens, logprobs = sample_on_device(logits_SV, [s.request.params for s in samplers],

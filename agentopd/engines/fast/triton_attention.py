@@ -1,9 +1,9 @@
 """Triton paged attention kernels for the fast engine (CUDA; the interpreter runs them on CPU in fp32).
 
     o_NHD = decode_attention(q_NHD, k_cache, v_cache, page_table_RP, ctx_lens_R, scale, num_splits)
-    o_NHD = prefill_attention(q_NHD, k_cache, v_cache, batch, scale)
+    o_NHD = prefill_attention(q_NHD, k_cache, v_cache, batch, scale)   # any rows; batch.decode_rows one-query rows first
 
-Both compute exactly what `attention.reference_attention` defines (causal attention of each row's
+All compute exactly what `attention.reference_attention` defines (causal attention of each row's
 queries over its paged context, grouped query heads); tests/test_fast_engine.py checks them against
 it under `TRITON_INTERPRET=1`, and its GPU tests check the engine built on them against teacher forcing.
 
@@ -14,8 +14,12 @@ it under `TRITON_INTERPRET=1`, and its GPU tests check the engine built on them 
   busy when rows x kv heads is small; a second small kernel merges the splits by their log-sum-exp.
   Grid and split count depend only on the row count, not on lengths. On an H100 it reads K/V at
   79-95% of the copy bandwidth at 256 rows (benchmarks/results/engine_gpu.md).
-- Prefill (a chunk of new tokens per row): one program per (block of BLOCK_M queries of one row,
-  query head), flash-attention style with `tl.dot`, causal by position over the paged context.
+- Prefill (a chunk of new tokens per row): one program per (block of queries of one row, kv head) holding
+  the queries of the group's query heads together (tile row = token x head), so each K/V block is loaded once
+  per group; flash-attention style with `tl.dot`, causal by position over the paged context.
+- A mixed step (rows of one query beside prompt chunks) puts its one-query rows first; in the same launch
+  they run the decode kernel's program (no split), not a prefill block that would spend a whole tile of
+  query rows, and a K/V load per query head, on each of them.
 
 Legend: N flat tokens, R rows, P pages per row, S splits, Hq / Hkv heads, G = Hq / Hkv, D head dim.
 """
@@ -40,14 +44,12 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _decode_kernel(Q, K, V, PT, CTX, O, OP, LSE, scale,
-                       stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
-                       stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
-                       G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
-        r = tl.program_id(0)
-        h = tl.program_id(1)
-        s = tl.program_id(2)
+    def _decode_program(Q, K, V, PT, CTX, O, OP, LSE, scale, r, h, s,
+                        stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
+                        stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
+                        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+        # row r (its one query is token r) x kv head h x split s of the row's context
         ctx = tl.load(CTX + r)
         per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), SPLITS) * BLOCK_N
         t0 = s * per_split
@@ -88,6 +90,17 @@ if triton is not None:
             tl.store(LSE + r * stride_lr + heads * stride_lh + s, lse, mask=gmask)
 
     @triton.jit
+    def _decode_kernel(Q, K, V, PT, CTX, O, OP, LSE, scale,
+                       stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
+                       stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
+                       G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+        _decode_program(Q, K, V, PT, CTX, O, OP, LSE, scale, tl.program_id(0), tl.program_id(1), tl.program_id(2),
+                        stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
+                        stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
+                        G, G_PAD, D, PAGE_SIZE, BLOCK_N, SPLITS, PRECISION)
+
+    @triton.jit
     def _combine_kernel(OP, LSE, O, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_on, stride_oh,
                         D: tl.constexpr, SPLITS: tl.constexpr, S_PAD: tl.constexpr):
         r = tl.program_id(0)
@@ -103,23 +116,26 @@ if triton is not None:
         tl.store(O + r * stride_on + h * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
     @triton.jit
-    def _prefill_kernel(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale,
-                        stride_qn, stride_qh, stride_kt, stride_kh, stride_on, stride_oh, stride_pr,
-                        G: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-        blk = tl.program_id(0)
-        hq = tl.program_id(1)
+    def _prefill_program(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale, blk, hq0,
+                         stride_qn, stride_qh, stride_kt, stride_kh, stride_on, stride_oh, stride_pr,
+                         G: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+        # block `blk`: BLOCK_M // HEADS query tokens of one row x query heads hq0.. hq0 + HEADS - 1 of one kv head
+        # (tile row i is token i // HEADS, head i % HEADS), so the kv head's K/V blocks are loaded once for all
         r = tl.load(BLK_ROW + blk)
         qs = tl.load(BLK_START + blk)
         qe = tl.load(Q_END + r)
         ctx = tl.load(CTX + r)
-        kvh = hq // G
-        offs_m = qs + tl.arange(0, BLOCK_M)
-        mmask = offs_m < qe
-        qpos = ctx - (qe - offs_m)
+        kvh = hq0 // G
+        offs_i = tl.arange(0, BLOCK_M)
+        tok = qs + offs_i // HEADS
+        head = hq0 + offs_i % HEADS
+        mmask = tok < qe
+        qpos = ctx - (qe - tok)
         offs_d = tl.arange(0, D)
-        q = tl.load(Q + offs_m[:, None] * stride_qn + hq * stride_qh + offs_d[None, :], mask=mmask[:, None], other=0.0)
-        hi = ctx - qe + tl.minimum(qs + BLOCK_M, qe)  # keys at positions < hi are needed
+        q = tl.load(Q + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :], mask=mmask[:, None],
+                    other=0.0)
+        hi = ctx - qe + tl.minimum(qs + BLOCK_M // HEADS, qe)  # keys at positions < hi are needed
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -140,9 +156,29 @@ if triton is not None:
             v = tl.load(V + kv_off, mask=nmask[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        out = acc / l_i[:, None]
-        tl.store(O + offs_m[:, None] * stride_on + hq * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=mmask[:, None])
+
+    @triton.jit
+    def _prefill_kernel(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale,
+                        stride_qn, stride_qh, stride_kt, stride_kh, stride_on, stride_oh, stride_pr,
+                        n_dec, n_kv, G: tl.constexpr, G_PAD: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr,
+                        PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        DEC_BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+        # programs 0..n_dec-1 along axis 0: one-query rows (a mixed step's decode rows, row r = token r), each over
+        # one kv head (axis 1 < n_kv); the others: blocks of prompt chunks. One launch a layer serves both.
+        pid = tl.program_id(0)
+        j = tl.program_id(1)
+        if pid < n_dec:
+            if j < n_kv:
+                _decode_program(Q, K, V, PT, CTX, O, O, O, scale, pid, j, 0,
+                                stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
+                                0, 0, 0, 0, 0, G, G_PAD, D, PAGE_SIZE, DEC_BLOCK_N, 1, PRECISION)
+        else:
+            _prefill_program(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale, pid - n_dec,
+                             j * HEADS, stride_qn, stride_qh, stride_kt, stride_kh, stride_on, stride_oh, stride_pr,
+                             G, HEADS, D, PAGE_SIZE, BLOCK_M, BLOCK_N, PRECISION)
 
 
 def decode_splits(rows: int, kv_heads: int, num_sms: int = 132, max_splits: int = 16) -> int:
@@ -151,13 +187,15 @@ def decode_splits(rows: int, kv_heads: int, num_sms: int = 132, max_splits: int 
 
 
 def decode_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table_RP: torch.Tensor,
-                     ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1, block_n: int = 64) -> torch.Tensor:
-    """One query per row (row r = token r): [R, Hq, D] attention output, split-KV, merged by log-sum-exp."""
+                     ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1, block_n: int = 64,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per row (row r = token r): [R, Hq, D] attention output, split-KV, merged by log-sum-exp
+    (written into `out` when given)."""
     R, Hq, D = q_NHD.shape
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
     g_pad = max(16, triton.next_power_of_2(G))  # tl.dot needs 16 rows: the kv head's G query heads, padded
-    o_NHD = torch.empty_like(q_NHD)
+    o_NHD = torch.empty_like(q_NHD) if out is None else out
     if num_splits > 1:
         part_RHSD = torch.empty(R, Hq, num_splits, D, device=q_NHD.device, dtype=torch.float32)
         lse_RHS = torch.empty(R, Hq, num_splits, device=q_NHD.device, dtype=torch.float32)
@@ -181,28 +219,48 @@ def decode_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return o_NHD
 
 
+PREFILL = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3, "heads": None}  # heads None: the group
+# (block_m 64 = 32 tokens x 2 query heads on Qwen3-0.6B: the fastest of 30 configurations on an H100 summed over
+# three step shapes, 0.56 ms a layer against 0.85 for one program a query head: benchmarks/results/engine_gpu.md)
+
+
 def prefill_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
-                      scale: float, block_m: int = 64, block_n: int = 64) -> torch.Tensor:
-    """Any rows (chunks of new tokens): [N, Hq, D] causal attention over each row's paged context."""
+                      scale: float, **config) -> torch.Tensor:
+    """Any rows: [N, Hq, D] causal attention of each row's new tokens over its paged context.
+
+    Rows 0..batch.decode_rows-1 (a mixed step's one-query rows, row r = token r) take the decode kernel's path,
+    one program a (row, kv head); the others are cut into blocks of block_m tile rows: block_m // heads tokens x
+    `heads` query heads that share a kv head (default: the whole group when its size is a power of two, so each
+    K/V block is loaded once per group). Both kinds of program run in one launch."""
+    cfg = {**PREFILL, **config}
     N, Hq, D = q_NHD.shape
     Hkv = k_cache.shape[1]
-    key = ("prefill_blocks", block_m)
+    G = Hq // Hkv
+    heads = cfg["heads"] or (G if G & (G - 1) == 0 else 1)
+    if G % heads or heads & (heads - 1) or cfg["block_m"] % heads:
+        raise ValueError(f"prefill_attention: heads={heads} must be a power of two dividing the group size {G} "
+                         f"and block_m={cfg['block_m']}")
+    tokens, n_dec = cfg["block_m"] // heads, batch.decode_rows
+    key = ("prefill_blocks", tokens)
     if key not in batch.memo:  # the same for every layer of the step
         blk_row, blk_start, q_end = [], [], []
         for r, (start, n) in enumerate(zip(batch.q_starts, batch.q_lens)):
             q_end.append(start + n)
-            for j in range(0, n, block_m):
-                blk_row.append(r)
-                blk_start.append(start + j)
+            if r >= n_dec:
+                for j in range(0, n, tokens):
+                    blk_row.append(r)
+                    blk_start.append(start + j)
         meta = torch.tensor([blk_row, blk_start], dtype=torch.int32).to(q_NHD.device, non_blocking=True)
         batch.memo[key] = (meta, torch.tensor(q_end, dtype=torch.int32).to(q_NHD.device, non_blocking=True))
     meta, q_end_R = batch.memo[key]
     o_NHD = torch.empty_like(q_NHD)
     precision = "ieee" if q_NHD.dtype == torch.float32 else "tf32"
-    _prefill_kernel[(meta.shape[1], Hq)](
+    _prefill_kernel[(n_dec + meta.shape[1], Hq // heads)](
         q_NHD, k_cache, v_cache, o_NHD, batch.page_table_RP, meta[0], meta[1], q_end_R, batch.ctx_lens_R, scale,
         q_NHD.stride(0), q_NHD.stride(1), k_cache.stride(0), k_cache.stride(1), o_NHD.stride(0), o_NHD.stride(1),
-        batch.page_table_RP.stride(0),
-        G=Hq // Hkv, D=D, PAGE_SIZE=PAGE, BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, num_warps=4,
+        batch.page_table_RP.stride(0), n_dec, Hkv,
+        G=G, G_PAD=max(16, triton.next_power_of_2(G)), HEADS=heads, D=D, PAGE_SIZE=PAGE, BLOCK_M=cfg["block_m"],
+        BLOCK_N=cfg["block_n"], DEC_BLOCK_N=64, PRECISION=precision, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return o_NHD
