@@ -7,7 +7,8 @@ random weights, bf16. Arms:
 1. copy bandwidth (device-to-device, bytes read + written) -> the bandwidth floor of a decode step:
    (weights + rows x context x KV bytes per token) / bandwidth.
 2. fixed-batch decode: the captured decode graph at 64/128/256 rows x context 512/1024/2048
-   (tokens/s and % of the floor), plus the sampler's time per step at that row count.
+   (tokens/s and % of the floor), plus the sampler's time per step at that row count, and the step again
+   with the first half of every row's context on the same pages (episodes sharing a prompt start).
 3. synthetic multi-turn rollouts through the async engine: E episodes x 4 turns, a 256-token first
    prompt (128 shared system tokens + 128 own), 128 sampled tokens per turn (T=1), observations of
    64-256 tokens: generated tokens/s, prefix-hit tokens, and the largest |logprob - teacher-forced|
@@ -15,7 +16,8 @@ random weights, bf16. Arms:
    Each workload runs twice: one decode step at a time (overlap off), then the engine's default (overlap on).
    Then 128 and 256 episodes at shorter contexts (128-token first prompt, 64 tokens a turn: mean decode
    context ~500, where the issue derived its 30k target), and both workloads with turns of uneven length
-   (the same mean), so that episodes do not all return, and prefill, at the same step.
+   (the same mean), so that episodes do not all return, and prefill, at the same step. Then an agent-shaped
+   workload: a 1,024-token system prompt shared by all episodes (its pages computed once and shared).
 4. HFEngine (transformers) on two smaller multi-turn workloads and on the 64-episode workload of arm 3,
    with the fast engine on the same ones.
 """
@@ -67,7 +69,8 @@ def copy_bandwidth() -> float:
 def fixed_batch(engine: FastEngine, bw: float, weight_bytes: int) -> list[str]:
     s = engine.runner.shape
     kv_tok = KVPool.bytes_per_token(s.layers, s.kv_heads, s.head_dim, engine.runner.dtype)
-    lines = ["| rows | context | step ms | tok/s | floor ms | % of floor | sampler ms |", "|---|---|---|---|---|---|---|"]
+    lines = ["| rows | context | step ms | tok/s | floor ms | % of floor | sampler ms | first half of the context on shared "
+             "pages: step ms |", "|---|---|---|---|---|---|---|---|"]
     params = [SamplingParams(temperature=1.0)]
     for rows in (64, 128, 256):
         for ctx in (512, 1024, 2048):
@@ -91,22 +94,31 @@ def fixed_batch(engine: FastEngine, bw: float, weight_bytes: int) -> list[str]:
                 sample(logits, params * rows, list(range(rows)), [ctx + i] * rows)
             torch.cuda.synchronize()
             samp = (time.perf_counter() - t) / 5
+            table[:, : pages // 2] = table[0, : pages // 2]  # every row's first half on row 0's pages (a shared prompt)
+            for _ in range(3):
+                engine.graphs.run(ids, pos, slots, table, ctx_lens)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(n):
+                engine.graphs.run(ids, pos, slots, table, ctx_lens)
+            torch.cuda.synchronize()
+            shared = (time.perf_counter() - t) / n
             floor = (weight_bytes + rows * ctx * kv_tok) / bw
             lines.append(f"| {rows} | {ctx} | {step * 1e3:.2f} | {rows / step:,.0f} | {floor * 1e3:.2f} | "
-                         f"{100 * floor / step:.0f}% | {samp * 1e3:.2f} |")
+                         f"{100 * floor / step:.0f}% | {samp * 1e3:.2f} | {shared * 1e3:.2f} |")
             print(lines[-1], flush=True)
     return lines
 
 
 async def multi_turn(engine, episodes: int, turns: int, max_tokens: int, seed: int, check: int = 0, prompt: int = 256,
-                     spread: int = 0):
-    """E episodes x `turns`; the first prompt is `prompt` tokens (half shared system, half own). A turn samples
-    `max_tokens` tokens, or with `spread` a number drawn from max_tokens +- spread (the same mean: random weights
-    never sample a stop, so without it every episode returns at the same step). Returns wall, generated, prefix
-    hits, `check` final streams and the mean context a sampled token was decoded at."""
+                     spread: int = 0, system: int | None = None):
+    """E episodes x `turns`; the first prompt is `prompt` tokens, of which the first `system` (default: half) are the
+    same in every episode. A turn samples `max_tokens` tokens, or with `spread` a number drawn from max_tokens +-
+    spread (the same mean: random weights never sample a stop, so without it every episode returns at the same step).
+    Returns wall, generated, prefix hits, `check` final streams and the mean context a sampled token was decoded at."""
     rng = random.Random(seed)
-    system = [rng.randrange(VOCAB) for _ in range(prompt // 2)]
-    starts = [system + [rng.randrange(VOCAB) for _ in range(prompt - prompt // 2)] for _ in range(episodes)]
+    system = [rng.randrange(VOCAB) for _ in range(prompt // 2 if system is None else system)]
+    starts = [system + [rng.randrange(VOCAB) for _ in range(prompt - len(system))] for _ in range(episodes)]
     obs = [[[rng.randrange(VOCAB) for _ in range(rng.randrange(64, 257))] for _ in range(turns)] for _ in range(episodes)]
     lengths = [[rng.randint(max_tokens - spread, max_tokens + spread) for _ in range(turns)] for _ in range(episodes)]
     streams = []
@@ -170,7 +182,11 @@ def main() -> None:
     engine = FastEngine(model, device="cuda", dtype=torch.bfloat16, max_batch_size=256, max_model_len=4096,
                         num_pages=33000)
     print(f"FastEngine built in {time.perf_counter() - t:.1f} s (graphs for {engine.graphs.buckets})", flush=True)
-    asyncio.run(multi_turn(engine, 4, 2, 16, seed=99))  # warm-up: Triton prefill kernel compiles
+    # warm-up: the Triton kernels compile for the variants the arms meet (prefill steps, mixed steps of many rows),
+    # so that no compile lands in a timed arm
+    asyncio.run(multi_turn(engine, 4, 2, 16, seed=99))
+    asyncio.run(multi_turn(engine, 48, 3, 16, seed=98, spread=8))
+    asyncio.run(multi_turn(engine, 48, 3, 16, seed=97, spread=8, system=0))
     print("\n## fixed-batch decode (captured graph; sampler timed separately)", flush=True)
     fixed_batch(engine, bw, weight_bytes)
 
@@ -227,6 +243,16 @@ def main() -> None:
         print(timing_line(before, engine.timings), flush=True)
         print(f"| {episodes} episodes | {tokens} +- {spread} tokens a turn | {gen} generated | {wall:.1f} s | "
               f"{gen / wall:,.0f} tok/s | mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
+
+    print("\n## agent-shaped: a 1,024-token system prompt (tools) shared by every episode, 128 own tokens, 4 turns of "
+          "128 +- 64 tokens, observations 64-256 (overlap on)", flush=True)
+    for episodes in ((128,) if args.quick else (128, 256)):
+        before = dict(engine.timings)
+        wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=9000 + episodes, prompt=1152,
+                                                         spread=64, system=1024))
+        print(timing_line(before, engine.timings), flush=True)
+        print(f"| {episodes} episodes | agent-shaped | {gen} generated | {wall:.1f} s | {gen / wall:,.0f} tok/s | "
+              f"mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
 
     # episodes, turns, tokens a turn; the last is the 64-episode workload of the multi-turn table above
     workloads = ((64, 2, 64),) if args.quick else ((64, 2, 64), (128, 2, 64), (64, 4, 128))

@@ -22,6 +22,10 @@ its previous request up to the longest common prefix of the old and new token li
 previous output's last token and everything new are fed); any other request reuses the longest
 chain of cached full pages of its prompt. At least one prompt token is always fed (its logits
 are needed). A page is written only while it is private: cached full pages are immutable.
+Requests that arrive together with the same prompt start (episodes sharing a system prompt) are
+admitted one per distinct first uncached page a step: the others wait one step and find those
+pages cached, so the shared prefix is computed once and its pages are shared (one copy in the
+pool, read mostly from the GPU's L2 cache by a decode step's rows).
 """
 
 from __future__ import annotations
@@ -129,10 +133,17 @@ class Scheduler:
                     rows[seq] = n
                     budget -= n
         budget = self.token_budget - sum(rows.values())
+        claimed: set = set()  # the first new full page of each sequence admitted below (its chain and tokens)
+        deferred: list[Seq] = []
         while admit and self.waiting and len(self.running) < self.max_batch_size and budget > 0:
             seq = self.waiting[0]
             if not seq.attached:
                 self._attach(seq)
+            page = self._first_new_page(seq)
+            if page is not None and page in claimed:  # computed by a row of this step: cached for it at the next
+                self._detach(self.waiting.popleft())
+                deferred.append(seq)
+                continue
             n = min(len(seq.tokens) - seq.num_cached, budget)
             if not self._reserve(seq, seq.num_cached + n):
                 if not self.running:
@@ -143,7 +154,17 @@ class Scheduler:
             self.running.append(seq)
             rows[seq] = n
             budget -= n
+            if page is not None and n >= PAGE:
+                claimed.add(page)
+        self.waiting.extendleft(reversed(deferred))
         return list(rows.items())
+
+    def _first_new_page(self, seq: Seq):
+        """What identifies the first full page a newly attached prompt would compute (None: it continues an episode,
+        or has no full page left to compute). Two sequences with the same identity would write the same K/V."""
+        if seq.chain is None or seq.num_cached % PAGE or seq.num_cached + PAGE > len(seq.tokens) - 1:
+            return None
+        return seq.chain, tuple(seq.tokens[seq.num_cached : seq.num_cached + PAGE])
 
     def advance(self, rows: list[tuple[Seq, int]], sampled: dict[Seq, tuple[int, float]]) -> list[Seq]:
         """Account a finished step: K/V now cached, full pages offered to the prefix cache, sampled

@@ -1,7 +1,7 @@
 """Triton paged attention kernels for the fast engine (CUDA; the interpreter runs them on CPU in fp32).
 
     o_NHD = decode_attention(q_NHD, k_cache, v_cache, page_table_RP, ctx_lens_R, scale, num_splits)
-    o_NHD = prefill_attention(q_NHD, k_cache, v_cache, batch, scale)   # any rows; batch.decode_rows one-query rows first
+    o_NHD = prefill_attention(q_NHD, k_cache, v_cache, batch, scale)  # any rows; one-query rows first
 
 All compute exactly what `attention.reference_attention` defines (causal attention of each row's
 queries over its paged context, grouped query heads); tests/test_fast_engine.py checks them against
@@ -160,7 +160,7 @@ if triton is not None:
         tl.store(O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=mmask[:, None])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n_dec"])  # (one compile for any number of one-query rows)
     def _prefill_kernel(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale,
                         stride_qn, stride_qh, stride_kt, stride_kh, stride_on, stride_oh, stride_pr,
                         n_dec, n_kv, G: tl.constexpr, G_PAD: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr,
