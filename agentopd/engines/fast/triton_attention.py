@@ -187,15 +187,13 @@ def decode_splits(rows: int, kv_heads: int, num_sms: int = 132, max_splits: int 
 
 
 def decode_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table_RP: torch.Tensor,
-                     ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1, block_n: int = 64,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """One query per row (row r = token r): [R, Hq, D] attention output, split-KV, merged by log-sum-exp
-    (written into `out` when given)."""
+                     ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1, block_n: int = 64) -> torch.Tensor:
+    """One query per row (row r = token r): [R, Hq, D] attention output, split-KV, merged by log-sum-exp."""
     R, Hq, D = q_NHD.shape
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
     g_pad = max(16, triton.next_power_of_2(G))  # tl.dot needs 16 rows: the kv head's G query heads, padded
-    o_NHD = torch.empty_like(q_NHD) if out is None else out
+    o_NHD = torch.empty_like(q_NHD)
     if num_splits > 1:
         part_RHSD = torch.empty(R, Hq, num_splits, D, device=q_NHD.device, dtype=torch.float32)
         lse_RHS = torch.empty(R, Hq, num_splits, device=q_NHD.device, dtype=torch.float32)
