@@ -16,8 +16,8 @@ while the others keep running. Cancelled callers' rows are dropped at the next s
 
 Episodes that share a prompt start (a system prompt, tool schemas) share its pages: the scheduler
 computes it once (scheduler.py), the pool holds one copy, and a decode step's rows read it mostly
-from the GPU's L2 cache (benchmarks/results/engine_gpu.md: 256 rows whose first 1,024 of 1,664
-context tokens are shared step in 12.4 ms against 18.2 ms with a copy each).
+from the GPU's L2 cache (benchmarks/results/engine_gpu.md, H100: 256 rows at context 2,048 whose
+first half is shared step in 15.4 ms against 21.5 ms with a copy each).
 
 Knobs beyond the shared ones (device, dtype, max_batch_size, seed): `max_model_len`,
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
@@ -308,7 +308,8 @@ class FastEngine(LoopEngine):
         at position num_cached + 1, whose id is only on the device yet."""
         t0 = time.perf_counter()
         ahead = 0 if ahead_ids is None else 1
-        rows = sorted(rows, key=lambda row: row[1] != 1)  # one-query rows first: a mixed step's decode kernel takes them
+        if ahead_ids is None:  # one-query rows first: a mixed step's decode program takes them (ahead: all decode)
+            rows = sorted(rows, key=lambda row: row[1] != 1)
         ids, positions, slots, q_starts, q_lens, ctx_lens, sample_idx, samplers = [], [], [], [], [], [], [], []
         width = max(len(seq.pages) for seq, _ in rows)
         table_rows = []

@@ -186,13 +186,17 @@ def decode_splits(rows: int, kv_heads: int, num_sms: int = 132, max_splits: int 
     return max(1, min(max_splits, -(-4 * num_sms // (rows * kv_heads))))
 
 
+def _group_pad(group: int) -> int:
+    """Rows of a decode program's query tile: the kv head's query heads, padded (tl.dot needs 16 rows)."""
+    return max(16, triton.next_power_of_2(group))
+
+
 def decode_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table_RP: torch.Tensor,
                      ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1, block_n: int = 64) -> torch.Tensor:
     """One query per row (row r = token r): [R, Hq, D] attention output, split-KV, merged by log-sum-exp."""
     R, Hq, D = q_NHD.shape
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
-    g_pad = max(16, triton.next_power_of_2(G))  # tl.dot needs 16 rows: the kv head's G query heads, padded
     o_NHD = torch.empty_like(q_NHD)
     if num_splits > 1:
         part_RHSD = torch.empty(R, Hq, num_splits, D, device=q_NHD.device, dtype=torch.float32)
@@ -205,7 +209,7 @@ def decode_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         q_NHD.stride(0), q_NHD.stride(1), k_cache.stride(0), k_cache.stride(1), page_table_RP.stride(0),
         o_NHD.stride(0), o_NHD.stride(1), part_RHSD.stride(0), part_RHSD.stride(1), part_RHSD.stride(2),
         lse_RHS.stride(0), lse_RHS.stride(1),
-        G=G, G_PAD=g_pad, D=D, PAGE_SIZE=PAGE, BLOCK_N=block_n, SPLITS=num_splits, PRECISION=precision,
+        G=G, G_PAD=_group_pad(G), D=D, PAGE_SIZE=PAGE, BLOCK_N=block_n, SPLITS=num_splits, PRECISION=precision,
         num_warps=4, num_stages=2,
     )
     if num_splits > 1:
@@ -257,7 +261,7 @@ def prefill_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         q_NHD, k_cache, v_cache, o_NHD, batch.page_table_RP, meta[0], meta[1], q_end_R, batch.ctx_lens_R, scale,
         q_NHD.stride(0), q_NHD.stride(1), k_cache.stride(0), k_cache.stride(1), o_NHD.stride(0), o_NHD.stride(1),
         batch.page_table_RP.stride(0), n_dec, Hkv,
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), HEADS=heads, D=D, PAGE_SIZE=PAGE, BLOCK_M=cfg["block_m"],
+        G=G, G_PAD=_group_pad(G), HEADS=heads, D=D, PAGE_SIZE=PAGE, BLOCK_M=cfg["block_m"],
         BLOCK_N=cfg["block_n"], DEC_BLOCK_N=64, PRECISION=precision, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
