@@ -66,6 +66,18 @@ def copy_bandwidth() -> float:
     return bw
 
 
+def replay(engine: FastEngine, ids, pos, slots, table_RP, ctx_lens, n: int = 20) -> tuple[float, torch.Tensor]:
+    """Seconds a replay of the decode graph takes (after 3 warm-ups), and its logits."""
+    for _ in range(3):
+        logits = engine.graphs.run(ids, pos, slots, table_RP, ctx_lens)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        logits = engine.graphs.run(ids, pos, slots, table_RP, ctx_lens)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n, logits
+
+
 def fixed_batch(engine: FastEngine, bw: float, weight_bytes: int) -> list[str]:
     s = engine.runner.shape
     kv_tok = KVPool.bytes_per_token(s.layers, s.kv_heads, s.head_dim, engine.runner.dtype)
@@ -80,29 +92,14 @@ def fixed_batch(engine: FastEngine, bw: float, weight_bytes: int) -> list[str]:
             pos = torch.full((rows,), ctx - 1, dtype=torch.long, device="cuda")
             slots = table[:, -1].long() * PAGE + PAGE - 1
             ctx_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
-            for _ in range(3):
-                logits = engine.graphs.run(ids, pos, slots, table, ctx_lens)
-            torch.cuda.synchronize()
-            n = 20
-            t = time.perf_counter()
-            for _ in range(n):
-                logits = engine.graphs.run(ids, pos, slots, table, ctx_lens)
-            torch.cuda.synchronize()
-            step = (time.perf_counter() - t) / n
+            step, logits = replay(engine, ids, pos, slots, table, ctx_lens)
             t = time.perf_counter()
             for i in range(5):
                 sample(logits, params * rows, list(range(rows)), [ctx + i] * rows)
             torch.cuda.synchronize()
             samp = (time.perf_counter() - t) / 5
             table[:, : pages // 2] = table[0, : pages // 2]  # every row's first half on row 0's pages (a shared prompt)
-            for _ in range(3):
-                engine.graphs.run(ids, pos, slots, table, ctx_lens)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(n):
-                engine.graphs.run(ids, pos, slots, table, ctx_lens)
-            torch.cuda.synchronize()
-            shared = (time.perf_counter() - t) / n
+            shared, _ = replay(engine, ids, pos, slots, table, ctx_lens)
             floor = (weight_bytes + rows * ctx * kv_tok) / bw
             lines.append(f"| {rows} | {ctx} | {step * 1e3:.2f} | {rows / step:,.0f} | {floor * 1e3:.2f} | "
                          f"{100 * floor / step:.0f}% | {samp * 1e3:.2f} | {shared * 1e3:.2f} |")
