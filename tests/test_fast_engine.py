@@ -327,10 +327,10 @@ def test_cancelled_request_frees_its_pages_and_engine_survives_loops(model):
 
 @pytest.mark.parametrize("num_pages", [None, 24])
 def test_overlapped_decode_equals_serial_steps(model, num_pages):
-    """`overlap=True` (the GPU default: the next decode step queued before this one's tokens are read, fed the
-    sampled ids on the device) gives the same tokens and logprobs as one step at a time: multi-turn episodes,
-    stop tokens that end rows mid-flight, max_tokens, mixed temperatures, and (24 pages) a pool too small to
-    reserve ahead, which preempts. No page is leaked or left held."""
+    """`overlap=True` (the GPU default: the next step planned and queued before this one's tokens are read, its
+    decoding rows fed the sampled ids on the device, beside returning turns' prompt chunks) gives the same tokens and
+    logprobs as one step at a time: multi-turn episodes, stop tokens that end rows mid-flight, max_tokens, mixed
+    temperatures, and (24 pages) a pool too small to plan ahead, which preempts. No page is leaked or left held."""
     starts = prompts(10, seed=21, lo=10, hi=50)
     greedy = run_all(FastEngine(model), [GenerateRequest(p, SamplingParams(temperature=0, max_tokens=20)) for p in starts])
     stops = sorted({r.token_ids[j] for r in greedy for j in (5, 11)})[:4]  # tokens some rows will stop on
@@ -338,9 +338,19 @@ def test_overlapped_decode_equals_serial_steps(model, num_pages):
     def params(i):
         return SamplingParams(temperature=(0.0, 0.7, 1.0)[i % 3], max_tokens=8 + 3 * i, stop_token_ids=stops)
 
+    mixed_ahead = []  # steps queued ahead whose rows decode a pending token beside prompt chunks
+
     def play(overlap):
         engine = FastEngine(model, overlap=overlap, num_pages=num_pages, max_model_len=200 if num_pages else None,
                             token_budget=64)
+        launch = engine._launch
+
+        def counted(rows, prev=None):
+            if prev is not None and any(s.pending for s, _ in rows) and any(n > 1 for _, n in rows):
+                mixed_ahead.append(len(rows))
+            return launch(rows, prev)
+
+        engine._launch = counted
 
         async def go():
             return await asyncio.gather(*[play_episode(engine, p, 3, params(i), f"e{i}", i) for i, p in enumerate(starts)])
@@ -354,6 +364,7 @@ def test_overlapped_decode_equals_serial_steps(model, num_pages):
     serial, _, t_serial = play(False)
     ahead, stats, t_ahead = play(True)
     assert t_serial["overlapped_steps"] == 0 and t_ahead["overlapped_steps"] > t_ahead["steps"] // 3
+    assert len(mixed_ahead) > 5
     finishes = set()
     for ep_s, ep_a in zip(serial, ahead):
         for (ids_s, rs), (ids_a, ra) in zip(ep_s, ep_a):
@@ -552,6 +563,10 @@ KERNEL_CHECK = textwrap.dedent("""
                       torch.tensor(starts, dtype=torch.int32), lens, starts, lens)
         return runner.forward(torch.arange(26) % 300, b, torch.tensor([4, 5, 25])), pool.kv.clone()
     (logits_ref, kv_ref), (logits, kv) = run(False), run(True)
+    assert (logits - logits_ref).abs().max() < 1e-4 and (kv - kv_ref).abs().max() < 1e-4
+    from agentopd.engines.fast import triton_ops
+    triton_ops.QKV.update(min_tokens=0, block_t=4)  # q/k/v in blocks of 4 tokens (26 tokens: a partial last block)
+    logits, kv = run(True)
     assert (logits - logits_ref).abs().max() < 1e-4 and (kv - kv_ref).abs().max() < 1e-4
     from agentopd.engines.base import SamplingParams
     from agentopd.engines.fast.sampler import row_key, sample

@@ -22,7 +22,8 @@ first half is shared step in 15.4 ms against 21.5 ms with a copy each).
 Knobs beyond the shared ones (device, dtype, max_batch_size, seed): `max_model_len`,
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
 max_batch_size full contexts of up to 2048 tokens on CPU), `token_budget` (new tokens per step),
-`cuda_graphs`, `overlap` (queue the next decode step before reading this one's tokens; default: on a GPU).
+`cuda_graphs`, `overlap` (plan and queue the next step before reading this one's sampled tokens, so the host's
+work hides behind the GPU's; default: on a GPU).
 
 `sleep()` frees the KV pool and the decode graphs (their cached pages are dropped) for a trainer on the
 same GPU; `wake()` allocates and captures them again (seconds on a GPU: every batch-size bucket).
@@ -30,7 +31,8 @@ same GPU; `wake()` allocates and captures them again (seconds on a GPU: every ba
 `update_weights` stops admitting new requests, waits for the running ones to finish, copies the
 tensors in place, drops every cached page (their K/V belong to the old weights) and bumps
 `weight_version` (reported in each result's info, with `prefix_hit_tokens` and `preemptions`). `timings` adds up
-the worker's seconds per phase (schedule, prepare = inputs, step = prepare + model + sampler, advance) for benchmarks.
+the worker's seconds per phase (schedule; prepare = inputs; step = queuing the model and sampler, and waiting for
+the sampled tokens; advance = bookkeeping after queuing and after reading) and counts steps, for benchmarks.
 
 Legend: N flat tokens, R rows, P pages per row, V vocabulary.
 """
@@ -83,10 +85,6 @@ class _Launched:
             self._event.record()
         else:
             self._host = both
-
-    def live_rows(self) -> list[tuple[Seq, int]]:
-        """The rows still running: a row finished by the step before this one was computed for nothing."""
-        return [(seq, n) for seq, n in self.rows if seq.finish is None]
 
     def collect(self) -> dict[Seq, tuple[int, float]]:
         if self._host is None:
@@ -245,78 +243,69 @@ class FastEngine(LoopEngine):
     def _work(self) -> None:
         """Run steps until nothing is left to run (or the engine closes / pauses with nothing running).
 
-        With `overlap`, a decode step whose rows all keep decoding is followed at once by the next one,
-        queued before this one's tokens reach the host (`_follow`): the GPU runs step t+1 while the host
-        reads step t's tokens and does its bookkeeping."""
-        launched = None
+        With `overlap`, the next step is planned and queued before this one's sampled tokens are read
+        (`Scheduler.schedule(lookahead=True)`): rows that sample now decode their token from the device, prompt
+        chunks and admissions go on beside them. The GPU runs step t+1 while the host reads step t's tokens,
+        delivers finished requests and plans step t+2, so a step's host time hides behind the GPU's."""
+        prev = None  # a queued step whose sampled tokens are not read yet
         while not self._closed:
             t0 = time.perf_counter()
-            if launched is None:
-                with self._lock:
-                    self._deliver(self.scheduler.drop_cancelled())
-                    rows = self.scheduler.schedule(admit=not self._paused)
-                if not rows:
-                    return
-                self.timings["schedule"] += time.perf_counter() - t0
-                t0, launched = time.perf_counter(), self._launch(rows)
-            following = self._follow(launched) if self.overlap else None
-            sampled = launched.collect()
-            t2 = time.perf_counter()
             with self._lock:
-                done = self.scheduler.advance(launched.live_rows(), sampled)
-            self._deliver(done)
-            t = self.timings
-            t["step"] += t2 - t0
-            t["advance"] += time.perf_counter() - t2
-            t["steps"] += 1
-            t["decode_steps"] += launched.decode
-            t["overlapped_steps"] += following is not None
-            launched = following
+                self._deliver(self.scheduler.drop_cancelled())
+                rows = self.scheduler.schedule(admit=not self._paused, lookahead=prev is not None)
+            self.timings["schedule"] += time.perf_counter() - t0
+            if rows is None:  # planning ahead would preempt: read the tokens first
+                self._finish(prev)
+                prev = None
+                continue
+            if not rows and prev is None:
+                return
+            t0 = time.perf_counter()
+            cur = self._launch(rows, prev) if rows else None
+            self.timings["step"] += time.perf_counter() - t0
+            if prev is not None:
+                self._finish(prev)
+            if cur is not None:
+                t0 = time.perf_counter()
+                with self._lock:
+                    self.scheduler.commit(cur.rows)
+                self.timings["advance"] += time.perf_counter() - t0
+                self.timings["overlapped_steps"] += prev is not None
+            prev = cur
+            if not self.overlap and prev is not None:
+                self._finish(prev)
+                prev = None
 
-    def _follow(self, step: _Launched) -> _Launched | None:
-        """Queue the decode step after `step` for its rows that certainly go on — fed the tokens `step` samples,
-        still on the device — when that is the step the scheduler would pick: no request waits to be admitted,
-        none was cancelled, every running row takes part, pages are free. A row that `step` finishes (a stop
-        token) is computed once more for nothing and dropped."""
-        if not step.decode or len(step.samplers) != len(step.rows):
-            return None
+    def _finish(self, step: _Launched) -> None:
+        """Read a step's sampled tokens (waiting for it on the device) and append them; deliver what finished."""
+        t0 = time.perf_counter()
+        sampled = step.collect()
+        t1 = time.perf_counter()
         with self._lock:
-            sched = self.scheduler
-            if (sched.waiting and not self._paused and len(sched.running) < self.max_batch_size) or \
-                    len(sched.running) != len(step.live_rows()):
-                return None
-            keep = []
-            for i, (seq, _) in enumerate(step.rows):
-                if seq.finish is not None:
-                    continue  # finished at the step before `step`: not running any more
-                if seq.cancelled:
-                    return None
-                if len(seq.out_ids) + 1 >= seq.request.params.max_tokens or len(seq.tokens) + 1 >= self.max_model_len:
-                    continue  # `step` ends it
-                if not sched.reserve(seq, seq.num_cached + 2):
-                    return None
-                keep.append(i)
-        if not keep:
-            return None
-        ids = step.tokens if len(keep) == len(step.rows) else step.tokens[torch.tensor(keep, device=self.device)]
-        return self._launch([(step.rows[i][0], 1) for i in keep], ahead_ids=ids)
+            done = self.scheduler.finish(step.samplers, sampled)
+        self._deliver(done)
+        t = self.timings
+        t["step"] += t1 - t0
+        t["advance"] += time.perf_counter() - t1
+        t["steps"] += 1
+        t["decode_steps"] += step.decode
 
-    def _launch(self, rows: list[tuple[Seq, int]], ahead_ids: torch.Tensor | None = None) -> _Launched:
+    def _launch(self, rows: list[tuple[Seq, int]], prev: _Launched | None = None) -> _Launched:
         """Queue the rows' new tokens through the model and the sampler for rows that reached their end.
 
-        `ahead_ids`: the rows are one decode step ahead of their host state (`_follow`) — each feeds the token
-        at position num_cached + 1, whose id is only on the device yet."""
+        A pending row (`Seq.pending`) feeds the token `prev` sampled for it, still on the device."""
         t0 = time.perf_counter()
-        ahead = 0 if ahead_ids is None else 1
-        if ahead_ids is None:  # one-query rows first: a mixed step's decode program takes them (ahead: all decode)
-            rows = sorted(rows, key=lambda row: row[1] != 1)
+        rows = sorted(rows, key=lambda row: row[1] != 1)  # one-query rows first: a mixed step's decode program takes them
         ids, positions, slots, q_starts, q_lens, ctx_lens, sample_idx, samplers = [], [], [], [], [], [], [], []
-        width = max(len(seq.pages) for seq, _ in rows)
+        chunks = []  # rows of several tokens (after the one-query rows): (ids, positions, slots)
+        num_tokens = 0
+        dst, src = [], []  # pending rows: flat token <- prev's sampled token
+        src_of = {seq: i for i, seq in enumerate(prev.samplers)} if prev is not None else {}
         table_rows = []
         for seq, n in rows:
-            start = seq.num_cached + ahead
+            start = seq.num_cached
             assert not self.pages.is_registered(seq.pages[start // PAGE]), "a cached page would be written"
-            q_starts.append(len(positions))
+            q_starts.append(num_tokens)
             q_lens.append(n)
             ctx_lens.append(start + n)
             if seq.row < 0:
@@ -329,39 +318,52 @@ class FastEngine(LoopEngine):
                 seq.table_len = len(seq.pages)
             table_rows.append(seq.row)
             if n == 1:
-                if not ahead:
+                if seq.pending:
+                    dst.append(num_tokens)
+                    src.append(src_of[seq])
+                    ids.append(0)
+                else:
                     ids.append(seq.tokens[start])
                 positions.append(start)
                 slots.append(seq.pages[start // PAGE] * PAGE + start % PAGE)
-            else:
-                ids += seq.tokens[start : start + n]
-                positions += range(start, start + n)
-                slots += [seq.pages[p // PAGE] * PAGE + p % PAGE for p in range(start, start + n)]
-            if start + n == len(seq.tokens) + ahead:
-                sample_idx.append(len(positions) - 1)
+            else:  # a prompt chunk: numpy, not a Python loop over its tokens
+                pos = np.arange(start, start + n)
+                chunks.append((seq.tokens[start : start + n], pos,
+                               np.asarray(seq.pages[start // PAGE : (start + n - 1) // PAGE + 1]).repeat(PAGE)
+                               [start % PAGE : start % PAGE + n] * PAGE + pos % PAGE))
+            num_tokens += n
+            if start + n == len(seq.tokens) + seq.pending:
+                sample_idx.append(num_tokens - 1)
                 samplers.append(seq)
         dev = self.device
-        if ahead:
+        if dst and len(dst) == len(prev.samplers) == num_tokens and dst == src:
             pos_N, slots_N = torch.tensor([positions, slots], dtype=torch.long).to(dev, non_blocking=True)
-            ids_N = ahead_ids.long()
+            ids_N = prev.tokens.long()  # every row decodes the token prev sampled for it, in the same order
         else:
-            ids_N, pos_N, slots_N = torch.tensor([ids, positions, slots], dtype=torch.long).to(dev, non_blocking=True)
+            flat = np.array([ids, positions, slots], dtype=np.int64)
+            if chunks:
+                flat = np.concatenate([flat] + [np.stack([np.asarray(t), p, sl]) for t, p, sl in chunks], axis=1)
+            ids_N, pos_N, slots_N = torch.from_numpy(flat).to(dev, non_blocking=True)
+            if dst:
+                dst_src = torch.tensor([dst, src], dtype=torch.long).to(dev, non_blocking=True)
+                ids_N.index_copy_(0, dst_src[0], prev.tokens.long().index_select(0, dst_src[1]))
         ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
-        table_RP = torch.from_numpy(self._table[table_rows, :width]).to(dev, non_blocking=True)
-        decode = len(positions) == len(rows)
+        table_RP = torch.from_numpy(self._table[table_rows, : max(len(seq.pages) for seq, _ in rows)]).to(dev, non_blocking=True)
+        decode = num_tokens == len(rows)
         self.timings["prepare"] += time.perf_counter() - t0
         step = _Launched(rows, samplers, decode)
         if decode and self.graphs is not None and len(rows) == len(samplers):
             logits_SV = self.graphs.run(ids_N, pos_N, slots_N, table_RP, ctx_R)
         else:
-            batch = AttnBatch(pos_N, slots_N, table_RP, ctx_R, torch.tensor(q_starts, dtype=torch.int32).to(dev),
-                              q_lens, q_starts, ctx_lens, decode=decode,
+            starts_R = torch.tensor(q_starts, dtype=torch.int32).to(dev, non_blocking=True)
+            batch = AttnBatch(pos_N, slots_N, table_RP, ctx_R, starts_R, q_lens, q_starts, ctx_lens, decode=decode,
                               decode_rows=0 if decode else q_lens.count(1))
-            logits_SV = self.runner.forward(ids_N, batch, torch.tensor(sample_idx, dtype=torch.long).to(dev))
+            sample_S = torch.tensor(sample_idx, dtype=torch.long).to(dev, non_blocking=True)
+            logits_SV = self.runner.forward(ids_N, batch, sample_S)
         if samplers:
             step.tokens, logprobs = sample_on_device(logits_SV, [s.request.params for s in samplers],
                                                      [s.seed for s in samplers],
-                                                     [len(s.tokens) + ahead for s in samplers])
+                                                     [len(s.tokens) + s.pending for s in samplers])
             step.fetch(logprobs)
         return step
 

@@ -127,7 +127,7 @@ def sample_on_device(logits_BV: torch.Tensor, params: list[SamplingParams], seed
             for j in narrowed:
                 race_SV[j] = filter_logprobs(race_SV[j], params[drawn[j]].top_k, params[drawn[j]].top_p)
         keys_S = torch.from_numpy(row_keys([seeds[i] for i in drawn], [positions[i] for i in drawn]).astype(np.int64))
-        keys_S = keys_S.to(device)
+        keys_S = keys_S.to(device, non_blocking=True)
         u_SV = uniforms(keys_S, logits_BV.shape[1])
         picked_S = (race_SV - torch.log(-torch.log(u_SV))).argmax(dim=-1)
         if rows is None:

@@ -3,13 +3,22 @@
     sched = Scheduler(PageAllocator(num_pages), max_batch_size=64, token_budget=2048, max_model_len=4096)
     sched.add(seq)
     rows = sched.schedule()            # [(seq, n_new_tokens)], pages reserved for them
-    ... run the model on those tokens, sample for rows whose prompt is done ...
-    done = sched.advance(rows, sampled)   # finished sequences (their pages held for their episode)
+    ... queue the model on those tokens, and the sampler for rows whose prompt is done ...
+    sched.commit(rows)                 # their K/V is (being) computed; the sampling rows' tokens are pending
+    done = sched.finish(samplers, sampled)   # tokens read back: finished sequences (pages held for their episode)
 
 A sequence is its token list (prompt, then sampled tokens) and `num_cached`, how many of those
 have K/V in its pages. Each step feeds a row `tokens[num_cached : num_cached + n]`; when that
 reaches the end of the list, the row samples the next token. A decode is n = 1; a prompt is fed in
 chunks; a preempted sequence is fed again from scratch (recompute) — one mechanism for all three.
+
+Looking ahead: between `commit` and `finish` a sampling row's next token exists only on the device
+(`pending`). `schedule(lookahead=True)` plans the next step in that window, so the engine queues it
+before reading this one's tokens: a pending row decodes that token (fed from the device), rows whose
+prompt is not done go on with it, waiting sequences are admitted. A pending row that the pending token
+surely ends (max_tokens, the context limit) is left out; one that a stop token ends is computed once
+for nothing and dropped. A plan that would need to preempt is refused (None): the engine reads the
+tokens first.
 
 Continuous batching: every step first runs one token of every decoding row, then continues
 partly-fed prompts, then admits waiting sequences (FCFS, up to `max_batch_size` running), all
@@ -49,6 +58,7 @@ class Seq:
     future: Any = None  # asyncio.Future of the caller (the engine resolves it)
     pages: list[int] = field(default_factory=list)
     num_cached: int = 0  # tokens whose K/V are in `pages`
+    pending: bool = False  # a sampled token is on the device, not yet in `tokens` (between commit and finish)
     num_settled: int = 0  # leading full pages already offered to the prefix cache
     chain: tuple[int, int] | None = None  # prefix-cache chain state after them (None: recompute)
     registering: bool = True  # False after a hash collision: this sequence caches no more pages
@@ -117,19 +127,25 @@ class Scheduler:
 
     # ---- one step -------------------------------------------------------------------------
 
-    def schedule(self, admit: bool = True) -> list[tuple[Seq, int]]:
+    def schedule(self, admit: bool = True, lookahead: bool = False) -> list[tuple[Seq, int]] | None:
+        """The next step's rows (see the module docstring); None when `lookahead` would need to preempt."""
         rows: dict[Seq, int] = {}
         budget = self.token_budget
         self._preempted: set[Seq] = set()
         for decoding in (True, False):
             for seq in list(self.running):
-                todo = len(seq.tokens) - seq.num_cached
+                todo = len(seq.tokens) + seq.pending - seq.num_cached
                 if (todo == 1) != decoding or seq in rows or seq in self._preempted:
                     continue
+                if seq.pending and (len(seq.out_ids) + 1 >= seq.request.params.max_tokens
+                                    or len(seq.tokens) + 1 >= self.max_model_len):
+                    continue  # the pending token ends it
                 n = min(todo, budget)
                 if n <= 0:
                     continue
-                if self._reserve_or_preempt(seq, seq.num_cached + n, rows):
+                if lookahead and not self._reserve(seq, seq.num_cached + n):
+                    return None
+                if lookahead or self._reserve_or_preempt(seq, seq.num_cached + n, rows):
                     rows[seq] = n
                     budget -= n
         budget = self.token_budget - sum(rows.values())
@@ -166,11 +182,14 @@ class Scheduler:
             return None
         return seq.chain, tuple(seq.tokens[seq.num_cached : seq.num_cached + PAGE])
 
-    def advance(self, rows: list[tuple[Seq, int]], sampled: dict[Seq, tuple[int, float]]) -> list[Seq]:
-        """Account a finished step: K/V now cached, full pages offered to the prefix cache, sampled
-        tokens appended; returns the sequences that finished (their pages held for their episode)."""
-        done = []
+    def commit(self, rows: list[tuple[Seq, int]]) -> None:
+        """Account a queued step (its tokens' K/V counted as cached; the device computes it before any later
+        step reads it): full pages offered to the prefix cache; rows that sample hold a pending token. Rows
+        that finished meanwhile (a step queued ahead of their last token) are skipped."""
         for seq, n in rows:
+            if seq.finish is not None:
+                continue
+            samples = seq.num_cached + n == len(seq.tokens) + seq.pending
             seq.num_cached += n
             full = seq.num_cached // PAGE
             if full > seq.num_settled:
@@ -178,8 +197,16 @@ class Scheduler:
                     seq.chain = self.pages.register(seq.pages, seq.tokens, seq.num_settled, full, seq.chain)
                     seq.registering = seq.chain is not None
                 seq.num_settled = full
-            if seq not in sampled:
+            seq.pending = samples
+
+    def finish(self, samplers: list[Seq], sampled: dict[Seq, tuple[int, float]]) -> list[Seq]:
+        """Append the tokens a step sampled; returns the sequences that finished (their pages held for their
+        episode). Sequences that finished or were dropped since the step was queued are skipped."""
+        done = []
+        for seq in samplers:
+            if seq not in sampled or seq.finish is not None:
                 continue
+            seq.pending = False
             tok, lp = sampled[seq]
             seq.tokens.append(tok)
             seq.out_ids.append(tok)
@@ -230,10 +257,6 @@ class Scheduler:
         else:
             self.pages.release(seq.pages)
             seq.pages = []
-
-    def reserve(self, seq: Seq, upto: int) -> bool:
-        """Pages for tokens [0, upto) of a running sequence outside `schedule` (a step queued ahead)."""
-        return self._reserve(seq, upto)
 
     def _reserve(self, seq: Seq, upto: int) -> bool:
         """Pages for tokens [0, upto) of seq, dropping held episode caches (oldest first) if needed, then the pages

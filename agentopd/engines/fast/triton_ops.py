@@ -52,46 +52,49 @@ if triton is not None:
         w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(Y + n * stride_y + offs, (w * _rnd(x * rstd, DT)).to(DT), mask=mask)
 
-    @triton.jit
-    def _qkv_kernel(QKV, QW, KW, COS, SIN, POS, SLOT, QO, KC, VC, eps, stride_qkv, stride_qo_n, stride_qo_h,
+    @triton.jit(do_not_specialize=["N"])
+    def _qkv_kernel(QKV, QW, KW, COS, SIN, POS, SLOT, QO, KC, VC, eps, N, stride_qkv, stride_qo_n, stride_qo_h,
                     stride_cos, stride_kc, stride_kh,
-                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr):
-        n = tl.program_id(0)
-        h = tl.program_id(1)  # 0..HQ-1 query heads, then HKV key heads, then HKV value heads
+                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
+                    BLOCK_T: tl.constexpr):
+        # BLOCK_T tokens x one head (0..HQ-1 query heads, then HKV key heads, then HKV value heads)
+        h = tl.program_id(1)
         HALF: tl.constexpr = D // 2
         DT = QO.dtype.element_ty
+        offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        tmask = offs_t < N
         offs = tl.arange(0, HALF)
-        base = QKV + n * stride_qkv + h * D
-        x1 = tl.load(base + offs).to(tl.float32)
-        x2 = tl.load(base + HALF + offs).to(tl.float32)
-        slot = tl.load(SLOT + n)
+        base = QKV + offs_t[:, None].to(tl.int64) * stride_qkv + h * D + offs[None, :]
+        x1 = tl.load(base, mask=tmask[:, None], other=0.0).to(tl.float32)
+        x2 = tl.load(base + HALF, mask=tmask[:, None], other=0.0).to(tl.float32)
+        slot = tl.load(SLOT + offs_t, mask=tmask, other=0)
         if h >= HQ + HKV:  # a value head: straight into the pool
-            vh = h - HQ - HKV
-            dst = VC + slot * stride_kc + vh * stride_kh
-            tl.store(dst + offs, x1.to(DT))
-            tl.store(dst + HALF + offs, x2.to(DT))
+            dst = VC + slot[:, None] * stride_kc + (h - HQ - HKV) * stride_kh + offs[None, :]
+            tl.store(dst, x1.to(DT), mask=tmask[:, None])
+            tl.store(dst + HALF, x2.to(DT), mask=tmask[:, None])
         else:
             if HAS_NORM:
-                rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
+                rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)
                 if h < HQ:
                     w1 = tl.load(QW + offs).to(tl.float32)
                     w2 = tl.load(QW + HALF + offs).to(tl.float32)
                 else:
                     w1 = tl.load(KW + offs).to(tl.float32)
                     w2 = tl.load(KW + HALF + offs).to(tl.float32)
-                x1 = _rnd(w1 * _rnd(x1 * rstd, DT), DT)
-                x2 = _rnd(w2 * _rnd(x2 * rstd, DT), DT)
-            pos = tl.load(POS + n)
-            c = tl.load(COS + pos * stride_cos + offs).to(tl.float32)
-            s = tl.load(SIN + pos * stride_cos + offs).to(tl.float32)
+                x1 = _rnd(w1[None, :] * _rnd(x1 * rstd[:, None], DT), DT)
+                x2 = _rnd(w2[None, :] * _rnd(x2 * rstd[:, None], DT), DT)
+            pos = tl.load(POS + offs_t, mask=tmask, other=0)
+            rope = pos[:, None] * stride_cos + offs[None, :]
+            c = tl.load(COS + rope, mask=tmask[:, None], other=0.0).to(tl.float32)
+            s = tl.load(SIN + rope, mask=tmask[:, None], other=0.0).to(tl.float32)
             o1 = _rnd(_rnd(x1 * c, DT) + _rnd(-x2 * s, DT), DT)
             o2 = _rnd(_rnd(x2 * c, DT) + _rnd(x1 * s, DT), DT)
             if h < HQ:
-                dst = QO + n * stride_qo_n + h * stride_qo_h
+                dst = QO + offs_t[:, None].to(tl.int64) * stride_qo_n + h * stride_qo_h + offs[None, :]
             else:
-                dst = KC + slot * stride_kc + (h - HQ) * stride_kh
-            tl.store(dst + offs, o1.to(DT))
-            tl.store(dst + HALF + offs, o2.to(DT))
+                dst = KC + slot[:, None] * stride_kc + (h - HQ) * stride_kh + offs[None, :]
+            tl.store(dst, o1.to(DT), mask=tmask[:, None])
+            tl.store(dst + HALF, o2.to(DT), mask=tmask[:, None])
 
     @triton.jit
     def _silu_mul_kernel(GU, OUT, I, stride_gu, stride_o, BLOCK: tl.constexpr):
@@ -122,17 +125,26 @@ def add_rms_norm(delta_NE: torch.Tensor, h_NE: torch.Tensor, w_E: torch.Tensor, 
     return y, h
 
 
+QKV = {"min_tokens": 512, "block_t": 8, "num_warps": 4}  # steps of fewer tokens: one token a program, one warp
+# (one token a program made a prefill step's 8,160 tokens x 32 heads 261k programs of 64 values: 162 us a layer, where
+# the bytes take 45; 8 tokens a program: 52 us, the best of 11 configurations, and the whole step 21.9 -> 19.3 ms.
+# H100, benchmarks/results/engine_gpu.md)
+
+
 def qk_norm_rope_store(qkv_NF, q_norm, k_norm, cos_LD, sin_LD, positions_N, slots_N, k_cache, v_cache,
-                       q_heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+                       q_heads: int, kv_heads: int, eps: float, **config) -> torch.Tensor:
     """Per-head RMSNorm (when q_norm is given) and rotary of q and k; k and v stored at their slots."""
+    cfg = {**QKV, **config}
     n = qkv_NF.shape[0]
     d = k_cache.shape[-1]
     q_NHD = qkv_NF.new_empty(n, q_heads, d)
     has_norm = q_norm is not None
-    _qkv_kernel[(n, q_heads + 2 * kv_heads)](
+    block_t, warps = (cfg["block_t"], cfg["num_warps"]) if n >= cfg["min_tokens"] else (1, 1)
+    _qkv_kernel[(triton.cdiv(n, block_t), q_heads + 2 * kv_heads)](
         qkv_NF, q_norm if has_norm else qkv_NF, k_norm if has_norm else qkv_NF, cos_LD, sin_LD, positions_N, slots_N,
-        q_NHD, k_cache, v_cache, eps, qkv_NF.stride(0), q_NHD.stride(0), q_NHD.stride(1), cos_LD.stride(0),
-        k_cache.stride(0), k_cache.stride(1), HQ=q_heads, HKV=kv_heads, D=d, HAS_NORM=has_norm, num_warps=1,
+        q_NHD, k_cache, v_cache, eps, n, qkv_NF.stride(0), q_NHD.stride(0), q_NHD.stride(1), cos_LD.stride(0),
+        k_cache.stride(0), k_cache.stride(1), HQ=q_heads, HKV=kv_heads, D=d, HAS_NORM=has_norm, BLOCK_T=block_t,
+        num_warps=warps,
     )
     return q_NHD
 
