@@ -1,6 +1,6 @@
 """The fast engine on one GPU, every arm in one process: decode bandwidth, multi-turn rollouts, HFEngine baseline.
 
-    PYTHONUNBUFFERED=1 python benchmarks/engine_gpu.py [--quick]
+    PYTHONUNBUFFERED=1 python benchmarks/engine_gpu.py [--quick] [--reps 2]
 
 Model: Qwen3-0.6B shape (28 layers, hidden 1024, 16 q / 8 kv heads, head_dim 128, vocab 151,936, tied),
 random weights, bf16. Arms:
@@ -13,11 +13,13 @@ random weights, bf16. Arms:
    prompt (128 shared system tokens + 128 own), 128 sampled tokens per turn (T=1), observations of
    64-256 tokens: generated tokens/s, prefix-hit tokens, and the largest |logprob - teacher-forced|
    against an fp32 and a bf16 HF forward of the same weights (8 episodes' final streams).
-   Each workload runs twice: one decode step at a time (overlap off), then the engine's default (overlap on).
+   Each workload runs twice: one step at a time (overlap off), then the engine's default (overlap on: each step
+   planned and queued before the last one's sampled tokens are read).
    Then 128 and 256 episodes at shorter contexts (128-token first prompt, 64 tokens a turn: mean decode
    context ~500, where the issue derived its 30k target), and both workloads with turns of uneven length
    (the same mean), so that episodes do not all return, and prefill, at the same step. Then an agent-shaped
    workload: a 1,024-token system prompt shared by all episodes (its pages computed once and shared).
+   These arms run `--reps` times each (default 2, new seeds each time): one run moves by up to 10-20%.
 4. HFEngine (transformers) on two smaller multi-turn workloads and on the 64-episode workload of arm 3,
    with the fast engine on the same ones.
 """
@@ -169,6 +171,7 @@ def logprob_gap(model_fp32, model_bf16, streams) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller arms (a smoke run)")
+    ap.add_argument("--reps", type=int, default=2, help="runs of each shorter-context, uneven and agent-shaped arm")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     bw = copy_bandwidth()
@@ -223,33 +226,37 @@ def main() -> None:
           "observations 64-256; overlap on)", flush=True)
     engine.overlap = True
     for episodes in ((128,) if args.quick else (128, 256)):
-        before = dict(engine.timings)
-        wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, 64, seed=5000 + episodes, prompt=128))
-        print(timing_line(before, engine.timings), flush=True)
-        print(f"| {episodes} episodes | short | {gen} generated | {wall:.1f} s | {gen / wall:,.0f} tok/s | "
-              f"mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
+        for rep in range(args.reps):
+            before = dict(engine.timings)
+            wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, 64, seed=5000 + episodes + 10**6 * rep,
+                                                             prompt=128))
+            print(timing_line(before, engine.timings), flush=True)
+            print(f"| {episodes} episodes | short | run {rep + 1} | {gen} generated | {wall:.1f} s | {gen / wall:,.0f} tok/s | "
+                  f"mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
 
     print("\n## the same two workloads with turns of uneven length (each turn 32-96 tokens at the short contexts, "
           "64-192 at the long ones: the same means; episodes return at different steps, as they do with real "
           "stop tokens; overlap on)", flush=True)
     for episodes, prompt, tokens, spread in (((128, 128, 64, 32),) if args.quick else
                                              ((128, 128, 64, 32), (256, 128, 64, 32), (128, 256, 128, 64), (256, 256, 128, 64))):
-        before = dict(engine.timings)
-        wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, tokens, seed=7000 + episodes + prompt,
-                                                         prompt=prompt, spread=spread))
-        print(timing_line(before, engine.timings), flush=True)
-        print(f"| {episodes} episodes | {tokens} +- {spread} tokens a turn | {gen} generated | {wall:.1f} s | "
-              f"{gen / wall:,.0f} tok/s | mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
+        for rep in range(args.reps):
+            before = dict(engine.timings)
+            wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, tokens, prompt=prompt, spread=spread,
+                                                             seed=7000 + episodes + prompt + 10**6 * rep))
+            print(timing_line(before, engine.timings), flush=True)
+            print(f"| {episodes} episodes | {tokens} +- {spread} tokens a turn | run {rep + 1} | {gen} generated | "
+                  f"{wall:.1f} s | {gen / wall:,.0f} tok/s | mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
 
     print("\n## agent-shaped: a 1,024-token system prompt (tools) shared by every episode, 128 own tokens, 4 turns of "
           "128 +- 64 tokens, observations 64-256 (overlap on)", flush=True)
     for episodes in ((128,) if args.quick else (128, 256)):
-        before = dict(engine.timings)
-        wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=9000 + episodes, prompt=1152,
-                                                         spread=64, system=1024))
-        print(timing_line(before, engine.timings), flush=True)
-        print(f"| {episodes} episodes | agent-shaped | {gen} generated | {wall:.1f} s | {gen / wall:,.0f} tok/s | "
-              f"mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
+        for rep in range(args.reps):
+            before = dict(engine.timings)
+            wall, gen, hits, _, ctx = asyncio.run(multi_turn(engine, episodes, 4, 128, seed=9000 + episodes + 10**6 * rep,
+                                                             prompt=1152, spread=64, system=1024))
+            print(timing_line(before, engine.timings), flush=True)
+            print(f"| {episodes} episodes | agent-shaped | run {rep + 1} | {gen} generated | {wall:.1f} s | "
+                  f"{gen / wall:,.0f} tok/s | mean context {ctx:.0f} | prefix hits {hits} tokens |", flush=True)
 
     # episodes, turns, tokens a turn; the last is the 64-episode workload of the multi-turn table above
     workloads = ((64, 2, 64),) if args.quick else ((64, 2, 64), (128, 2, 64), (64, 4, 128))
