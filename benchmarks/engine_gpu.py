@@ -147,7 +147,8 @@ def timing_line(before: dict, after: dict) -> str:
     d = {k: after[k] - before[k] for k in after}
     return (f"  worker: {d['steps']} steps ({d['decode_steps']} decode-only); per step: schedule "
             f"{1e3 * d['schedule'] / d['steps']:.2f} ms, inputs {1e3 * d['prepare'] / d['steps']:.2f} ms, inputs+model+sampler {1e3 * d['step'] / d['steps']:.2f} ms, "
-            f"advance {1e3 * d['advance'] / d['steps']:.2f} ms; {d['overlapped_steps']} steps queued ahead")
+            f"advance {1e3 * d['advance'] / d['steps']:.2f} ms; {d['overlapped_steps']} steps queued ahead, "
+            f"{d['mixed_graph_steps']} prompt-chunk steps replayed from a captured graph")
 
 
 def logprob_gap(model_fp32, model_bf16, streams) -> tuple[float, float]:

@@ -536,6 +536,13 @@ KERNEL_CHECK = textwrap.dedent("""
         err = (ta.prefill_attention(qm, k, v, bm, 0.3, block_m=16, block_n=16, num_warps=4)
                - reference_attention(qm, k, v, bm, 0.3)).abs().max().item()
         assert err < 1e-5, ("mixed", hq, hkv, d, err)
+        tok, _ = ta.block_tokens(hq, hkv, block_m=16)  # a captured graph's layout: the block list padded, a grid
+        meta = torch.from_numpy(ta.prefill_meta(mstarts, [n for _, n in mixed], 3, tok, max_blocks=30, max_rows=9))
+        bg = AttnBatch(None, None, table[order], ctx[order], None)  # the step's lists: only in the metadata
+        bg.memo[("prefill", tok)] = (*ta.split_meta(meta, 30, 9), 9 + 30)  # for more rows and blocks than it has
+        err = (ta.prefill_attention(qm, k, v, bg, 0.3, block_m=16, block_n=16, num_warps=4)
+               - reference_attention(qm, k, v, bm, 0.3)).abs().max().item()
+        assert err < 1e-5, ("padded grid", hq, hkv, d, err)
         dec = [0, 1, 5]
         bd = AttnBatch(None, None, table[dec], ctx[dec], torch.arange(3, dtype=torch.int32), [1] * 3, [0, 1, 2],
                        ctx[dec].tolist(), decode=True)
@@ -599,14 +606,17 @@ def test_gpu_fast_engine_matches_teacher_forcing(dtype):
     model = tiny_model().to("cuda", dtype)
     ps = prompts(24, seed=12)
     reqs = [GenerateRequest(p, SamplingParams(temperature=1.0, max_tokens=32, seed=i), f"g{i}") for i, p in enumerate(ps)]
-    results = run_all(FastEngine(model, max_batch_size=8), reqs)
+    engine = FastEngine(model, max_batch_size=8)
+    results = run_all(engine, reqs)
     worst = 0.0
     ref_model = model.float()
     for p, r in zip(ps, results):
         ref = teacher_forced_cuda(ref_model, p + r.token_ids, list(range(len(p), len(p) + len(r.token_ids))))
         worst = max(worst, max(abs(a - b) for a, b in zip(r.logprobs, ref)))
-    print(f"\nGPU FastEngine {dtype}: max |engine - fp32 teacher-forced| = {worst:.2e}")
+    print(f"\nGPU FastEngine {dtype}: max |engine - fp32 teacher-forced| = {worst:.2e} "
+          f"({engine.timings['mixed_graph_steps']} captured mixed steps)")
     assert worst < (1e-3 if dtype == torch.float32 else 0.2)
+    assert engine.timings["mixed_graph_steps"] > 0  # new prompts beside decoding rows, replayed
 
 
 @pytest.mark.gpu
@@ -643,8 +653,10 @@ def test_gpu_rows_sharing_a_prompt_start_match_teacher_forcing(dtype):
             positions = list(range(len(prompt), len(prompt) + len(r.token_ids)))
             ref = teacher_forced_cuda(ref_model, prompt + r.token_ids, positions)
             worst = max(worst, max(abs(a - b) for a, b in zip(r.logprobs, ref)))
-    print(f"\nGPU FastEngine shared prompt start {dtype}: max |engine - fp32 teacher-forced| = {worst:.2e}")
+    print(f"\nGPU FastEngine shared prompt start {dtype}: max |engine - fp32 teacher-forced| = {worst:.2e} "
+          f"({engine.timings['mixed_graph_steps']} captured mixed steps)")
     assert worst < (1e-3 if dtype == torch.float32 else 0.2)
+    assert engine.timings["mixed_graph_steps"] > 0
 
 
 def teacher_forced_cuda(model, ids, positions):

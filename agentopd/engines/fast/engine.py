@@ -154,7 +154,7 @@ class FastEngine(LoopEngine):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine")
         self._init_loop()
         self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0,
-                        "overlapped_steps": 0}  # seconds, counts
+                        "overlapped_steps": 0, "mixed_graph_steps": 0}  # seconds, counts
 
     # ---- the protocol -------------------------------------------------------------------
 
@@ -336,29 +336,37 @@ class FastEngine(LoopEngine):
                 sample_idx.append(num_tokens - 1)
                 samplers.append(seq)
         dev = self.device
-        if dst and len(dst) == len(prev.samplers) == num_tokens and dst == src:
-            pos_N, slots_N = torch.tensor([positions, slots], dtype=torch.long).to(dev, non_blocking=True)
-            ids_N = prev.tokens.long()  # every row decodes the token prev sampled for it, in the same order
-        else:
-            flat = np.array([ids, positions, slots], dtype=np.int64)
-            if chunks:
-                flat = np.concatenate([flat] + [np.stack([np.asarray(t), p, sl]) for t, p, sl in chunks], axis=1)
-            ids_N, pos_N, slots_N = torch.from_numpy(flat).to(dev, non_blocking=True)
-            if dst:
-                dst_src = torch.tensor([dst, src], dtype=torch.long).to(dev, non_blocking=True)
-                ids_N.index_copy_(0, dst_src[0], prev.tokens.long().index_select(0, dst_src[1]))
-        ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
-        table_RP = torch.from_numpy(self._table[table_rows, : max(len(seq.pages) for seq, _ in rows)]).to(dev, non_blocking=True)
         decode = num_tokens == len(rows)
-        self.timings["prepare"] += time.perf_counter() - t0
+        n_dec = len(rows) if decode else q_lens.count(1)
+        table_RW = self._table[table_rows, : max(len(seq.pages) for seq, _ in rows)]
+        pending = (dst, src, prev.tokens) if dst else None
         step = _Launched(rows, samplers, decode)
         if decode and self.graphs is not None and len(rows) == len(samplers):
-            logits_SV = self.graphs.run(ids_N, pos_N, slots_N, table_RP, ctx_R)
+            if dst and len(dst) == len(prev.samplers) == num_tokens and dst == src:
+                pos_N, slots_N = torch.tensor([positions, slots], dtype=torch.long).to(dev, non_blocking=True)
+                ids_N = prev.tokens.long()  # every row decodes the token prev sampled for it, in the same order
+            else:
+                ids_N, pos_N, slots_N = self._flat_inputs(ids, positions, slots, chunks, pending)
+            ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
+            self.timings["prepare"] += time.perf_counter() - t0
+            logits_SV = self.graphs.run(ids_N, pos_N, slots_N, torch.from_numpy(table_RW).to(dev, non_blocking=True),
+                                        ctx_R)
+        elif not decode and self.mixed is not None and self.mixed.fits(num_tokens, len(rows)):
+            bucket = self.mixed.load(self._flat(ids, positions, slots, chunks), table_RW, ctx_lens, q_starts, q_lens,
+                                     n_dec, sample_idx)
+            self._feed_pending(self.mixed.flat_ids, pending)
+            self.timings["prepare"] += time.perf_counter() - t0
+            self.timings["mixed_graph_steps"] += 1
+            logits_SV = self.mixed.replay(bucket, len(sample_idx))
         else:
+            ids_N, pos_N, slots_N = self._flat_inputs(ids, positions, slots, chunks, pending)
+            ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
+            table_RP = torch.from_numpy(table_RW).to(dev, non_blocking=True)
             starts_R = torch.tensor(q_starts, dtype=torch.int32).to(dev, non_blocking=True)
             batch = AttnBatch(pos_N, slots_N, table_RP, ctx_R, starts_R, q_lens, q_starts, ctx_lens, decode=decode,
-                              decode_rows=0 if decode else q_lens.count(1))
+                              decode_rows=0 if decode else n_dec)
             sample_S = torch.tensor(sample_idx, dtype=torch.long).to(dev, non_blocking=True)
+            self.timings["prepare"] += time.perf_counter() - t0
             logits_SV = self.runner.forward(ids_N, batch, sample_S)
         if samplers:
             step.tokens, logprobs = sample_on_device(logits_SV, [s.request.params for s in samplers],
@@ -367,18 +375,40 @@ class FastEngine(LoopEngine):
             step.fetch(logprobs)
         return step
 
+    @staticmethod
+    def _flat(ids: list[int], positions: list[int], slots: list[int], chunks: list) -> np.ndarray:
+        """[3, N] ids, positions and slots of a step: one-query rows, then prompt chunks."""
+        flat = np.array([ids, positions, slots], dtype=np.int64)
+        if chunks:
+            flat = np.concatenate([flat] + [np.stack([np.asarray(t), p, sl]) for t, p, sl in chunks], axis=1)
+        return flat
+
+    def _flat_inputs(self, ids, positions, slots, chunks, pending) -> torch.Tensor:
+        """`_flat` on the device (rows 0, 1, 2: ids, positions, slots), pending rows' ids filled in."""
+        flat_3N = torch.from_numpy(self._flat(ids, positions, slots, chunks)).to(self.device, non_blocking=True)
+        self._feed_pending(flat_3N[0], pending)
+        return flat_3N
+
+    def _feed_pending(self, ids_N: torch.Tensor, pending) -> None:
+        """ids_N[dst] = tokens[src]: rows that feed a token the step before sampled, still on the device."""
+        if pending is not None:
+            dst, src, tokens = pending
+            dst_src = torch.tensor([dst, src], dtype=torch.long).to(self.device, non_blocking=True)
+            ids_N.index_copy_(0, dst_src[0], tokens.long().index_select(0, dst_src[1]))
+
     def _allocate(self) -> None:
-        """The KV pool and (on a GPU) the decode graphs that read it: at start-up and on `wake()`."""
+        """The KV pool and (on a GPU) the step graphs that read it: at start-up and on `wake()`."""
         if self.pool is not None:
             return
         s = self.runner.shape
         self.pool = KVPool(s.layers, s.kv_heads, s.head_dim, self.num_pages, self.device, self.runner.dtype)
         self.runner.attach_cache(self.pool.k, self.pool.v)
-        self.graphs = None
+        self.graphs = self.mixed = None
         if self._cuda_graphs:
-            from agentopd.engines.fast.graphs import DecodeGraphs
+            from agentopd.engines.fast.graphs import DecodeGraphs, MixedGraphs
 
             self.graphs = DecodeGraphs(self.runner, self.max_batch_size, self._pages_per_row)
+            self.mixed = MixedGraphs(self.runner, self.max_batch_size, self._pages_per_row, self.scheduler.token_budget)
 
     def _release(self) -> None:
         """`sleep()`: drop every cached page, then the pool and the graphs (captured on its addresses)."""
@@ -387,7 +417,7 @@ class FastEngine(LoopEngine):
         with self._lock:
             self.scheduler.drop_held()
             self.pages.invalidate()
-        self.graphs = None
+        self.graphs = self.mixed = None
         self.runner.attach_cache([], [])
         self.pool = None
         if self.device.type == "cuda":

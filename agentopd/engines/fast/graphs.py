@@ -1,4 +1,5 @@
-"""CUDA graphs of the fast engine's decode step, one per batch-size bucket.
+"""CUDA graphs of the fast engine's steps: decode steps, one per batch-size bucket, and steps that feed prompt
+chunks (`MixedGraphs`, at the end), one per bucket of the step's token count.
 
     graphs = DecodeGraphs(runner, max_rows=256, max_pages=256)   # captures every bucket (seconds)
     logits_RV = graphs.run(ids_R, positions_R, slots_R, page_table_RP, ctx_lens_R)
@@ -15,6 +16,7 @@ Legend: R rows, P pages per row, V vocabulary.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from agentopd.engines.fast.attention import AttnBatch
@@ -76,3 +78,120 @@ class DecodeGraphs:
             self.ctx_lens[r:b] = 1
         self.graphs[b].replay()
         return self.logits[b][:r]
+
+
+MIXED_BUCKETS = (512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+
+
+class _Staging:
+    """Pinned host buffers for a step's host-to-device copies. A copy from pageable memory may wait for the GPU's
+    queue, which a step planned ahead must not; each buffer is reused only once its last copy is done (the ring
+    spans more steps than can be in flight)."""
+
+    def __init__(self, dtype: torch.dtype, slots: int) -> None:
+        self.dtype, self.bufs, self.events, self.i = dtype, [None] * slots, [None] * slots, 0
+
+    def copy(self, src: np.ndarray, dst: torch.Tensor) -> None:
+        i = self.i = (self.i + 1) % len(self.bufs)
+        if self.events[i] is not None:
+            self.events[i].synchronize()
+        if self.bufs[i] is None or self.bufs[i].numel() < src.size:
+            self.bufs[i] = torch.empty(max(src.size, 4096), dtype=self.dtype, pin_memory=True)
+        buf = self.bufs[i][: src.size]
+        buf.numpy()[:] = src.reshape(-1)
+        dst.copy_(buf.view(src.shape), non_blocking=True)
+        self.events[i] = torch.cuda.Event()
+        self.events[i].record()
+
+
+class MixedGraphs:
+    """CUDA graphs of the steps that feed prompt chunks (returning turns' observations, new prompts), beside any
+    one-query rows, one per bucket of the step's token count:
+
+        mixed = MixedGraphs(runner, max_rows=256, max_pages=256, max_tokens=8192)
+        bucket = mixed.load(flat_3N, table_RW, ctx_lens, q_starts, q_lens, n_dec, sample_idx)
+        logits_SV = mixed.replay(bucket, len(sample_idx))
+
+    Eagerly, such a step launches ~10 kernels a layer from Python; at a few hundred rows the host's launches took
+    longer than the GPU's work. Captured, the step is one replay. What varies lives in static buffers: the tokens
+    (ids, positions, slots; padding tokens write the scratch page 0 and are never read), the page table, context
+    lengths, the sampled rows (logits of max_rows rows are computed, the first S returned), and the prefill
+    kernel's block list and counts (`triton_attention.prefill_meta`), so one grid, sized for the bucket's largest
+    step, serves any step of the bucket and its spare programs do nothing.
+
+    Legend: N tokens (3N: ids, positions, slots), R rows, W page-table width, S sampled rows, V vocabulary.
+    """
+
+    def __init__(self, runner: ModelRunner, max_rows: int, max_pages: int, max_tokens: int) -> None:
+        from agentopd.engines.fast.triton_attention import block_tokens, split_meta
+
+        dev = runner.device
+        self.buckets = [b for b in MIXED_BUCKETS if b < max_tokens] + [max_tokens]
+        self.max_tokens, self.max_rows = max_tokens, max_rows
+        s = runner.shape
+        self.block_tokens, _ = block_tokens(s.q_heads, s.kv_heads)
+        self.i64 = torch.zeros(3 * max_tokens + max_rows, dtype=torch.long, device=dev)
+        self.flat = self.i64[: 3 * max_tokens].view(3, max_tokens)  # ids, positions, slots
+        self.sample_idx = self.i64[3 * max_tokens :]
+        self.page_table = torch.zeros(max_rows, max_pages, dtype=torch.int32, device=dev)
+        q_starts = torch.zeros(max_rows, dtype=torch.int32, device=dev)  # (read by no kernel: the block list is)
+        self.i32: dict[int, torch.Tensor] = {}  # per bucket: the prefill kernel's metadata, then context lengths
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self._inputs: list = []
+        self._stage64, self._stage32 = _Staging(torch.long, 4), _Staging(torch.int32, 8)
+        pool = None
+        for b in reversed(self.buckets):  # largest first: the smaller ones reuse its memory pool
+            blocks = self.max_blocks(b)
+            self.i32[b] = torch.zeros(2 * blocks + 2 * max_rows + 2, dtype=torch.int32, device=dev)  # counts 0: no-op
+            meta, ctx_lens = self.i32[b][: -max_rows], self.i32[b][-max_rows:]
+            batch = AttnBatch(self.flat[1, :b], self.flat[2, :b], self.page_table, ctx_lens, q_starts)
+            batch.memo[("prefill", self.block_tokens)] = (*split_meta(meta, blocks, max_rows), max_rows + blocks)
+            self._inputs.append(batch)
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):  # warm-up: Triton compiles, allocator settles
+                runner.forward(self.flat[0, :b], batch, self.sample_idx)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[b] = runner.forward(self.flat[0, :b], batch, self.sample_idx)
+            pool = graph.pool()
+            self.graphs[b] = graph
+        torch.cuda.synchronize(dev)
+
+    def max_blocks(self, tokens: int) -> int:
+        """Prefill blocks a step of `tokens` tokens in at most max_rows rows can need (one partial block a row)."""
+        return tokens // self.block_tokens + self.max_rows
+
+    def fits(self, tokens: int, rows: int) -> bool:
+        return tokens <= self.max_tokens and rows <= self.max_rows
+
+    def load(self, flat_3N: np.ndarray, table_RW: np.ndarray, ctx_lens: list[int], q_starts: list[int],
+             q_lens: list[int], n_dec: int, sample_idx: list[int]) -> int:
+        """Fill the static buffers for this step; returns its bucket. The ids are `flat_ids` (rows that feed a
+        token still on the device are filled in there by the caller), then `replay(bucket, S)`."""
+        from agentopd.engines.fast.triton_attention import prefill_meta
+
+        n, r = flat_3N.shape[1], len(q_lens)
+        b = next(x for x in self.buckets if x >= n)
+        i64 = np.zeros(self.i64.numel(), dtype=np.int64)  # padding tokens: id 0, position 0, scratch slot 0
+        i64[: 3 * self.max_tokens].reshape(3, self.max_tokens)[:, :n] = flat_3N
+        i64[3 * self.max_tokens : 3 * self.max_tokens + len(sample_idx)] = sample_idx
+        self._stage64.copy(i64, self.i64)
+        i32 = np.ones(self.i32[b].numel(), dtype=np.int32)
+        i32[: -self.max_rows] = prefill_meta(q_starts, q_lens, n_dec, self.block_tokens, self.max_blocks(b),
+                                             self.max_rows)
+        i32[len(i32) - self.max_rows : len(i32) - self.max_rows + r] = ctx_lens
+        self._stage32.copy(i32, self.i32[b])
+        self._stage32.copy(np.ascontiguousarray(table_RW), self.page_table[:r, : table_RW.shape[1]])
+        return b
+
+    @property
+    def flat_ids(self) -> torch.Tensor:
+        return self.flat[0]
+
+    def replay(self, bucket: int, sampled: int) -> torch.Tensor:
+        """[S, V] logits of the step `load` prepared."""
+        self.graphs[bucket].replay()
+        return self.logits[bucket][:sampled]

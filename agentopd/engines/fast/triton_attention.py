@@ -26,6 +26,7 @@ Legend: N flat tokens, R rows, P pages per row, S splits, Hq / Hkv heads, G = Hq
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 try:
@@ -160,22 +161,25 @@ if triton is not None:
         tl.store(O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=mmask[:, None])
 
-    @triton.jit(do_not_specialize=["n_dec"])  # (one compile for any number of one-query rows)
-    def _prefill_kernel(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale,
+    @triton.jit
+    def _prefill_kernel(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, COUNTS, CTX, scale,
                         stride_qn, stride_qh, stride_kt, stride_kh, stride_on, stride_oh, stride_pr,
-                        n_dec, n_kv, G: tl.constexpr, G_PAD: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr,
+                        n_kv, G: tl.constexpr, G_PAD: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr,
                         PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         DEC_BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-        # programs 0..n_dec-1 along axis 0: one-query rows (a mixed step's decode rows, row r = token r), each over
-        # one kv head (axis 1 < n_kv); the others: blocks of prompt chunks. One launch a layer serves both.
+        # COUNTS = (n_dec, n_blocks), on the device, so a captured graph serves any step of its size: programs
+        # 0..n_dec-1 along axis 0 take one-query rows (a mixed step's decode rows, row r = token r), each over one kv
+        # head (axis 1 < n_kv); the next n_blocks take blocks of prompt chunks; any others (a captured grid's
+        # spare programs) do nothing. One launch a layer serves both kinds.
         pid = tl.program_id(0)
         j = tl.program_id(1)
+        n_dec = tl.load(COUNTS)
         if pid < n_dec:
             if j < n_kv:
                 _decode_program(Q, K, V, PT, CTX, O, O, O, scale, pid, j, 0,
                                 stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
                                 0, 0, 0, 0, 0, G, G_PAD, D, PAGE_SIZE, DEC_BLOCK_N, 1, PRECISION)
-        else:
+        elif pid - n_dec < tl.load(COUNTS + 1):
             _prefill_program(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale, pid - n_dec,
                              j * HEADS, stride_qn, stride_qh, stride_kt, stride_kh, stride_on, stride_oh, stride_pr,
                              G, HEADS, D, PAGE_SIZE, BLOCK_M, BLOCK_N, PRECISION)
@@ -226,41 +230,70 @@ PREFILL = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3, "heads
 # three step shapes, 0.56 ms a layer against 0.85 for one program a query head: benchmarks/results/engine_gpu.md)
 
 
+def block_tokens(q_heads: int, kv_heads: int, **config) -> tuple[int, int]:
+    """(query tokens, query heads) of one prefill block: block_m tile rows = tokens x heads that share a kv head
+    (default: the whole group when its size is a power of two, so each K/V block is loaded once per group)."""
+    cfg = {**PREFILL, **config}
+    G = q_heads // kv_heads
+    heads = cfg["heads"] or (G if G & (G - 1) == 0 else 1)
+    if G % heads or heads & (heads - 1) or cfg["block_m"] % heads:
+        raise ValueError(f"prefill_attention: heads={heads} must be a power of two dividing the group size {G} "
+                         f"and block_m={cfg['block_m']}")
+    return cfg["block_m"] // heads, heads
+
+
+def prefill_meta(q_starts: list[int], q_lens: list[int], n_dec: int, tokens: int, max_blocks: int | None = None,
+                 max_rows: int | None = None) -> np.ndarray:
+    """The prefill kernel's step metadata, one int32 array: block rows, block first tokens (blocks of `tokens`
+    queries of the rows after the first n_dec), each row's end token, then (n_dec, number of blocks). With
+    max_blocks / max_rows, the first three parts are padded to those sizes (a captured graph's buffers)."""
+    blk_row, blk_start = [], []
+    for r in range(n_dec, len(q_lens)):
+        starts = range(q_starts[r], q_starts[r] + q_lens[r], tokens)
+        blk_row += [r] * len(starts)
+        blk_start += starts
+    b, rows = max_blocks or len(blk_row), max_rows or len(q_lens)
+    if len(blk_row) > b or len(q_lens) > rows:
+        raise ValueError(f"prefill_meta: {len(blk_row)} blocks / {len(q_lens)} rows exceed {b} / {rows}")
+    meta = np.zeros(2 * b + rows + 2, dtype=np.int32)
+    meta[: len(blk_row)] = blk_row
+    meta[b : b + len(blk_start)] = blk_start
+    meta[2 * b : 2 * b + len(q_lens)] = np.add(q_starts, q_lens)
+    meta[-2:] = n_dec, len(blk_row)
+    return meta
+
+
+def split_meta(meta: torch.Tensor, blocks: int, rows: int) -> tuple[torch.Tensor, ...]:
+    """Views of `prefill_meta`'s parts in a device tensor: block rows, block starts, row ends, counts."""
+    return meta[:blocks], meta[blocks : 2 * blocks], meta[2 * blocks : 2 * blocks + rows], meta[-2:]
+
+
 def prefill_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
                       scale: float, **config) -> torch.Tensor:
     """Any rows: [N, Hq, D] causal attention of each row's new tokens over its paged context.
 
     Rows 0..batch.decode_rows-1 (a mixed step's one-query rows, row r = token r) take the decode kernel's path,
-    one program a (row, kv head); the others are cut into blocks of block_m tile rows: block_m // heads tokens x
-    `heads` query heads that share a kv head (default: the whole group when its size is a power of two, so each
-    K/V block is loaded once per group). Both kinds of program run in one launch."""
+    one program a (row, kv head); the others are cut into blocks (`block_tokens`). Both kinds of program run in
+    one launch. The step's metadata is built once for all layers (batch.memo), or given there by a captured graph
+    (`graphs.MixedGraphs`: its buffers, and a grid for its largest step)."""
     cfg = {**PREFILL, **config}
     N, Hq, D = q_NHD.shape
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
-    heads = cfg["heads"] or (G if G & (G - 1) == 0 else 1)
-    if G % heads or heads & (heads - 1) or cfg["block_m"] % heads:
-        raise ValueError(f"prefill_attention: heads={heads} must be a power of two dividing the group size {G} "
-                         f"and block_m={cfg['block_m']}")
-    tokens, n_dec = cfg["block_m"] // heads, batch.decode_rows
-    key = ("prefill_blocks", tokens)
+    tokens, heads = block_tokens(Hq, Hkv, **config)
+    key = ("prefill", tokens)
     if key not in batch.memo:  # the same for every layer of the step
-        blk_row, blk_start, q_end = [], [], []
-        for r, (start, n) in enumerate(zip(batch.q_starts, batch.q_lens)):
-            q_end.append(start + n)
-            if r >= n_dec:
-                for j in range(0, n, tokens):
-                    blk_row.append(r)
-                    blk_start.append(start + j)
-        meta = torch.tensor([blk_row, blk_start], dtype=torch.int32).to(q_NHD.device, non_blocking=True)
-        batch.memo[key] = (meta, torch.tensor(q_end, dtype=torch.int32).to(q_NHD.device, non_blocking=True))
-    meta, q_end_R = batch.memo[key]
+        meta = prefill_meta(batch.q_starts, batch.q_lens, batch.decode_rows, tokens)
+        blocks = int(meta[-1])
+        dev_meta = torch.from_numpy(meta).to(q_NHD.device, non_blocking=True)
+        batch.memo[key] = (*split_meta(dev_meta, blocks, len(batch.q_lens)), batch.decode_rows + blocks)
+    blk_row, blk_start, q_end_R, counts, grid = batch.memo[key]
     o_NHD = torch.empty_like(q_NHD)
     precision = "ieee" if q_NHD.dtype == torch.float32 else "tf32"
-    _prefill_kernel[(n_dec + meta.shape[1], Hq // heads)](
-        q_NHD, k_cache, v_cache, o_NHD, batch.page_table_RP, meta[0], meta[1], q_end_R, batch.ctx_lens_R, scale,
-        q_NHD.stride(0), q_NHD.stride(1), k_cache.stride(0), k_cache.stride(1), o_NHD.stride(0), o_NHD.stride(1),
-        batch.page_table_RP.stride(0), n_dec, Hkv,
+    _prefill_kernel[(grid, Hq // heads)](
+        q_NHD, k_cache, v_cache, o_NHD, batch.page_table_RP, blk_row, blk_start, q_end_R, counts, batch.ctx_lens_R,
+        scale, q_NHD.stride(0), q_NHD.stride(1), k_cache.stride(0), k_cache.stride(1), o_NHD.stride(0),
+        o_NHD.stride(1), batch.page_table_RP.stride(0), Hkv,
         G=G, G_PAD=_group_pad(G), HEADS=heads, D=D, PAGE_SIZE=PAGE, BLOCK_M=cfg["block_m"],
         BLOCK_N=cfg["block_n"], DEC_BLOCK_N=64, PRECISION=precision, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
