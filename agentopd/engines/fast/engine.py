@@ -9,8 +9,9 @@
 The same async Engine protocol as HFEngine (engines/base.py). `generate()` queues a request and
 awaits its future; one worker thread runs steps while any work is left: the scheduler
 (scheduler.py) picks the step's tokens (decodes, prompt chunks, newcomers), the model runner
-(model.py) runs them as one flat batch over the paged pool (kv_cache.py) — a captured CUDA graph
-for decode-only steps on a GPU (graphs.py) — and the sampler (sampler.py) draws each row's next
+(model.py) runs them as one flat batch over the paged pool (kv_cache.py) — on a GPU a captured CUDA
+graph, per bucket of rows for decode steps and of tokens for steps that feed prompt chunks
+(graphs.py) — and the sampler (sampler.py) draws each row's next
 token with its exact logprob. A finished request's future is resolved at once, from the worker,
 while the others keep running. Cancelled callers' rows are dropped at the next step.
 
@@ -25,8 +26,8 @@ max_batch_size full contexts of up to 2048 tokens on CPU), `token_budget` (new t
 `cuda_graphs`, `overlap` (plan and queue the next step before reading this one's sampled tokens, so the host's
 work hides behind the GPU's; default: on a GPU).
 
-`sleep()` frees the KV pool and the decode graphs (their cached pages are dropped) for a trainer on the
-same GPU; `wake()` allocates and captures them again (seconds on a GPU: every batch-size bucket).
+`sleep()` frees the KV pool and the step graphs (their cached pages are dropped) for a trainer on the
+same GPU; `wake()` allocates and captures them again (seconds on a GPU: every bucket).
 
 `update_weights` stops admitting new requests, waits for the running ones to finish, copies the
 tensors in place, drops every cached page (their K/V belong to the old weights) and bumps
