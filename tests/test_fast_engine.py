@@ -563,14 +563,18 @@ KERNEL_CHECK = textwrap.dedent("""
     lens, starts = [5, 1, 20], [0, 5, 6]
     pos = [p for n in lens for p in range(n)]
     slots = [int(table[r, p // PAGE]) * PAGE + p % PAGE for r, n in enumerate(lens) for p in range(n)]
-    def run(fused):
+    def run(fused, out=None):
         pool.kv.zero_()
         runner.fused = fused
         b = AttnBatch(torch.tensor(pos), torch.tensor(slots), table, torch.tensor(lens, dtype=torch.int32),
                       torch.tensor(starts, dtype=torch.int32), lens, starts, lens)
-        return runner.forward(torch.arange(26) % 300, b, torch.tensor([4, 5, 25])), pool.kv.clone()
+        return runner.forward(torch.arange(26) % 300, b, torch.tensor([4, 5, 25]), out), pool.kv.clone()
     (logits_ref, kv_ref), (logits, kv) = run(False), run(True)
     assert (logits - logits_ref).abs().max() < 1e-4 and (kv - kv_ref).abs().max() < 1e-4
+    shared = torch.full((5, logits.shape[1]), float("nan"))  # a captured graph's logits buffer, more rows than sampled
+    for fused in (False, True):
+        got, _ = run(fused, shared[:3])
+        assert got.data_ptr() == shared.data_ptr() and (got - logits_ref).abs().max() < 1e-4
     from agentopd.engines.fast import triton_ops
     triton_ops.QKV.update(min_tokens=0, block_t=4)  # q/k/v in blocks of 4 tokens (26 tokens: a partial last block)
     logits, kv = run(True)

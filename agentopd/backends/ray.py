@@ -23,7 +23,7 @@ Roles and resources (`ray.*`, see agentopd.config.RayConfig):
   `perf/weight_broadcast_s`, `perf/weight_group_s`); `ipc` (trainer rank 0 and every worker share one
   GPU: a CUDA IPC handle to one flat buffer: `perf/weight_gather_s`, `perf/weight_push_s`). `auto`
   picks ipc, broadcast or the object store from the GPUs Ray gave the actors.
-- `engine_sleep`: each rollout engine frees its KV pool (and the fast engine its decode graphs) before the
+- `engine_sleep`: each rollout engine frees its KV pool (and the fast engine its step graphs) before the
   trainer runs and allocates them again when the next rollout is submitted: for a trainer that shares the
   engines' GPU (colocated). `perf/engine_sleep_s`.
 The driver owns the store, metrics and viewer files, so a run directory looks as it does locally.

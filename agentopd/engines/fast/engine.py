@@ -406,10 +406,12 @@ class FastEngine(LoopEngine):
         self.runner.attach_cache(self.pool.k, self.pool.v)
         self.graphs = self.mixed = None
         if self._cuda_graphs:
-            from agentopd.engines.fast.graphs import DecodeGraphs, MixedGraphs
+            from agentopd.engines.fast.graphs import MIXED_BUCKETS, DecodeGraphs, MixedGraphs
 
             self.graphs = DecodeGraphs(self.runner, self.max_batch_size, self._pages_per_row)
-            self.mixed = MixedGraphs(self.runner, self.max_batch_size, self._pages_per_row, self.scheduler.token_budget)
+            # steps of more tokens than the largest bucket run eagerly: the GPU's work dwarfs their launches
+            self.mixed = MixedGraphs(self.runner, self.max_batch_size, self._pages_per_row,
+                                     min(self.scheduler.token_budget, MIXED_BUCKETS[-1]))
 
     def _release(self) -> None:
         """`sleep()`: drop every cached page, then the pool and the graphs (captured on its addresses)."""

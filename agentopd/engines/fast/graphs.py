@@ -38,7 +38,8 @@ class DecodeGraphs:
         q_starts = torch.arange(max_rows, dtype=torch.int32, device=dev)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.logits: dict[int, torch.Tensor] = {}  # views of one buffer: a step's logits are sampled before the next replay
+        out = torch.empty(max_rows, runner.lm_head.shape[0], dtype=torch.float32, device=dev)
         self._inputs: list = []  # tensors the graphs read: they must outlive the capture
         pool = None
         for b in reversed(self.buckets):  # largest first: the smaller ones reuse its memory pool
@@ -49,11 +50,11 @@ class DecodeGraphs:
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):  # warm-up: Triton compiles, allocator settles
-                runner.forward(self.ids[:b], batch, sample_idx)
+                runner.forward(self.ids[:b], batch, sample_idx, out[:b])
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = runner.forward(self.ids[:b], batch, sample_idx)
+                self.logits[b] = runner.forward(self.ids[:b], batch, sample_idx, out[:b])
             pool = graph.pool()
             self.graphs[b] = graph
         torch.cuda.synchronize(dev)
@@ -115,7 +116,8 @@ class MixedGraphs:
     Eagerly, such a step launches ~10 kernels a layer from Python; at a few hundred rows the host's launches took
     longer than the GPU's work. Captured, the step is one replay. What varies lives in static buffers: the tokens
     (ids, positions, slots; padding tokens write the scratch page 0 and are never read), the page table, context
-    lengths, the sampled rows (logits of max_rows rows are computed, the first S returned), and the prefill
+    lengths, the sampled rows (logits of max_rows rows are computed, the first S returned; every bucket writes
+    them into one buffer), and the prefill
     kernel's block list and counts (`triton_attention.prefill_meta`), so one grid, sized for the bucket's largest
     step, serves any step of the bucket and its spare programs do nothing.
 
@@ -137,7 +139,8 @@ class MixedGraphs:
         q_starts = torch.zeros(max_rows, dtype=torch.int32, device=dev)  # (read by no kernel: the block list is)
         self.i32: dict[int, torch.Tensor] = {}  # per bucket: the prefill kernel's metadata, then context lengths
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.logits: dict[int, torch.Tensor] = {}  # one buffer for every bucket, as in DecodeGraphs
+        out = torch.empty(max_rows, runner.lm_head.shape[0], dtype=torch.float32, device=dev)
         self._inputs: list = []
         self._stage64, self._stage32 = _Staging(torch.long, 4), _Staging(torch.int32, 8)
         pool = None
@@ -151,11 +154,11 @@ class MixedGraphs:
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):  # warm-up: Triton compiles, allocator settles
-                runner.forward(self.flat[0, :b], batch, self.sample_idx)
+                runner.forward(self.flat[0, :b], batch, self.sample_idx, out)
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = runner.forward(self.flat[0, :b], batch, self.sample_idx)
+                self.logits[b] = runner.forward(self.flat[0, :b], batch, self.sample_idx, out)
             pool = graph.pool()
             self.graphs[b] = graph
         torch.cuda.synchronize(dev)

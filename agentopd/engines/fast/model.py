@@ -181,10 +181,12 @@ class ModelRunner:
 
     # ---- the forward pass ---------------------------------------------------------------
 
-    def forward(self, ids_N: torch.Tensor, batch: AttnBatch, sample_idx_S: torch.Tensor) -> torch.Tensor:
-        """fp32 logits of the rows at `sample_idx_S` after running the flat batch (K/V written to the pool)."""
+    def forward(self, ids_N: torch.Tensor, batch: AttnBatch, sample_idx_S: torch.Tensor,
+                out_SV: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits of the rows at `sample_idx_S` after running the flat batch (K/V written to the pool); into
+        `out_SV` when given (captured graphs share one logits buffer)."""
         if self.fused:
-            return self._forward_fused(ids_N, batch, sample_idx_S)
+            return self._logits(self._forward_fused(ids_N, batch, sample_idx_S), out_SV)
         s = self.shape
         n = ids_N.shape[0]
         cos_ND, sin_ND = self.cos_LD[batch.positions_N], self.sin_LD[batch.positions_N]
@@ -208,11 +210,15 @@ class ModelRunner:
             x_NE = rms_norm(h_NE, w["ln2"], s.eps)
             gate, up = F.linear(x_NE, w["gate_up"]).chunk(2, dim=-1)
             h_NE = h_NE + F.linear(F.silu(gate) * up, w["down"])
-        h_SE = rms_norm(h_NE[sample_idx_S], self.norm, s.eps)
-        return F.linear(h_SE, self.lm_head).float()
+        return self._logits(rms_norm(h_NE[sample_idx_S], self.norm, s.eps), out_SV)
+
+    def _logits(self, h_SE: torch.Tensor, out_SV: torch.Tensor | None) -> torch.Tensor:
+        logits_SV = F.linear(h_SE, self.lm_head)
+        return logits_SV.float() if out_SV is None else out_SV.copy_(logits_SV)
 
     def _forward_fused(self, ids_N: torch.Tensor, batch: AttnBatch, sample_idx_S: torch.Tensor) -> torch.Tensor:
-        """`forward` with the small ops as fused Triton kernels (triton_ops.py): same math, ~10 launches a layer."""
+        """`forward` up to the final norm, with the small ops as fused Triton kernels (triton_ops.py): same math,
+        ~10 launches a layer."""
         from agentopd.engines.fast import triton_ops as ops
 
         s = self.shape
@@ -230,4 +236,4 @@ class ModelRunner:
             if i + 1 < len(self.layers):
                 x_NE, h_NE = ops.add_rms_norm(down_NE, h_NE, self.layers[i + 1]["ln1"], s.eps)
         h_SE = h_NE[sample_idx_S] + down_NE[sample_idx_S]
-        return F.linear(ops.rms_norm(h_SE, self.norm, s.eps), self.lm_head).float()
+        return ops.rms_norm(h_SE, self.norm, s.eps)
