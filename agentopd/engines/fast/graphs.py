@@ -125,7 +125,7 @@ class MixedGraphs:
     """
 
     def __init__(self, runner: ModelRunner, max_rows: int, max_pages: int, max_tokens: int) -> None:
-        from agentopd.engines.fast.triton_attention import block_tokens, split_meta
+        from agentopd.engines.fast.triton_attention import block_tokens, meta_size, split_meta
 
         dev = runner.device
         self.buckets = [b for b in MIXED_BUCKETS if b < max_tokens] + [max_tokens]
@@ -146,8 +146,9 @@ class MixedGraphs:
         pool = None
         for b in reversed(self.buckets):  # largest first: the smaller ones reuse its memory pool
             blocks = self.max_blocks(b)
-            self.i32[b] = torch.zeros(2 * blocks + 2 * max_rows + 2, dtype=torch.int32, device=dev)  # counts 0: no-op
-            meta, ctx_lens = self.i32[b][: -max_rows], self.i32[b][-max_rows:]
+            size = meta_size(blocks, max_rows)
+            self.i32[b] = torch.zeros(size + max_rows, dtype=torch.int32, device=dev)  # counts 0: a no-op
+            meta, ctx_lens = self.i32[b][:size], self.i32[b][size:]
             batch = AttnBatch(self.flat[1, :b], self.flat[2, :b], self.page_table, ctx_lens, q_starts)
             batch.memo[("prefill", self.block_tokens)] = (*split_meta(meta, blocks, max_rows), max_rows + blocks)
             self._inputs.append(batch)

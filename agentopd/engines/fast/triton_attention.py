@@ -242,11 +242,22 @@ def block_tokens(q_heads: int, kv_heads: int, **config) -> tuple[int, int]:
     return cfg["block_m"] // heads, heads
 
 
+def _pad4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def meta_size(blocks: int, rows: int) -> int:
+    """Length of `prefill_meta`'s array for that many blocks and rows."""
+    return 2 * _pad4(blocks) + _pad4(rows) + 4
+
+
 def prefill_meta(q_starts: list[int], q_lens: list[int], n_dec: int, tokens: int, max_blocks: int | None = None,
                  max_rows: int | None = None) -> np.ndarray:
     """The prefill kernel's step metadata, one int32 array: block rows, block first tokens (blocks of `tokens`
     queries of the rows after the first n_dec), each row's end token, then (n_dec, number of blocks). With
-    max_blocks / max_rows, the first three parts are padded to those sizes (a captured graph's buffers)."""
+    max_blocks / max_rows, the parts are sized for those (a captured graph's buffers). Each part starts at a
+    multiple of 16 bytes: Triton compiles a kernel once per alignment of its pointers, and the eager path must not
+    meet a new one mid-run."""
     blk_row, blk_start = [], []
     for r in range(n_dec, len(q_lens)):
         starts = range(q_starts[r], q_starts[r] + q_lens[r], tokens)
@@ -255,17 +266,19 @@ def prefill_meta(q_starts: list[int], q_lens: list[int], n_dec: int, tokens: int
     b, rows = max_blocks or len(blk_row), max_rows or len(q_lens)
     if len(blk_row) > b or len(q_lens) > rows:
         raise ValueError(f"prefill_meta: {len(blk_row)} blocks / {len(q_lens)} rows exceed {b} / {rows}")
-    meta = np.zeros(2 * b + rows + 2, dtype=np.int32)
+    b4 = _pad4(b)
+    meta = np.zeros(meta_size(b, rows), dtype=np.int32)
     meta[: len(blk_row)] = blk_row
-    meta[b : b + len(blk_start)] = blk_start
-    meta[2 * b : 2 * b + len(q_lens)] = np.add(q_starts, q_lens)
-    meta[-2:] = n_dec, len(blk_row)
+    meta[b4 : b4 + len(blk_start)] = blk_start
+    meta[2 * b4 : 2 * b4 + len(q_lens)] = np.add(q_starts, q_lens)
+    meta[-4:-2] = n_dec, len(blk_row)
     return meta
 
 
 def split_meta(meta: torch.Tensor, blocks: int, rows: int) -> tuple[torch.Tensor, ...]:
     """Views of `prefill_meta`'s parts in a device tensor: block rows, block starts, row ends, counts."""
-    return meta[:blocks], meta[blocks : 2 * blocks], meta[2 * blocks : 2 * blocks + rows], meta[-2:]
+    b4, r4 = _pad4(blocks), _pad4(rows)
+    return meta[:b4], meta[b4 : 2 * b4], meta[2 * b4 : 2 * b4 + r4], meta[-4:-2]
 
 
 def prefill_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
@@ -284,7 +297,7 @@ def prefill_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     key = ("prefill", tokens)
     if key not in batch.memo:  # the same for every layer of the step
         meta = prefill_meta(batch.q_starts, batch.q_lens, batch.decode_rows, tokens)
-        blocks = int(meta[-1])
+        blocks = int(meta[-3])
         dev_meta = torch.from_numpy(meta).to(q_NHD.device, non_blocking=True)
         batch.memo[key] = (*split_meta(dev_meta, blocks, len(batch.q_lens)), batch.decode_rows + blocks)
     blk_row, blk_start, q_end_R, counts, grid = batch.memo[key]
