@@ -184,7 +184,7 @@ class RayConfig(Section):
     threads_per_actor: int = Field(1, ge=1, description="torch intra-op threads in each actor")
     engine_sleep: bool = Field(
         False, description="rollout engines free their KV pool while the trainer runs (a trainer sharing their GPU); "
-        "the fast engine captures its decode graphs again on waking",
+        "the fast engine captures its step graphs again on waking",
     )
     weight_sync: Literal["auto", "object_store", "broadcast", "ipc"] = Field(
         "auto",
