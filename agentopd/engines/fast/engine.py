@@ -330,8 +330,7 @@ class FastEngine(LoopEngine):
             else:  # a prompt chunk: numpy, not a Python loop over its tokens
                 pos = np.arange(start, start + n)
                 chunks.append((seq.tokens[start : start + n], pos,
-                               np.asarray(seq.pages[start // PAGE : (start + n - 1) // PAGE + 1]).repeat(PAGE)
-                               [start % PAGE : start % PAGE + n] * PAGE + pos % PAGE))
+                               np.asarray(seq.pages)[pos // PAGE] * PAGE + pos % PAGE))
             num_tokens += n
             if start + n == len(seq.tokens) + seq.pending:
                 sample_idx.append(num_tokens - 1)

@@ -26,6 +26,20 @@ from agentopd.engines.fast.triton_attention import decode_splits
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
+def _capture(step, pool, dev) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Run `step` once on a side stream (Triton compiles, the allocator settles), then capture it into a CUDA graph
+    that shares the memory pool `pool` (None: a new one); returns the graph and the tensor `step` returned."""
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = step()
+    return graph, out
+
+
 class DecodeGraphs:
     def __init__(self, runner: ModelRunner, max_rows: int, max_pages: int) -> None:
         dev = runner.device
@@ -47,16 +61,9 @@ class DecodeGraphs:
                               decode=True, num_splits=decode_splits(b, runner.shape.kv_heads, sms))
             sample_idx = torch.arange(b, device=dev)
             self._inputs.append((batch, sample_idx))
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):  # warm-up: Triton compiles, allocator settles
-                runner.forward(self.ids[:b], batch, sample_idx, out[:b])
-            torch.cuda.current_stream(dev).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = runner.forward(self.ids[:b], batch, sample_idx, out[:b])
-            pool = graph.pool()
-            self.graphs[b] = graph
+            self.graphs[b], self.logits[b] = _capture(
+                lambda: runner.forward(self.ids[:b], batch, sample_idx, out[:b]), pool, dev)
+            pool = self.graphs[b].pool()
         torch.cuda.synchronize(dev)
 
     def bucket(self, rows: int) -> int:
@@ -152,16 +159,9 @@ class MixedGraphs:
             batch = AttnBatch(self.flat[1, :b], self.flat[2, :b], self.page_table, ctx_lens, q_starts)
             batch.memo[("prefill", self.block_tokens)] = (*split_meta(meta, blocks, max_rows), max_rows + blocks)
             self._inputs.append(batch)
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):  # warm-up: Triton compiles, allocator settles
-                runner.forward(self.flat[0, :b], batch, self.sample_idx, out)
-            torch.cuda.current_stream(dev).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = runner.forward(self.flat[0, :b], batch, self.sample_idx, out)
-            pool = graph.pool()
-            self.graphs[b] = graph
+            self.graphs[b], self.logits[b] = _capture(
+                lambda: runner.forward(self.flat[0, :b], batch, self.sample_idx, out), pool, dev)
+            pool = self.graphs[b].pool()
         torch.cuda.synchronize(dev)
 
     def max_blocks(self, tokens: int) -> int:
