@@ -1,6 +1,7 @@
 """The fast engine on one GPU, every arm in one process: decode bandwidth, multi-turn rollouts, HFEngine baseline.
 
     PYTHONUNBUFFERED=1 python benchmarks/engine_gpu.py [--quick] [--reps 2]
+    python benchmarks/engine_gpu.py --check-json out.json   # only the arms benchmarks/gpu_check.py tracks
 
 Model: Qwen3-0.6B shape (28 layers, hidden 1024, 16 q / 8 kv heads, head_dim 128, vocab 151,936, tied),
 random weights, bf16. Arms:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import time
 
@@ -169,16 +171,33 @@ def logprob_gap(model_fp32, model_bf16, streams) -> tuple[float, float]:
     return worst32, worst16
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="smaller arms (a smoke run)")
-    ap.add_argument("--reps", type=int, default=2, help="runs of each shorter-context, uneven and agent-shaped arm")
-    args = ap.parse_args()
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    bw = copy_bandwidth()
-    print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+# the multi-turn arms that benchmarks/gpu_check.py compares against its baselines: figure name -> multi_turn's
+# (episodes, turns, tokens a turn) and keyword arguments (4 turns, observations of 64-256 tokens, overlap on)
+CHECK_ARMS = {
+    "engine/128ep_lockstep_tok_s": ((128, 4, 128), {}),  # mean decode context ~750
+    "engine/256ep_lockstep_tok_s": ((256, 4, 128), {}),
+    "engine/256ep_short_tok_s": ((256, 4, 64), {"prompt": 128}),  # ~490, where the 30k target was derived
+    "engine/256ep_uneven_tok_s": ((256, 4, 64), {"prompt": 128, "spread": 32}),
+}
+
+
+def check(engine: FastEngine, reps: int, path: str) -> None:
+    """The CHECK_ARMS, each the best of `reps` runs (one run moves by 10-20%), as one JSON object at `path`."""
+    engine.overlap = True
+    figures = {}
+    for name, (workload, kwargs) in CHECK_ARMS.items():
+        runs = []
+        for rep in range(reps):
+            wall, gen, _, _, ctx = asyncio.run(multi_turn(engine, *workload, seed=11000 + 97 * rep + len(figures), **kwargs))
+            runs.append(gen / wall)
+            print(f"{name}: run {rep + 1}: {gen / wall:,.0f} tok/s (mean context {ctx:.0f})", flush=True)
+        figures[name] = max(runs)
+    with open(path, "w") as f:
+        json.dump(figures, f)
+
+
+def build_engine() -> tuple[FastEngine, Qwen3ForCausalLM]:
     model = model_bf16()
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     t = time.perf_counter()
     engine = FastEngine(model, device="cuda", dtype=torch.bfloat16, max_batch_size=256, max_model_len=4096,
                         num_pages=33000)
@@ -188,6 +207,23 @@ def main() -> None:
     asyncio.run(multi_turn(engine, 4, 2, 16, seed=99))
     asyncio.run(multi_turn(engine, 48, 3, 16, seed=98, spread=8))
     asyncio.run(multi_turn(engine, 48, 3, 16, seed=97, spread=8, system=0))
+    return engine, model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller arms (a smoke run)")
+    ap.add_argument("--reps", type=int, default=2, help="runs of each shorter-context, uneven and agent-shaped arm")
+    ap.add_argument("--check-json", default=None, help="run only the CHECK_ARMS (gpu_check.py) and write them here")
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.check_json:
+        check(build_engine()[0], args.reps, args.check_json)
+        return
+    bw = copy_bandwidth()
+    print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    engine, model = build_engine()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     print("\n## fixed-batch decode (captured graph; sampler timed separately)", flush=True)
     fixed_batch(engine, bw, weight_bytes)
 

@@ -276,6 +276,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     ap.add_argument("--no-liger", action="store_true")
     ap.add_argument("--write", default=None, help="write the markdown table here")
+    ap.add_argument("--json", default=None, help="write every row (case and result) here as a JSON list")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -315,6 +316,10 @@ def main() -> None:
                       + (r.error or f"{_gib(r.peak_bytes)} GiB {r.seconds:.3f} s loss {r.loss:.6g}"), file=sys.stderr)
     out = table(results)
     print(out)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{**asdict(r.case), "peak_bytes": r.peak_bytes, "seconds": r.seconds,
+                        "error": r.error} for r in results], f)
     if args.write:
         dev = torch.cuda.get_device_name() if cuda else f"{platform.processor() or platform.machine()} CPU, {args.threads} thread(s)"
         head = (f"# Loss benchmark ({args.device})\n\n"

@@ -1,0 +1,231 @@
+"""The headline GPU figures in one run, each as a ratio against its recorded baseline.
+
+    python benchmarks/gpu_check.py --commit $(git rev-parse --short HEAD) --out DIR   # ~5-6 min on an H100
+    python benchmarks/gpu_check.py --only engine,loss --out DIR                      # some parts
+    python benchmarks/gpu_check.py --out DIR --record                                # + DIR/gpu_baseline.json
+
+CI has no GPU, so nothing else notices when a change slows the GPU path (one line once cut the trainer's
+throughput 42% and every test passed). Run this before resolving any change to `engines/`, `trainer/`, `losses/`,
+`teacher/`, `batch.py`, `prefix.py` or `backends/`, and put its table in the closing note.
+
+Parts, each in a process of its own (its own CUDA context and inductor cache), one after the other:
+    engine   benchmarks/engine_gpu.py --check-json: the fast engine's multi-turn arms at 128 and 256 episodes
+             (Qwen3-0.6B shape, 151,936-row vocabulary, random weights), best of two runs each
+    trainer  benchmarks/trainer_gpu.py: the 0.6B student compiled, 16 x 2,048 tokens a step, micro-batches of
+             16,384 and 32,768 tokens, loss chunk 4,096: tokens/s, MFU, peak memory
+    loss     benchmarks/loss.py --json: the fused full-vocabulary JSD against Liger-Kernel's compiled
+             LigerFusedLinearJSDLoss at 4,096 and 16,384 tokens (needs `liger_kernel` importable)
+    opd      benchmarks/gpu_opd.py: three OPD steps (0.6B / 1.7B shapes, fast engine, compiled trainer);
+             seconds per phase, medians of steps 2-3
+    tests    pytest -m gpu: every GPU-marked test
+
+Baselines: benchmarks/results/gpu_baseline.json, per figure and card kind (H100, H200, ...): value, which way is
+better, the commit and date it was measured at, and where (a results file, or this script). A figure is compared
+only with its baseline on the same card kind. The exit code is 1 when a gated figure is more than 10%
+worse than its baseline (a throughput 10% lower, a memory peak or a time 10% higher) or a GPU test fails, else 0.
+A baseline moves only in a commit that says why; `--record` writes DIR/gpu_baseline.json with this run's
+figures added for every figure that has no baseline on this card yet (copy it over the repository's file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "benchmarks" / "results" / "gpu_baseline.json"
+PARTS = ("engine", "trainer", "loss", "opd", "tests")
+TOLERANCE = 0.10
+LOSS_SHAPE = "x151936x2048x4096"  # N x V x H_s x H_t: the 1.7B student's head against an 8B-wide teacher
+
+
+def fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def card_kind(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100': baselines are compared within one card kind."""
+    found = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", name)
+    return found.group(1) if found else name
+
+
+def run(cmd: list[str], log: Path, timeout: int) -> subprocess.CompletedProcess:
+    print(f"$ {' '.join(cmd)}", flush=True)
+    t = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    with log.open("a") as f:
+        f.write(f"$ {' '.join(cmd)}\n{done.stdout}\n{done.stderr}\n(exit {done.returncode}, {time.perf_counter() - t:.0f} s)\n")
+    print(f"  exit {done.returncode} in {time.perf_counter() - t:.0f} s", flush=True)
+    return done
+
+
+def engine(out: Path, log: Path) -> dict[str, float]:
+    path = out / "engine.json"
+    done = run([sys.executable, "benchmarks/engine_gpu.py", "--check-json", str(path)], log, 300)
+    return json.loads(path.read_text()) if done.returncode == 0 else {}
+
+
+def trainer(out: Path, log: Path) -> dict[str, float]:
+    figures = {}
+    for tokens in (16384, 32768):
+        path = out / f"trainer_{tokens}.jsonl"
+        run([sys.executable, "benchmarks/trainer_gpu.py", "--shape", "qwen3-0.6b", "--configs", "compile",
+             "--micro-batch-tokens", str(tokens), "--chunk-size", "4096", "--seqs", "16", "--steps", "5",
+             "--jsonl", str(path)], log, 300)  # fmt: skip
+        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        row = next((r for r in rows if "tokens_per_s" in r), None)
+        if row is None:
+            print(f"  trainer at {tokens} tokens: {rows[-1]['error'] if rows else 'no result'}", flush=True)
+            continue
+        k = tokens // 1024
+        figures |= {f"trainer/0.6b_{k}k_tok_s": row["tokens_per_s"], f"trainer/0.6b_{k}k_mfu": row["mfu"],
+                    f"trainer/0.6b_{k}k_peak_gib": row["peak_GiB"]}
+    return figures
+
+
+def loss(out: Path, log: Path) -> dict[str, float]:
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        print("  liger_kernel is not importable: the loss part needs it (pip install liger-kernel)", flush=True)
+        return {}
+    path = out / "loss.json"
+    run([sys.executable, "benchmarks/loss.py", "--device", "cuda", "--kinds", "jsd", "--variants", "default:4096",
+         "--shapes", f"4096{LOSS_SHAPE},16384{LOSS_SHAPE}", "--json", str(path)], log, 300)  # fmt: skip
+    rows = json.loads(path.read_text()) if path.exists() else []
+    figures = {}
+    for n in (4096, 16384):
+        ours = next((r for r in rows if r["n"] == n and r["impl"] == "default" and not r["error"]), None)
+        liger = next((r for r in rows if r["n"] == n and r["impl"] == "liger_chunked_compiled" and not r["error"]), None)
+        k = n // 1024
+        if ours:
+            figures[f"loss/jsd_{k}k_tok_s"] = n / ours["seconds"]
+            figures[f"loss/jsd_{k}k_peak_gib"] = ours["peak_bytes"] / 2**30
+        if ours and liger:
+            figures[f"loss/jsd_{k}k_speed_vs_liger"] = liger["seconds"] / ours["seconds"]
+    return figures
+
+
+def opd(out: Path, log: Path) -> dict[str, float]:
+    run_out = out / "opd"
+    done = run([sys.executable, "benchmarks/gpu_opd.py", "--steps", "3", "--out", str(run_out),
+                "engine.kind=fast", "trainer.compile=true"], log, 400)  # fmt: skip
+    if done.returncode != 0:
+        return {}
+    steps = [json.loads(x) for x in (run_out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "loss" in r][1:]  # step 1 compiles
+    names = {"perf/rollout_tokens_per_s": "opd/rollout_tok_s", "perf/rollout_s": "opd/rollout_s",
+             "perf/teacher_s": "opd/teacher_s", "perf/train_step_s": "opd/train_s", "perf/weight_sync_s": "opd/weight_sync_s"}
+    return {ours: statistics.median(r[k] for r in steps) for k, ours in names.items() if all(k in r for r in steps)}
+
+
+def tests(out: Path, log: Path) -> dict[str, float]:
+    # only the files that hold GPU-marked tests: the others import what a GPU machine may lack (fastapi, ray, vllm)
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
+    done = run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files], log, 400)
+    counts = {w: int(n) for n, w in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", done.stdout)}
+    failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    if done.returncode not in (0, 5) and not failed:
+        failed = 1  # pytest itself broke: count it as a failure
+    return {"tests/gpu_passed": counts.get("passed", 0), "tests/gpu_failed": failed}
+
+
+def compare(figures: dict[str, float], baseline: dict, card: str) -> tuple[list[str], bool]:
+    """The table rows, and whether every gated figure holds against its baseline on this card."""
+    rows = ["| figure | now | baseline | ratio | baseline from | verdict |", "|---|---|---|---|---|---|"]
+    ok = True
+    for name in sorted(set(figures) | {k for k, cards in baseline.items() if card in cards}):
+        now, base = figures.get(name), baseline.get(name, {}).get(card)
+        if name == "tests/gpu_failed":
+            ok &= now == 0
+            rows.append(f"| {name} | {now} | 0 | - | - | {'ok' if now == 0 else 'FAIL'} |")
+            continue
+        if now is None:
+            rows.append(f"| {name} | not measured | {fmt(base['value'])} | - | {base['commit']} {base['date']} | MISSING |")
+            ok = False
+            continue
+        if base is None:
+            rows.append(f"| {name} | {fmt(now)} | none on {card} | - | - | new |")
+            continue
+        higher = base["better"] == "higher"
+        ratio = now / base["value"]
+        worse = ratio < 1 - TOLERANCE if higher else ratio > 1 + TOLERANCE
+        gated = base.get("gate", True)
+        ok &= not (worse and gated)
+        verdict = ("FAIL" if gated else "worse (not gated)") if worse else "ok"
+        rows.append(f"| {name} | {fmt(now)} | {fmt(base['value'])} | {ratio:.2f} ({'higher' if higher else 'lower'} is "
+                    f"better) | {base['commit']} {base['date']} | {verdict} |")
+    return rows, ok
+
+
+def recorded(figures: dict[str, float], baseline: dict, card: str, commit: str) -> dict:
+    """The baseline with this run's figures added where it has none on this card (never moving one it has)."""
+    new = {name: dict(cards) for name, cards in baseline.items()}
+    for name, value in figures.items():
+        if name.startswith("tests/") or card in new.get(name, {}):
+            continue
+        lower = name.endswith(("_s", "_gib")) and not name.endswith("tok_s")
+        new.setdefault(name, {})[card] = {
+            "value": round(value, 4), "better": "lower" if lower else "higher", "commit": commit,
+            "date": datetime.date.today().isoformat(), "source": "benchmarks/gpu_check.py",
+            "gate": not name.endswith("weight_sync_s"),  # ~0.01 s: a few ms either way is noise, not a regression
+        }
+    return new
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="logs, each part's raw results, check.md, check.json")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"comma list of parts: {', '.join(PARTS)}")
+    ap.add_argument("--baseline", type=Path, default=BASELINE)
+    ap.add_argument("--commit", default=os.environ.get("GPU_CHECK_COMMIT", "unknown"),
+                    help="the commit measured (the device machine's copy of the tree has no .git)")
+    ap.add_argument("--record", action="store_true", help="write OUT/gpu_baseline.json with new figures added")
+    args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    parts = args.only.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--only: unknown part(s) {', '.join(sorted(unknown))}; parts are {', '.join(PARTS)}")
+    device = torch.cuda.get_device_name()
+    card = card_kind(device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "gpu_check_log.txt"
+    log.write_text("")
+    recorded_all = json.loads(args.baseline.read_text())["figures"] if args.baseline.exists() else {}
+    figures: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for part in PARTS:
+        if part in parts:
+            print(f"## {part}", flush=True)
+            figures |= globals()[part](args.out, log)
+    wall = time.perf_counter() - t0
+    baseline = {k: v for k, v in recorded_all.items() if k.split("/")[0] in parts}  # compare only what was measured
+    rows, ok = compare(figures, baseline, card)
+    head = (f"gpu_check: {device} ({card}), torch {torch.__version__}, commit {args.commit}, "
+            f"{datetime.date.today().isoformat()}, {wall:.0f} s: {'PASS' if ok else 'FAIL'}")
+    text = "\n".join([head, "", *rows])
+    print("\n" + text, flush=True)
+    (args.out / "check.md").write_text(text + "\n")
+    (args.out / "check.json").write_text(json.dumps({"device": device, "card": card, "commit": args.commit,
+                                                     "figures": figures, "ok": ok}, indent=1))
+    if args.record:
+        new = recorded(figures, recorded_all, card, args.commit)
+        (args.out / "gpu_baseline.json").write_text(json.dumps({"figures": new}, indent=1, sort_keys=True) + "\n")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
