@@ -156,7 +156,7 @@ def _split(name: str, kwargs: dict[str, Any]) -> str:
     shared = ids["train"] & ids["eval"]
     if shared:
         raise CheckFailed(f"{len(shared)} task id(s) in both train and eval, e.g. {sorted(shared)[0]!r}")
-    return f"{len(ids['train'])} train / {len(ids['eval'])} eval tasks, disjoint ({describe_split(name)})"
+    return f"{len(ids['train'])} train / {len(ids['eval'])} eval tasks, disjoint ({describe_split(name, kwargs.get('tasks'))})"
 
 
 def _expect(cond: bool, message: str) -> None:

@@ -30,8 +30,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+
+
+class _Console(Console):
+    """A rich Console that prints whole lines when its output is not a terminal (a pipe, a log file),
+    where rich would break every line at 80 columns."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **kwargs: Any) -> None:
+        super().print(*objects, soft_wrap=not self.is_terminal if soft_wrap is None else soft_wrap, **kwargs)
+
+
+console = _Console()
+err_console = _Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_USAGE = 2  # bad input: unknown env, bad override, missing file

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, field_validator, model_validator
 
 from agentopd.objectives import Objective
 
@@ -278,8 +278,11 @@ class DataclassSection(Section):
         return self._dataclass(**{k: v for k, v in self.model_dump().items() if k in names})
 
 
-def _section_of(dataclass_type: type, name: str, extra: dict[str, Any] | None = None) -> type[Section]:
-    """A config section with the fields (types, defaults) of a dataclass the code already has."""
+def _section_of(
+    dataclass_type: type, name: str, extra: dict[str, Any] | None = None, validators: dict[str, Any] | None = None
+) -> type[Section]:
+    """A config section with the fields (types, defaults) of a dataclass the code already has (and pydantic
+    `validators` of its own)."""
     import dataclasses
 
     hints = typing.get_type_hints(dataclass_type)
@@ -288,7 +291,7 @@ def _section_of(dataclass_type: type, name: str, extra: dict[str, Any] | None = 
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         fields[f.name] = (hints[f.name], default)
     fields.update(extra or {})
-    model = create_model(name, __base__=DataclassSection, __doc__=dataclass_type.__doc__, **fields)
+    model = create_model(name, __base__=DataclassSection, __doc__=dataclass_type.__doc__, __validators__=validators, **fields)
     model._dataclass = dataclass_type
     return model
 
@@ -301,9 +304,23 @@ def _rollout_section() -> type[Section]:
 
 
 def _trainer_section() -> type[Section]:
+    from agentopd.trainer.config import LossKind
     from agentopd.trainer.config import TrainerConfig as Trainer
 
-    return _section_of(Trainer, "TrainerSection")
+    training = [k.value for k in LossKind if k is not LossKind.SAMPLED_K3]
+
+    def check_loss(value: Any) -> Any:
+        """trainer.loss: one of `training`, the list a bad value is answered with."""
+        if value == LossKind.SAMPLED_K3:
+            raise ValueError(
+                "trainer.loss=sampled_k3 is not a training loss: the k3 estimator's expected gradient ascends the forward "
+                "KL, not the reverse KL (agentopd.losses.policy); use trainer.loss=sampled_k1 (k3 stays in the metrics)"
+            )
+        if value not in training:
+            raise ValueError(f"bad value for trainer.loss: {value!r} (one of {', '.join(map(repr, training))})")
+        return value
+
+    return _section_of(Trainer, "TrainerSection", validators={"check_loss": field_validator("loss", mode="before")(check_loss)})
 
 
 RolloutSection = _rollout_section()
@@ -461,17 +478,10 @@ class Config(Section):
 
     def trainer_config(self) -> Any:
         """The run's agentopd.trainer.TrainerConfig: the `trainer` section with the objective's loss, the
-        run's steps and the loss temperature (`loss_temperature`). Raises ValueError for a loss the run
-        cannot train with."""
-        from agentopd.trainer.config import LossKind
-
+        run's steps and the loss temperature (`loss_temperature`); the `trainer` section only accepts the
+        losses a run trains with."""
         cfg = self.trainer.build()
         cfg.loss = Objective(self.run.objective).loss or cfg.loss
-        if cfg.loss == LossKind.SAMPLED_K3:
-            raise ValueError(
-                "trainer.loss=sampled_k3 is not a training loss: the k3 estimator's expected gradient ascends the forward "
-                "KL, not the reverse KL (agentopd.losses.policy); use trainer.loss=sampled_k1 (k3 stays in the metrics)"
-            )
         cfg.total_steps = max(self.run.steps, 1)
         cfg.temperature = self.loss_temperature(cfg.loss)
         return cfg

@@ -18,8 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 
 class RunProgress:
-    """Live bars on a terminal; plain lines (each printed and flushed at once) when the output is a
-    pipe or a log file, where bars would show nothing until the end."""
+    """Live bars on a terminal; plain lines (each printed whole and flushed at once) when the output is
+    a pipe or a log file, where bars would show nothing until the end (and rich would break a line at
+    80 columns)."""
 
     PLAIN_EVERY = 0.1  # plain mode: a bootstrap line per tenth of each phase
 
@@ -70,7 +71,7 @@ class RunProgress:
             self._bootstrap_task = None
 
     def note(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(text, soft_wrap=self.plain)
         self.console.file.flush()
 
     def step_line(self, step: int, steps: int, m: dict[str, Any]) -> None:

@@ -109,10 +109,11 @@ class Runner:
                                           progress=self.progress.bootstrap_callback, env_kwargs=kwargs)  # fmt: skip
             teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
-        self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
             if not is_server(ref):  # a server's tokenizer is the user's promise (its echo of the ids is checked)
                 require_pair(student_ref, ref)
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
+        self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = cfg.rollout.build()
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
         self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype)
@@ -123,7 +124,6 @@ class Runner:
     # ---- the loop -------------------------------------------------------------------------
     def run(self, resume: bool = False) -> RunSummary:
         t0 = time.perf_counter()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self._resume_point() if resume else None
         start = checkpoint_step(ckpt) if ckpt is not None else 0
         self._setup(resume_after=start if ckpt is not None else None)

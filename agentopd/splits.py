@@ -12,6 +12,9 @@ Training plays train tasks; evals play held-out ones. Two ways, picked per env:
    so the same tasks are held out in every process, run and order of the list; train is the rest.
 An env with neither cannot be evaluated on held-out tasks: that is a ValueError saying so (and
 `agentopd check-env` reports it).
+
+A user's own task file (`tasks=...` of sql_db, calculator, math) is split by `split_user_tasks`: a line's
+optional `"split": "train" | "eval"` puts it in that split; the lines without one are divided as in 2.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import inspect
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from agentopd.env import Split, Task
@@ -57,6 +61,29 @@ def split_tasks(tasks: Sequence[Task], split: str, env_name: str) -> list[Task]:
     return [t for t in tasks if (t.id in held) == (split == Split.EVAL)]
 
 
+def split_user_tasks(tasks: Sequence[Task], split: Split, source: str | Path) -> list[Task]:
+    """The tasks of `split` from a user's task file `source`: a task whose line has a `split` key
+    (`task.data["split"]`: "train" | "eval") is in that split only; of the others, `HELD_OUT_SHARE`
+    (at least 1) are held out for eval by a hash of their ids (`held_out_ids`), the rest train.
+    ValueError for another `split` value, and when `split` is left without tasks (a one-task file
+    has no train tasks: its task is held out)."""
+    for t in tasks:
+        if t.data.get("split") not in (None, Split.TRAIN, Split.EVAL):
+            raise ValueError(f"{source}: task {t.id!r}: 'split' must be 'train' or 'eval', got {t.data['split']!r:.80}")
+    if split is Split.ALL:
+        return list(tasks)
+    unmarked = [t.id for t in tasks if t.data.get("split") is None]
+    held = held_out_ids(unmarked, str(source)) if len(unmarked) > 1 else set(unmarked)
+    chosen = [t for t in tasks if (t.data.get("split") or (Split.EVAL if t.id in held else Split.TRAIN)) == split]
+    if not chosen:
+        raise ValueError(
+            f"{source}: no {split} tasks: of its {len(tasks)} task(s), {len(tasks) - len(unmarked)} have a 'split' key and "
+            f"{len(held)} of the other {len(unmarked)} are held out for eval ({HELD_OUT_SHARE:.0%}, at least 1, by a hash "
+            f'of their ids); add tasks, or mark some with "split": "{split}"'
+        )
+    return chosen
+
+
 def make_env_for_split(name: str, split: str = "train", **kwargs: Any) -> Any:
     """An env of `name` serving `split` (see the module docstring); `kwargs` are its constructor's."""
     kwargs.pop("split", None)
@@ -77,7 +104,10 @@ def make_env_for_split(name: str, split: str = "train", **kwargs: Any) -> Any:
     return env
 
 
-def describe_split(name: str) -> str:
+def describe_split(name: str, tasks: Any = None) -> str:
+    """How the split reaches env `name` (given a user's task file `tasks` when it takes one), in words."""
+    if takes_split(env_factory(name)) and tasks:
+        return f"the task file's 'split' keys, else {HELD_OUT_SHARE:.0%} of its lines held out by a hash of their ids"
     if takes_split(env_factory(name)):
         return "the env's own `split` argument"
     return f"{HELD_OUT_SHARE:.0%} of its tasks held out by a hash of their ids"

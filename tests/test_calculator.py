@@ -363,7 +363,7 @@ def test_user_task_file(tmp_path):
         json.dumps({"question": "3 pens at $1.25 each?", "answer": "$3.75", "expression": "3 * 1.25", "level": 2}),
         json.dumps({"id": 7, "question": "Split $1,000 three ways.", "answer": "333.333333333"}),
     ])
-    env = make_env("calculator", tasks=str(path))
+    env = make_env("calculator", tasks=str(path), split="all")
     assert [t.id for t in env.tasks] == ["a", "line-3", "7"]
     assert env.tasks[1].data["level"] == 2
     for task in env.tasks:

@@ -156,3 +156,56 @@ def test_fuzzed_actions_are_all_bad_and_varied():
 def test_kwargs_with_an_instance_are_refused():
     with pytest.raises(ValueError, match="pass a name instead"):
         check_env(DoubleEnv(), max_turns=2)
+
+
+# --- a user's own task file: a held-out share of it (issue 27, defect 1) ---------------------------
+def _user_task_file(tmp_path, name: str, n: int, splits: dict[int, str] | None = None):
+    """`n` tasks for env `name` (sql_db over a one-table database of its own), line i marked with splits[i]."""
+    import json
+    import sqlite3
+
+    kwargs = {"tasks": str(tmp_path / f"{name}.jsonl")}
+    if name == "sql_db":
+        kwargs["db_path"] = str(tmp_path / "mine.sqlite")
+        with sqlite3.connect(kwargs["db_path"]) as conn:  # a file already made by an earlier call: the same table
+            conn.execute("DROP TABLE IF EXISTS t")
+            conn.executescript("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1), (2), (3);")
+        conn.close()
+    lines = []
+    for i in range(n):
+        key = "problem" if name == "math" else "question"
+        row = {"id": f"q{i}", key: f"What is {i} plus 1?", "answer": i + 1}
+        if name == "sql_db":
+            row = {"id": f"q{i}", "question": f"How many rows are above {i}?", "sql": f"SELECT COUNT(*) FROM t WHERE x > {i}"}
+        if splits and i in splits:
+            row["split"] = splits[i]
+        lines.append(json.dumps(row))
+    (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return kwargs
+
+
+@pytest.mark.parametrize("name", ["sql_db", "calculator", "math"])
+def test_a_users_task_file_holds_a_share_out_for_eval(name, tmp_path):
+    kwargs = _user_task_file(tmp_path, name, 12)
+    report = check_env(name, fuzz_steps=50, oracle_tasks=4, **kwargs)
+    assert report.ok, report.summary()
+    split = next(c for c in report.checks if c.name == "split")
+    assert split.detail.startswith("10 train / 2 eval tasks, disjoint") and "hash of their ids" in split.detail, split.detail
+    train = {t.id for t in registry.make_env(name, split="train", **kwargs).tasks}
+    held = {t.id for t in registry.make_env(name, split="eval", **kwargs).tasks}
+    assert held == {"q4", "q7"} and train == {f"q{i}" for i in range(12)} - held  # sha256 of the ids: every process alike
+    assert len(registry.make_env(name, split="all", **kwargs).tasks) == 12
+
+
+@pytest.mark.parametrize("name", ["sql_db", "calculator", "math"])
+def test_a_users_split_keys_choose_the_split(name, tmp_path):
+    kwargs = _user_task_file(tmp_path, name, 6, {0: "eval", 1: "train", 3: "train", 4: "train", 5: "train"})
+    assert {t.id for t in registry.make_env(name, split="eval", **kwargs).tasks} == {"q0", "q2"}  # q2: the one unmarked
+    assert {t.id for t in registry.make_env(name, split="train", **kwargs).tasks} == {"q1", "q3", "q4", "q5"}
+    one = _user_task_file(tmp_path, name, 1)
+    assert [t.id for t in registry.make_env(name, split="eval", **one).tasks] == ["q0"]
+    with pytest.raises(ValueError, match=r"\.jsonl: no train tasks.*\"split\": \"train\""):
+        registry.make_env(name, split="train", **one)  # one task, held out: never trained on
+    bad = _user_task_file(tmp_path, name, 3, {1: "test"})
+    with pytest.raises(ValueError, match="'split' must be 'train' or 'eval'"):
+        registry.make_env(name, **bad)

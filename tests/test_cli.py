@@ -101,3 +101,26 @@ def test_bad_input_is_one_line_and_exit_2(cli, demo_plugin, args, message):
     assert message in result.output
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("student=/nonexistent", "student='/nonexistent': no such folder"), ("env.db_path=missing.sqlite", "no SQLite file at 'missing.sqlite'")],
+)
+def test_a_refused_run_leaves_no_run_directory(tmp_path, monkeypatch, override, message):
+    """Issue 27, defect 4: a run refused at validation left an empty runs/<name>/ behind."""
+    import json
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    with sqlite3.connect("mine.sqlite") as conn:
+        conn.executescript("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1), (2);")
+    conn.close()
+    lines = [json.dumps({"id": f"q{i}", "question": f"Rows above {i}?", "sql": f"SELECT COUNT(*) FROM t WHERE x > {i}"}) for i in range(5)]
+    (tmp_path / "mine.jsonl").write_text("\n".join(lines) + "\n")
+    args = ["run", "--env", "sql_db", "env.db_path=mine.sqlite", "env.tasks=mine.jsonl", override]
+    result = CliRunner().invoke(app, [*args, "--run-dir", str(tmp_path / "runs" / "x")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "runs").exists()

@@ -151,6 +151,20 @@ def test_sampled_k3_is_refused_as_a_training_loss():
         load_config("sql_db", overrides=["trainer.loss=sampled_k3"])
 
 
+def test_the_losses_listed_for_a_bad_value_are_the_ones_accepted():
+    """Issue 27, defect 5: `trainer.loss=foo` listed sampled_k3, which was then refused."""
+    import re
+
+    with pytest.raises(ValueError, match=r"trainer\.loss: 'foo'") as e:
+        load_config("sql_db", overrides=["trainer.loss=foo"])
+    listed = re.findall(r"'(\w+)'", str(e.value).split("'foo'", 1)[1])
+    assert listed and "sampled_k3" not in listed, str(e.value)
+    for loss in listed:
+        assert load_config("sql_db", overrides=[f"trainer.loss={loss}"]).trainer_config().loss == loss
+    with pytest.raises(ValueError, match="trainer.loss=sampled_k3 is not a training loss"):
+        load_config("sql_db", overrides=["trainer.loss=sampled_k3"])
+
+
 def test_async_max_staleness_zero_is_refused():
     """Defect 2 (issue 12): 0 was accepted and then every episode was stale and dropped."""
     with pytest.raises(ValueError, match="async.max_staleness=0 with async.enabled=true"):

@@ -193,7 +193,7 @@ def test_user_task_file(tmp_path):
         json.dumps({"data_source": "dapo", "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "2^5?"}],
                     "reward_model": {"ground_truth": "32", "style": "rule"}}),
     ])
-    env = make_env("math", tasks=str(path))
+    env = make_env("math", tasks=str(path), split="all")
     assert [t.id for t in env.tasks] == ["aime-1", "line-2", "line-4", "line-5"]
     assert env.tasks[0].data["data_source"] == "aime24" and env.tasks[2].data["level"] == "easy"
     assert env.tasks[3].question == "2^5?" and env.tasks[3].answer == "32"
@@ -250,7 +250,7 @@ def test_parquet_tasks(tmp_path):
         {"problem": "1+1?", "answer": "2", "data_source": "a"},
         {"problem": "Half?", "answer": "\\frac{1}{2}", "data_source": "b"},
     ]), path)
-    env = MathEnv(tasks=path)
+    env = MathEnv(tasks=path, split="all")
     assert [t.id for t in env.tasks] == ["row-1", "row-2"]
     for task in env.tasks:
         env.reset(options={"task_id": task.id})

@@ -39,3 +39,31 @@ def test_plain_lines_when_not_a_terminal():
 def test_bars_on_a_terminal():
     progress = RunProgress(Console(file=io.StringIO(), force_terminal=True))
     assert not progress.plain
+
+
+def test_plain_lines_are_whole_lines_at_any_length(monkeypatch):
+    """Issue 27, defect 3: piped into a file, every step line broke in two at rich's 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")  # what rich assumes without a terminal
+    log = _Log()
+    progress = RunProgress(Console(file=log))
+    assert progress.plain
+    metrics = {"loss": 0.4123, "kl/mean": 0.2211, "success_rate": 0.38,
+               "perf/rollout_tokens_per_s": 2788.0, "perf/train_tokens_per_s": 26331.0}  # fmt: skip
+    progress.step_line(120, 300, metrics)
+    progress.note("eval @ step 120: success 38% (teacher 90%), mean turns 2.41, tool errors 3.1%, 100 tasks " * 2)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].endswith("train 26,331 tok/s") and len(lines[1]) > 160, lines
+
+
+def test_the_cli_prints_whole_lines_into_a_pipe(monkeypatch, tmp_path):
+    """The same for the CLI's own lines (the final "view:" hint) when stdout is a file."""
+    import contextlib
+
+    from agentopd import cli
+
+    monkeypatch.setenv("COLUMNS", "80")
+    run_dir = tmp_path / "runs" / "sql_db-20260101-120000"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.console.print(f"final student: {run_dir / 'final'}   view: agentopd view {run_dir}")
+    assert out.getvalue() == f"final student: {run_dir / 'final'}   view: agentopd view {run_dir}\n"

@@ -8,9 +8,11 @@
 
 Kwargs:
     tasks      a JSONL file of your own tasks (format and answer rule: `envs.calculator.data`);
-               when given, `split`, `num_tasks` and `seed` are not used.
-    split      "train" | "eval" | "all" for the generated tasks (`envs.calculator.problems`:
-               11 templates of 1-3 steps; eval questions are held out of every train set).
+               when given, `num_tasks` and `seed` are not used.
+    split      "train" | "eval" | "all". Generated tasks (`envs.calculator.problems`: 11 templates
+               of 1-3 steps): eval questions are held out of every train set. Your tasks: a line's
+               optional "split" key, else 20% of the lines held out by a hash of their ids
+               (`agentopd.splits.split_user_tasks`).
     num_tasks  how many generated tasks (default 1000 for train and all, 200 for eval).
     seed       the generated task set's seed (default 0); `reset(seed=...)` picks the task.
     max_turns  assistant turns before truncation (default 6).
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentopd.env import Action, Task, ToolEnv
+from agentopd.splits import split_user_tasks
 from agentopd.tool import Tool
 from envs.calculator.data import answers_match, load_tasks, parse_answer
 from envs.calculator.problems import Split, generate
@@ -53,7 +56,7 @@ class CalculatorEnv(ToolEnv):
     ):
         self.split = Split.parse(split, "calculator")
         if tasks is not None and str(tasks) != "":
-            task_list = load_tasks(tasks)
+            task_list = split_user_tasks(load_tasks(tasks), self.split, tasks)
         else:
             n = DEFAULT_NUM_TASKS[self.split] if num_tasks is None else int(num_tasks)
             if n < 1:

@@ -6,9 +6,11 @@ Task file (JSONL, one object per line; blank lines are skipped):
     {"question": "3 pens at $1.25 each?", "answer": "$3.75", "expression": "3 * 1.25"}
 
 `question` (non-empty string) and `answer` (a number, or a string that reads as one) are
-required; `id` (default `line-<n>`) and `expression` (what the oracle passes to
-`calculate`; it must evaluate to the answer) are optional; other keys are kept in
-`Task.data`. A malformed line raises ValueError naming the file and line number.
+required; `id` (default `line-<n>`), `expression` (what the oracle passes to
+`calculate`; it must evaluate to the answer) and `split` ("train" or "eval"; of the tasks
+without it, 20% are held out for eval by a hash of their ids:
+`agentopd.splits.split_user_tasks`) are optional; other keys are kept in `Task.data`.
+A malformed line raises ValueError naming the file and line number.
 
 Answer rule (`parse_answer`, `answers_match`): strip whitespace, surrounding `*`/backticks,
 a trailing period, currency signs ($ € £) and a `%` sign, and thousands separators

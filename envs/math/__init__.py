@@ -9,9 +9,11 @@ The path for DAPO-Math / AIME / MATH-500 style data:
     obs, reward, terminated, truncated, info = env.step({"role": "assistant", "content": r"... \boxed{5}"})
 
 Kwargs:
-    tasks          a JSONL/Parquet file (`envs.math.data`); when given, `split`, `num_tasks`
-                   and `seed` are not used.
-    split          "train" | "eval" | "all" of the generated problems (`envs.math.problems`).
+    tasks          a JSONL/Parquet file (`envs.math.data`); when given, `num_tasks` and `seed`
+                   are not used.
+    split          "train" | "eval" | "all" of the generated problems (`envs.math.problems`), or
+                   of your tasks: a line's optional "split" key, else 20% of the lines held out
+                   by a hash of their ids (`agentopd.splits.split_user_tasks`).
     num_tasks      how many generated problems (default 1000 for train and all, 200 for eval).
     seed           the generated set's seed (default 0).
     answer_format  "boxed" (default: the last `\boxed{...}`), or a regex with exactly one
@@ -32,6 +34,7 @@ import re
 from pathlib import Path
 
 from agentopd.env import Action, Task, ToolEnv
+from agentopd.splits import split_user_tasks
 from agentopd.tool import Tool
 from envs.math.answers import BOXED, answers_match, extract
 from envs.math.data import load_tasks
@@ -62,7 +65,7 @@ class MathEnv(ToolEnv):
         self.pattern = None if answer_format == BOXED else _compile(answer_format)
         self._system_prompt = system_prompt or (BOXED_PROMPT if self.pattern is None else PLAIN_PROMPT)
         if tasks is not None and str(tasks) != "":
-            task_list = load_tasks(tasks)
+            task_list = split_user_tasks(load_tasks(tasks), self.split, tasks)
         else:
             n = DEFAULT_NUM_TASKS[self.split] if num_tasks is None else int(num_tasks)
             if n < 1:

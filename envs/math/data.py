@@ -5,8 +5,9 @@ One task per line (JSONL) or row (Parquet, chosen by the `.parquet` suffix):
     {"id": "aime-1", "problem": "Find ...", "answer": "204", "data_source": "aime24"}
 
 `problem` (non-empty string) and `answer` (a string or number) are required; `id`
-(default `line-<n>` / `row-<n>`) and `data_source` (kept for multi-teacher routing) are
-optional; other keys are kept in `Task.data`. Rows in the verl/DAPO layout are read too:
+(default `line-<n>` / `row-<n>`), `data_source` (kept for multi-teacher routing) and `split`
+("train" or "eval"; of the tasks without it, 20% are held out for eval by a hash of their
+ids: `agentopd.splits.split_user_tasks`) are optional; other keys are kept in `Task.data`. Rows in the verl/DAPO layout are read too:
 the problem is the last user message of `prompt` and the answer `reward_model.ground_truth`.
 Anything malformed raises ValueError naming the file and line (or row) number.
 """

@@ -19,8 +19,8 @@ Kwargs:
                      database at $AGENTOPD_HOME/envs/sql_db/default.db, built on first use
     tasks            a JSONL task file (format in `envs.sql_db.tasks`); required with db_path
     split            "train" | "eval" | "all" (default "train"). Generated tasks: eval holds the
-                     held-out entities. User tasks: a line's optional "split" key; lines without
-                     it are in every split
+                     held-out entities. User tasks: a line's optional "split" key, else 20% of the
+                     lines held out by a hash of their ids (`agentopd.splits.split_user_tasks`)
     max_turns        default 6
     query_timeout_s  default 1.0: a query running longer is stopped and reported
     max_rows         default 50 rows shown per result, then "... N more rows"
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from agentopd.env import Action, Split, Task, ToolEnv
+from agentopd.splits import split_user_tasks
 from agentopd.tool import Tool, tool_name
 from envs.sql_db.database import default_db_path
 from envs.sql_db.tasks import CLASSIC, Difficulty, answers_match, first_cell, generate_tasks, load_tasks_jsonl
@@ -140,7 +141,7 @@ class SqlDbEnv(ToolEnv):
         if tasks is None:
             chosen = list(_default_selection(str(path.resolve()), path.stat().st_mtime_ns, self.split, difficulty))
         else:
-            chosen = _select(load_tasks_jsonl(tasks, self.db), self.split, difficulty)
+            chosen = _select(split_user_tasks(load_tasks_jsonl(tasks, self.db), self.split, tasks), Split.ALL, difficulty)
         if not chosen:
             raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
         self.schema_in_prompt = bool(schema_in_prompt)

@@ -34,8 +34,9 @@ User task file, one JSON object per line (blank lines are skipped):
     {"id": "q2", "question": "...", "answer": "42"}                        no oracle tool call
     {"id": "q3", "question": "...", "sql": ["SELECT ...", "SELECT ..."]}   answer = the last query's result
 Optional keys: "ordered" (compare a multi-value answer in order; default: the last SQL has
-ORDER BY, else false), "split" ("train" or "eval"; a task without it is in every split),
-anything else is kept in `task.data`. When both "sql" and "answer" are given they must agree.
+ORDER BY, else false), "split" ("train" or "eval"; of the tasks without it, 20% are held
+out for eval by a hash of their ids: `agentopd.splits.split_user_tasks`), anything else is
+kept in `task.data`. When both "sql" and "answer" are given they must agree.
 """
 
 from __future__ import annotations
