@@ -1,6 +1,6 @@
 """Training samples and packed micro-batches for the trainer.
 
-One `TrainSample` is one episode ready for a train step: its token stream (DESIGN 3.1), the
+One `TrainSample` is one episode ready for a train step: its token stream (docs/design.md 3.1), the
 sampler's logprobs, what the teacher said about it, and its reward. `pack` puts samples back
 to back into micro-batches of at most `max_tokens` computed tokens, with position ids that
 restart at 0 for every sequence:
@@ -226,7 +226,7 @@ def _group_rows(samples: list[TrainSample], rows: list[list[int]], max_tokens: i
 
 def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bool = False,
             share_prefix: bool = False) -> MicroBatch:
-    """One micro-batch of `plan`'s layout: `rows` of sample indices (`pin_memory`: its teacher hidden states
+    """One micro-batch of `micro_batch_rows`' layout: `rows` of sample indices (`pin_memory`: its teacher hidden states
     page-locked). `share_prefix`, where every row holds one sample: the tokens all of them start with (at least
     MIN_SHARED_PREFIX, agentopd.prefix) become `prefix_ids_1P`, run once; the rows hold what follows it."""
     parts = [samples[i] for row in rows for i in row]
@@ -315,10 +315,10 @@ def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None 
     A sample longer than the budget gets a micro-batch of its own. Teacher fields are packed when
     every sample of a micro-batch has them (they are None otherwise).
     """
-    return [collate(samples, g) for g in plan(samples, max_tokens, row_tokens=row_tokens)]
+    return [collate(samples, g) for g in micro_batch_rows(samples, max_tokens, row_tokens=row_tokens)]
 
 
-def plan(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[list[list[int]]]:
+def micro_batch_rows(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[list[list[int]]]:
     """`pack`'s layout without building the tensors: per micro-batch, its rows of sample indices. The trainer
     collates each (`collate`) while the GPU still runs the one before. Samples of different `teacher_index`
     never share a micro-batch."""
@@ -333,14 +333,14 @@ def plan(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None 
         groups = []
         for t in teachers:
             index = [i for i, s in enumerate(samples) if s.teacher_index == t]
-            groups += [[[index[i] for i in row] for row in g] for g in plan([samples[i] for i in index], max_tokens,
-                                                                          row_tokens=row_tokens)]
+            mine = micro_batch_rows([samples[i] for i in index], max_tokens, row_tokens=row_tokens)
+            groups += [[[index[i] for i in row] for row in g] for g in mine]
         return groups
     rows = _rows(samples, row_tokens, max_tokens)
     return [[row] for row in rows] if row_tokens is None else _group_rows(samples, rows, max_tokens)
 
 
-def planned_slots(samples: list[TrainSample], group: list[list[int]]) -> int:
+def micro_batch_slots(samples: list[TrainSample], group: list[list[int]]) -> int:
     """B x T of the micro-batch `collate` builds for `group` (padding included)."""
     return len(group) * max(sum(samples[i].num_tokens for i in row) for row in group)
 

@@ -40,7 +40,7 @@ from agentopd.engines.scripted import ScriptedEngine
 from agentopd.evaluate import evaluate
 from agentopd.paths import agentopd_home
 from agentopd.recovery import mask_turns, recovery_eval, with_mistake
-from agentopd.splits import make_env_for_split
+from agentopd.splits import make_env_for_split, without_split
 from agentopd.rollout import Rollout, RolloutConfig
 
 BUILTIN_ENVS = ("sql_db", "calculator", "math")
@@ -55,6 +55,7 @@ class ModelSize:
     heads: int = 4
     kv_heads: int = 2
     intermediate_mult: int = 3
+    head_dim: int | None = None  # None: hidden // heads
 
     def config(self, tokenizer: PreTrainedTokenizerBase, max_positions: int = 4096) -> Qwen3Config:
         return Qwen3Config(
@@ -64,7 +65,7 @@ class ModelSize:
             num_hidden_layers=self.layers,
             num_attention_heads=self.heads,
             num_key_value_heads=self.kv_heads,
-            head_dim=self.hidden // self.heads,
+            head_dim=self.head_dim or self.hidden // self.heads,
             max_position_embeddings=max_positions,
             tie_word_embeddings=True,
             rope_theta=10000.0,
@@ -75,7 +76,7 @@ class ModelSize:
 
 
 @dataclass(frozen=True)
-class SFTPlan:
+class SFTSpec:
     """How one model is trained on demonstrations."""
 
     size: ModelSize
@@ -91,10 +92,10 @@ class SFTPlan:
 
 @dataclass(frozen=True)
 class BootstrapSpec:
-    teacher: SFTPlan = SFTPlan(ModelSize(hidden=128, layers=2), max_steps=400, lr=5e-3, target_success=0.8, eval_every=100)
+    teacher: SFTSpec = SFTSpec(ModelSize(hidden=128, layers=2), max_steps=400, lr=5e-3, target_success=0.8, eval_every=100)
     # narrower than the teacher, SFT stopped early at a constant lr (not annealed): it has the format and solves few
     # held-out tasks, and distillation can go on at the lr it was trained with
-    student: SFTPlan = SFTPlan(ModelSize(hidden=96, layers=2), max_steps=150, lr=3e-3, schedule="constant", seed=1)
+    student: SFTSpec = SFTSpec(ModelSize(hidden=96, layers=2), max_steps=150, lr=3e-3, schedule="constant", seed=1)
     tokenizer_vocab: int = 1000
     corpus_tasks_per_env: int = 1500
     demonstrations: int = 2000
@@ -126,7 +127,7 @@ ENV_SPECS: dict[str, BootstrapSpec] = {
         student=replace(BootstrapSpec.student, size=ModelSize(hidden=128, layers=2), max_steps=400)),  # fmt: skip
 }
 # bumped per preset when its ENV_SPECS entry changes, so a cache built by the older spec is rebuilt (RECIPE would
-# rebuild every env's); where the new spec differs from the one in the cache's report in the student's plan and
+# rebuild every env's); where the new spec differs from the one in the cache's report in the student's SFT spec and
 # nothing else, the cached teacher is kept and the student alone is retrained
 SPEC_VERSIONS: dict[str, int] = {"sql_db_explore": 4, "calculator": 2}  # 2: a 1,500- / 600-step teacher; 3: every task; 4: the student
 
@@ -135,9 +136,26 @@ def default_spec(env_name: str) -> BootstrapSpec:
     return ENV_SPECS.get(env_name, BootstrapSpec())
 
 
+# vLLM's CPU build serves head sizes 32, 64, 80, 96, 112, 128, ...; the embedded students' is 24 (hidden 96, 4 heads)
+VLLM_HEAD_DIM = 32
+
+
+def vllm_spec(spec: BootstrapSpec) -> BootstrapSpec:
+    """`spec` with each model's head size raised to VLLM_HEAD_DIM where it is smaller (widths, heads and training
+    unchanged): the embedded pair for vLLM (`student=builtin:vllm`)."""
+
+    def served(sft_spec: SFTSpec) -> SFTSpec:
+        size = sft_spec.size
+        if (size.head_dim or size.hidden // size.heads) >= VLLM_HEAD_DIM:
+            return sft_spec
+        return replace(sft_spec, size=replace(size, head_dim=VLLM_HEAD_DIM))
+
+    return replace(spec, teacher=served(spec.teacher), student=served(spec.student))
+
+
 TINY_SPEC = BootstrapSpec(  # for tests: seconds, not minutes
-    teacher=SFTPlan(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1), max_steps=6, batch_size=8, eval_every=3),
-    student=SFTPlan(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1), max_steps=2, batch_size=8, seed=1),
+    teacher=SFTSpec(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1), max_steps=6, batch_size=8, eval_every=3),
+    student=SFTSpec(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1), max_steps=2, batch_size=8, seed=1),
     tokenizer_vocab=600,
     corpus_tasks_per_env=60,
     demonstrations=64,
@@ -238,7 +256,7 @@ def preset_env_kwargs(env_name: str) -> dict[str, Any]:
     """The env kwargs of the shipped preset (configs/<env>.yaml), which the default run uses too."""
     from agentopd.config import load_config
 
-    return {k: v for k, v in load_config(env_name).env.kwargs.items() if k != "split"}
+    return without_split(load_config(env_name).env.kwargs)
 
 
 def demonstrations(
@@ -248,7 +266,7 @@ def demonstrations(
     """Oracle solutions of `num` training tasks as token streams (mask 1 on the assistant turns); with
     `mistakes` > 0, that share of them first makes one recoverable mistake (agentopd.recovery), its turn
     masked 0."""
-    env_kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "split"}
+    env_kwargs = without_split(env_kwargs)
     env = make_env_for_split(env_name, "train", **env_kwargs)
     rng = random.Random(seed)
     task_ids = [t.id for t in env.tasks]
@@ -262,9 +280,9 @@ def demonstrations(
         task = env.tasks[env.task_index(options={"task_id": spec.task_id})]
         actions = env.oracle(task)
         if mistakes > 0 and mistake_rng.random() < mistakes:
-            planned = with_mistake(env, task, actions, mistake_rng)
-            if planned is not None:
-                actions, masked[spec.episode_id] = planned.actions, planned.mistake_turns
+            demo = with_mistake(env, task, actions, mistake_rng)
+            if demo is not None:
+                actions, masked[spec.episode_id] = demo.actions, demo.mistake_turns
         engine.script(spec.episode_id, actions)
     env.close()
     rollout = Rollout(lambda: make_env_for_split(env_name, "train", **env_kwargs), engine, tokenizer, RolloutConfig(max_context=max_context, max_new_tokens=max_context))
@@ -279,7 +297,7 @@ def demonstrations(
 def sft(
     model: Qwen3ForCausalLM,
     samples: list[TrainSample],
-    plan: SFTPlan,
+    spec: SFTSpec,
     *,
     evaluate_fn: Callable[[Qwen3ForCausalLM], float] | None = None,
     progress: Progress | None = None,
@@ -289,23 +307,23 @@ def sft(
     from agentopd.trainer import Trainer, TrainerConfig
 
     cfg = TrainerConfig(
-        loss="sft", lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=plan.warmup_steps,
-        total_steps=plan.max_steps, schedule=plan.schedule, min_lr_ratio=0.1, grad_clip=1.0, seed=plan.seed,
+        loss="sft", lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1, warmup_steps=spec.warmup_steps,
+        total_steps=spec.max_steps, schedule=spec.schedule, min_lr_ratio=0.1, grad_clip=1.0, seed=spec.seed,
         micro_batch_tokens=16384,
     )  # fmt: skip
     trainer = Trainer(model, cfg, device="cpu")
-    rng = random.Random(plan.seed)
+    rng = random.Random(spec.seed)
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     success = None
-    for step in range(1, plan.max_steps + 1):
-        metrics = trainer.train_step(rng.sample(samples, min(plan.batch_size, len(samples))))
+    for step in range(1, spec.max_steps + 1):
+        metrics = trainer.train_step(rng.sample(samples, min(spec.batch_size, len(samples))))
         if progress:
-            progress(name, step / plan.max_steps, {"step": step, "loss": metrics["loss"]})
-        if evaluate_fn is not None and (step % plan.eval_every == 0 or step == plan.max_steps):
+            progress(name, step / spec.max_steps, {"step": step, "loss": metrics["loss"]})
+        if evaluate_fn is not None and (step % spec.eval_every == 0 or step == spec.max_steps):
             success = evaluate_fn(trainer.hf)
             history.append({"step": step, "loss": metrics["loss"], "success": success, "seconds": time.perf_counter() - t0})
-            if plan.target_success is not None and success >= plan.target_success:
+            if spec.target_success is not None and success >= spec.target_success:
                 break
     return {"steps": step, "seconds": round(time.perf_counter() - t0, 1), "final_loss": metrics["loss"], "history": history, "success": success}
 
@@ -318,6 +336,7 @@ def bootstrap(
     home: Path | None = None,
     progress: Progress | None = None,
     env_kwargs: dict[str, Any] | None = None,
+    for_vllm: bool = False,
 ) -> BuiltinModels:
     """The embedded teacher and student of an env (built on first use, then cached under
     `$AGENTOPD_HOME/models/<env>/`, keyed by the recipe, the env's constructor arguments of its preset
@@ -329,7 +348,12 @@ def bootstrap(
     your own task file still starts from them), unless the run's env kwargs select a variant preset
     (VARIANTS: `env.difficulty=[explore]`, or `env_name="sql_db_explore"`, gets the models of
     configs/sql_db_explore.yaml, under `models/sql_db_explore/`); another env's on the constructor arguments given
-    (`env_kwargs`, its defaults when None), so a plugin's run gets models for the tasks it plays."""
+    (`env_kwargs`, its defaults when None), so a plugin's run gets models for the tasks it plays.
+
+    `for_vllm`: the pair of `vllm_spec(spec)` (a head size vLLM's CPU build serves), cached apart under
+    `models/vllm/<preset>/`; where only the student changes, the default pair's teacher is built (or found) and
+    copied, and the student alone is trained. Where no model changes, the default pair itself."""
+    requested, requested_kwargs = env_name, env_kwargs
     if env_name in VARIANTS:  # `agentopd bootstrap --env sql_db_explore`: the variant preset's models
         env_name, preset = VARIANTS[env_name][0], env_name
     else:
@@ -337,10 +361,13 @@ def bootstrap(
     spec = spec or default_spec(preset)
     home = home or agentopd_home()
     root = home / "models" / preset
+    base_spec = spec
+    if for_vllm and vllm_spec(spec) != spec:
+        spec, root = vllm_spec(spec), home / "models" / "vllm" / preset
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
     if env_name in BUILTIN_ENVS or env_kwargs is None:
         env_kwargs = preset_env_kwargs(preset)
-    env_kwargs = {k: v for k, v in env_kwargs.items() if k != "split"}
+    env_kwargs = without_split(env_kwargs)
     version = env_version(env_name)
     keep_teacher = None
     if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
@@ -352,10 +379,14 @@ def bootstrap(
                 return BuiltinModels(env_name, teacher_dir, student_dir, report)
             built, wanted = report.get("spec"), json.loads(json.dumps(asdict(spec)))
             if built is not None and built["student"] != wanted["student"] and {**built, "student": None} == {**wanted, "student": None}:
-                keep_teacher = report  # the new spec changes the student's plan only: the teacher (minutes of SFT) stays
+                keep_teacher = report  # the new spec changes the student's SFT spec only: the teacher (minutes of SFT) stays
         # the preset's env, the env's package, the preset's spec or the recipe changed since these were built: rebuild
     if env_name not in BUILTIN_ENVS:
         require_oracle(env_name, env_kwargs)
+    if spec is not base_spec and keep_teacher is None and spec.teacher == base_spec.teacher:  # for vLLM: the same teacher
+        base = bootstrap(requested, force=force, spec=base_spec, home=home, progress=progress, env_kwargs=requested_kwargs)
+        _atomic_dir(teacher_dir, lambda path: shutil.copytree(base.teacher_dir, path, dirs_exist_ok=True))
+        keep_teacher = base.report
 
     torch.manual_seed(0)
     # torch's own thread count: on the 2-core machine two threads train these models 1.75x faster than one
@@ -366,7 +397,7 @@ def bootstrap(
 def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home: Path, root: Path, progress: Progress | None,
            spec_version: int = 1, keep_teacher: dict[str, Any] | None = None) -> BuiltinModels:  # fmt: skip
     """Build the tokenizer (if missing), the demonstrations, the teacher and the student; `keep_teacher`: the report of
-    a cache whose teacher is kept (its spec differs in the student's plan only), so only the student is trained."""
+    a cache whose teacher is kept (its spec differs in the student's SFT spec only), so only the student is trained."""
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
     t0 = time.perf_counter()
     tok = ensure_tokenizer(spec, home=home, envs=env_set(env_name))
@@ -391,10 +422,10 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
     elif spec.mistakes > 0:  # how many of the teacher's demonstrations make (and recover from) a mistake
         report["demonstrations_with_mistake"] = sum(a.token_ids != b.token_ids for a, b in zip(demos, teacher_demos, strict=True))
     roles = (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir))
-    for role, plan, out in roles[1:] if keep_teacher else roles:
-        torch.manual_seed(plan.seed)
-        model = Qwen3ForCausalLM(plan.size.config(tok, spec.max_context))
-        train = sft(model, teacher_demos if role == "teacher" else demos, plan, evaluate_fn=success_of if role == "teacher" else None,
+    for role, sft_spec, out in roles[1:] if keep_teacher else roles:
+        torch.manual_seed(sft_spec.seed)
+        model = Qwen3ForCausalLM(sft_spec.size.config(tok, spec.max_context))
+        train = sft(model, teacher_demos if role == "teacher" else demos, sft_spec, evaluate_fn=success_of if role == "teacher" else None,
                     progress=progress, name=role)  # fmt: skip
         model.eval()
         train["success"] = success_of(model) if train["success"] is None or role == "student" else train["success"]

@@ -1,4 +1,4 @@
-"""The environment checker: does an env keep the contract of DESIGN 3.2?
+"""The environment checker: does an env keep the contract of docs/design.md 3.2?
 
     from agentopd.checker import check_env
     report = check_env("sql_db", max_turns=4)      # by registered name (+ env kwargs), or an env instance
@@ -140,11 +140,12 @@ class _Skip(Exception):
 def _split(name: str, kwargs: dict[str, Any]) -> str:
     """Training and evaluation get disjoint, non-empty task sets (agentopd.splits: the env's own
     `split` argument, or a share of its tasks held out by the runner)."""
-    from agentopd.splits import describe_split, make_env_for_split
+    from agentopd.env import Split
+    from agentopd.splits import describe_split, make_env_for_split, without_split
 
-    kwargs = {k: v for k, v in kwargs.items() if k != "split"}
+    kwargs = without_split(kwargs)
     ids = {}
-    for split in ("train", "eval"):
+    for split in (Split.TRAIN, Split.EVAL):
         try:
             env = make_env_for_split(name, split, **kwargs)
         except ValueError as e:
@@ -153,10 +154,10 @@ def _split(name: str, kwargs: dict[str, Any]) -> str:
         env.close()
         if not ids[split]:
             raise CheckFailed(f"the {split} split has no tasks")
-    shared = ids["train"] & ids["eval"]
+    shared = ids[Split.TRAIN] & ids[Split.EVAL]
     if shared:
         raise CheckFailed(f"{len(shared)} task id(s) in both train and eval, e.g. {sorted(shared)[0]!r}")
-    return f"{len(ids['train'])} train / {len(ids['eval'])} eval tasks, disjoint ({describe_split(name, kwargs.get('tasks'))})"
+    return f"{len(ids[Split.TRAIN])} train / {len(ids[Split.EVAL])} eval tasks, disjoint ({describe_split(name, kwargs.get('tasks'))})"
 
 
 def _expect(cond: bool, message: str) -> None:

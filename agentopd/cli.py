@@ -1,4 +1,4 @@
-"""The `agentopd` command line (DESIGN 3.4).
+"""The `agentopd` command line (docs/design.md 3.4).
 
     agentopd envs                                   # installed environments, plugins included
     agentopd tools                                  # installed tools (a class expands to its methods)
@@ -179,7 +179,7 @@ def run_command(
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="default: runs/<env>-<timestamp>")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue the run in --run-dir from its last checkpoint")] = False,
 ) -> None:
-    """The main job: on-policy distillation of the student on the env (DESIGN 3.4)."""
+    """The main job: on-policy distillation of the student on the env (docs/design.md 3.4)."""
     import time
 
     from agentopd.config import load_config
@@ -255,12 +255,13 @@ def eval_command(
     from agentopd.evaluate import evaluate
     from agentopd.models import pick_device, resolve_model
     from agentopd.rollout import RolloutConfig
+    from agentopd.splits import without_split
 
     if n > 1 and temperature == 0:
         raise ValueError("--n > 1 with --temperature 0 gives n identical samples: set --temperature")
     path = resolve_model(model, cfg.env.name, "student", env_kwargs=cfg.env.kwargs)
     device, dtype = pick_device(cfg.run.device)
-    kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "split"}
+    kwargs = without_split(cfg.env.kwargs)
     rollout = RolloutConfig(**{**cfg.rollout.build().__dict__, "temperature": temperature, "top_p": top_p, "top_k": top_k})
     r = evaluate(str(path), AutoTokenizer.from_pretrained(path), cfg.env.name, env_kwargs=kwargs, split=split,
                  num_tasks=num_tasks, n=n, rollout=rollout, engine_kind=cfg.engine.kind,
@@ -305,6 +306,27 @@ def export_command(
 
     export_checkpoint(checkpoint_dir, out_dir)
     console.print(f"wrote {out_dir} (load with AutoModelForCausalLM.from_pretrained)")
+
+
+@command("make-tokenizer")
+def make_tokenizer_command(
+    family: Annotated[str, typer.Argument(help="qwen3 | qwen3.5")],
+    out_dir: Annotated[Path, typer.Argument(help="where to write the Hugging Face tokenizer folder")],
+    template: Annotated[str | None, typer.Option(help="a trl chat template name (default: the family's own), or 'agentopd'")] = None,
+) -> None:
+    """Write a real vocabulary's tokenizer (Qwen's BPE ranks, added tokens at their real ids, the family's own
+    chat template from trl) without a model hub; needs the real-vocab extra (and chat-templates for trl's templates)."""
+    _quiet_transformers()
+    from agentopd.vocab import read_vocab_info, write_tokenizer
+
+    try:
+        write_tokenizer(family, out_dir, template)
+    except ImportError as e:  # a missing optional package: one line naming it and the extra
+        raise ValueError(str(e)) from None
+    info = read_vocab_info(out_dir)
+    size, rows = info["tokenizer_size"], info["model_rows"]
+    console.print(f"wrote {out_dir}: {size:,} token ids, chat template {info['chat_template']}; {family} models have "
+                  f"{rows:,} embedding rows (ids {size:,}-{rows - 1:,} are padding that no engine samples)")  # fmt: skip
 
 
 @command("check-tokens")

@@ -1,4 +1,4 @@
-"""Per-step diagnostics of a batch of episodes, under the metric names of DESIGN 3.6.
+"""Per-step diagnostics of a batch of episodes, under the metric names of docs/design.md 3.6.
 
     metrics = step_metrics(episodes, tool_names=["sql_query"])
     metrics["kl/turn_0"], metrics["tool/sql_query/error_rate"], metrics["tool_mask/tool_ratio"]
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from agentopd.types import Episode, Turn
+from agentopd.types import INTERVENED_TOKENS, PLAYED_BY, Episode, PlayedBy, Turn
 
 
 def turn_tool_counts(turn: Turn) -> tuple[Counter[str], Counter[str]]:
@@ -76,7 +76,7 @@ def step_metrics(
     tool_names: Iterable[str] | None = None,
     teacher_keys: Sequence[str] | None = None,
 ) -> dict[str, float]:
-    """The DESIGN 3.6 diagnostics of one step's episodes. `tool_names` are always reported
+    """The docs/design.md 3.6 diagnostics of one step's episodes. `tool_names` are always reported
     (zero calls included); `teacher_keys` (one per episode) adds kl/mean/<teacher>."""
     if not episodes:
         raise ValueError("step_metrics needs at least one episode")
@@ -130,3 +130,33 @@ def step_metrics(
     out["reward/mean"] = sum(e.reward for e in episodes) / len(episodes)
     out["success_rate"] = sum(bool(e.success) for e in episodes) / len(episodes)
     return out
+
+
+def teacher_work(episodes: Sequence[Episode], *, scored: bool, teacher_plays: bool) -> dict[str, float]:
+    """`teacher/scored_tokens` (every token of the sequences the teacher scored: one forward pass over each, the
+    episodes' and their branches') and `teacher/generated_tokens` (its assistant tokens: the episodes it played,
+    all of them when `teacher_plays`, and the turns it took over)."""
+    done = [ep for ep in episodes if ep.tokens is not None]
+    tokens = sum(len(e.tokens.token_ids) + sum(len(b.token_ids) for b in e.branches) for e in done) if scored else 0
+    generated = 0
+    for ep in done:
+        if teacher_plays or ep.info.get(PLAYED_BY) == PlayedBy.TEACHER:
+            generated += ep.tokens.num_llm_tokens
+        generated += sum(ep.info.get(INTERVENED_TOKENS, ()))
+    return {"teacher/scored_tokens": float(tokens), "teacher/generated_tokens": float(generated)}
+
+
+def phase_metrics(episodes: Sequence[Episode], *, rollout_s: float, teacher_s: float, sync_s: float) -> dict[str, float]:
+    """Seconds of a step's phases and their throughput: `perf/rollout_tokens_per_s` counts the tokens the players
+    sampled, `perf/teacher_tokens_per_s` every token of the scored streams."""
+    sampled = sum(e.tokens.num_llm_tokens for e in episodes if e.tokens)
+    streamed = sum(len(e.tokens.token_ids) for e in episodes if e.tokens)
+    return {
+        "perf/rollout_s": rollout_s,
+        "perf/teacher_s": teacher_s,
+        "perf/weight_sync_s": sync_s,
+        "perf/rollout_tokens_per_s": sampled / rollout_s if rollout_s else 0.0,
+        "perf/teacher_tokens_per_s": streamed / teacher_s if teacher_s else 0.0,
+        "episodes": len(episodes),
+    }
+

@@ -3,11 +3,14 @@
     report = check_run("runs/sql_db-20261126-101500")
     report.checked, report.drifted, report.lines     # drifted episodes are listed with positions and context
 
-The run's tokenizer is the one saved in `<run>/tokenizer/` when the run started.
+The run's tokenizer is the one saved in `<run>/tokenizer/` when the run started. An episode drifts when a
+token the trainer or teacher sees is not what the sampler produced or the template makes; history rewrites
+that the chat template performs by design (Qwen3 re-rendering reasoning) are counted by name, not as drift.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ class RunDriftReport:
     checked: int = 0
     drifted: int = 0
     info: int = 0
+    rewrites: Counter = field(default_factory=Counter)  # history-rewrite kind -> episodes with it (not drift)
     lines: list[str] = field(default_factory=list)
 
 
@@ -47,6 +51,7 @@ def check_run(run_dir: str | Path, *, limit: int | None = None, console: Any = N
         r = check_stored_episode(tok, ep)
         report.checked += 1
         report.info += len(r.info)
+        report.rewrites.update({f.kind.value for f in r.rewrites})
         if r.drift:
             report.drifted += 1
             text = format_report(r, name=episode_id)
@@ -55,6 +60,9 @@ def check_run(run_dir: str | Path, *, limit: int | None = None, console: Any = N
                 console.print(text, markup=False)
     store.close()
     summary = f"{report.checked} episodes checked: {report.drifted} drifted, {report.info} info findings"
+    if report.rewrites:  # named, never counted as drift: the stream holds what was sampled
+        kinds = ", ".join(f"{kind} in {n} episode{'s' * (n != 1)}" for kind, n in sorted(report.rewrites.items()))
+        summary += f"; history rewrites by the chat template (by design, not drift): {kinds}"
     report.lines.append(summary)
     if console is not None:
         console.print(summary)

@@ -1,4 +1,4 @@
-"""ToolEnv: the Gym contract for multi-turn tool-using chat environments (DESIGN 3.2).
+"""ToolEnv: the Gym contract for multi-turn tool-using chat environments (docs/design.md 3.2).
 
 An environment speaks chat messages (plain dicts, so any agent framework can drive it):
 

@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from agentopd.engines.base import Engine
 from agentopd.env import Task, ToolEnv
 from agentopd.rollout import Rollout, RolloutConfig
-from agentopd.splits import make_env_for_split
+from agentopd.splits import make_env_for_split, without_split
 from agentopd.types import Episode
 
 
@@ -127,8 +127,8 @@ def evaluate(
     hf, fast, vllm or auto) on the env's `split` (agentopd.splits: the env's own, or a held-out share)."""
     from agentopd.engines import make_engine
 
-    kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "split"}
-    engine = make_engine(engine_kind, model, **(engine_kwargs or {}))
+    kwargs = without_split(env_kwargs)
+    engine = make_engine(engine_kind, model, **{"vocab_size": len(tokenizer), **(engine_kwargs or {})})  # tokenizer's ids only
 
     async def go() -> EvalResult:
         try:

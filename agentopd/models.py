@@ -4,8 +4,10 @@
     teacher = resolve_model(cfg.teacher.path, "sql_db", "teacher")
     device, dtype = pick_device(cfg.run.device)          # cuda + bf16 when available, else cpu + fp32
 
-`builtin` (the default) means the embedded models of the env (agentopd.bootstrap); anything
-else is a local Hugging Face folder or a hub id, loaded with AutoModelForCausalLM / AutoTokenizer.
+`builtin` (the default) means the embedded models of the env (agentopd.bootstrap); `builtin:vllm` the
+embedded student built with a head size vLLM's CPU build serves (32 instead of 24; its teacher is the
+default one: `bootstrap(..., for_vllm=True)`); anything else is a local Hugging Face folder or a hub
+id, loaded with AutoModelForCausalLM / AutoTokenizer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from agentopd.teacher.base import is_server
 
 BUILTIN = "builtin"
+FOR_VLLM = "vllm"  # `builtin:vllm`
 
 
 def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
@@ -35,20 +38,22 @@ def resolve_student(path: str, env_names: list[str], *, mixed: bool, progress=No
         from agentopd.bootstrap import mixed_student
 
         return mixed_student(env_names, progress=progress)
+    if mixed and path == f"{BUILTIN}:{FOR_VLLM}":
+        raise ValueError(f"student={path}: a mixed run's embedded student has no vLLM build; pass student=PATH")
     return resolve_model(path, env_names[0], "student", progress, env_kwargs=env_kwargs)
 
 
 def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs: dict | None = None) -> Path | str:
-    """A model reference (`builtin`, `builtin:student`, a folder, a hub id) as something from_pretrained
-    takes; `builtin` models are bootstrapped for `env_name` (with `env_kwargs`: agentopd.bootstrap)."""
+    """A model reference (`builtin`, `builtin:student`, `builtin:vllm`, a folder, a hub id) as something
+    from_pretrained takes; `builtin` models are bootstrapped for `env_name` (with `env_kwargs`: agentopd.bootstrap)."""
     if spec in (BUILTIN, f"{BUILTIN}:{role}") or spec.startswith(f"{BUILTIN}:"):
         from agentopd.bootstrap import bootstrap
 
         which = spec.split(":", 1)[1] if ":" in spec else role
-        if which not in ("student", "teacher"):
-            raise ValueError(f"{role}={spec!r}: say builtin, builtin:student or builtin:teacher")
-        models = bootstrap(env_name, progress=progress, env_kwargs=env_kwargs)
-        return models.student_dir if which == "student" else models.teacher_dir
+        if which not in ("student", "teacher", FOR_VLLM):
+            raise ValueError(f"{role}={spec!r}: say builtin, builtin:student, builtin:teacher or builtin:vllm")
+        models = bootstrap(env_name, progress=progress, env_kwargs=env_kwargs, for_vllm=which == FOR_VLLM)
+        return models.student_dir if which in ("student", FOR_VLLM) else models.teacher_dir
     if is_server(spec):
         return spec
     path = Path(spec).expanduser()

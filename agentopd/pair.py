@@ -16,14 +16,21 @@ Distillation compares the two models token id by token id over the same token st
 - chat_template: one conversation — with the env given, the oracle's solution of its first training
   task (system prompt, tool schemas, tool calls, tool results, answer); else a fixed one with a tool
   call — renders to the same text byte for byte and the same token ids (the first difference shown);
+- token_stream: that conversation played through the agent loop (agentopd.rollout, token-in/token-out, as a run
+  plays episodes) with the student's tokenizer, each assistant turn the tokens a model speaking the template
+  samples — with and without a reasoning block when the template has `<think>`, and with thinking off when it
+  offers `enable_thinking` — and, unless `self_score=False`, once more with the last turn sampled by the
+  student itself (transformers engine, T=1); each stored episode checked as `agentopd check-tokens` checks a
+  run's (agentopd.chat.drift): real drift fails; history rewrites the template performs by design (Qwen3's own
+  template re-renders reasoning) are named and pass — so check-pair and check-tokens agree;
 - max_context: both models' `max_position_embeddings` hold the run's episodes (the env preset's
   `rollout.max_context`, or `max_context=`), else the smaller of the two is reported;
 - self_score (not cheap: loads the teacher twice): the teacher scores that conversation as the
   teacher (agentopd.teacher.HFTeacher, hidden states) and is trained on it as the student with the
   full-vocabulary forward KL (agentopd.trainer.Trainer, one step) — the loss and the difference between
   the scored log-probs and the model's own must be ~0 (< 1e-3): the scoring and loss path agree with the
-  model itself. With padding rows, the probability the teacher puts on them is named (its sampled-token
-  log-probs are normalised over every row; full-vocabulary losses compare the shared rows).
+  model itself. Both normalise over the shared token ids, as a run does (the engines never sample the
+  padding rows past them); the probability the teacher would put on its padding rows is named.
 A check that cannot run because an earlier one failed is skipped.
 """
 
@@ -36,7 +43,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from agentopd.chat import EOS_TOKEN, encode, render
+from agentopd.chat import EOS_TOKEN, chat_template_of, encode, render
 from agentopd.checker import Check, Status  # the env checker's records: one shape of check report
 from agentopd.teacher.compat import id_to_token
 
@@ -153,10 +160,10 @@ def conversation(env: str | None) -> tuple[list[dict[str, Any]], list[dict[str, 
         return [dict(m) for m in messages], list(tools), "a fixed conversation with one tool call"
     from agentopd.config import load_config
     from agentopd.corpus import oracle_conversation
-    from agentopd.splits import make_env_for_split
+    from agentopd.splits import make_env_for_split, without_split
 
     cfg = load_config(env)
-    kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "split"}
+    kwargs = without_split(cfg.env.kwargs)
     made = make_env_for_split(cfg.env.name, "train", **kwargs)
     try:
         task = made.unwrapped.tasks[0]
@@ -179,6 +186,125 @@ def _template(student_tok, teacher_tok, messages, tools, source: str) -> str:
                     f"vs teacher {teacher_tok.convert_ids_to_tokens(t_ids[i : i + 4])}")  # fmt: skip
     calls = sum(len(m.get("tool_calls") or []) for m in messages)
     return f"{source}: {len(s_text):,} characters, {len(s_ids):,} tokens, {calls} tool call(s), identical"
+
+
+class _Replay:
+    """A conversation as an environment: `reset` gives its messages before the first assistant turn, each `step`
+    the messages after the next one (tool results); the last assistant turn ends it."""
+
+    name = "replay"
+
+    def __init__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]):
+        first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        self.opening, self.tools = messages[:first], tools
+        self.after: list[list[dict[str, Any]]] = []  # per assistant turn: what follows it
+        for m in messages[first:]:
+            if m["role"] == "assistant":
+                self.after.append([])
+            else:
+                self.after[-1].append(m)
+        self.unwrapped, self.turn = self, 0
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[list[dict[str, Any]], dict]:
+        self.turn = 0
+        return [dict(m) for m in self.opening], {"tools": self.tools, "task_id": "replay"}
+
+    def step(self, action: dict[str, Any]) -> tuple[list[dict[str, Any]], float, bool, bool, dict]:
+        obs, self.turn = self.after[self.turn], self.turn + 1
+        done = self.turn == len(self.after)
+        return [dict(m) for m in obs], float(done), done, False, {"success": done}
+
+    def close(self) -> None:
+        pass
+
+
+class _ScriptedThen:
+    """Scripted turns first, then `engine` samples (the student's own tokens, as in a run)."""
+
+    def __init__(self, scripted: Any, engine: Any, scripted_turns: int):
+        self.scripted, self.engine, self.left = scripted, engine, scripted_turns
+
+    async def generate(self, request: Any) -> Any:
+        if self.left > 0 or self.engine is None:
+            self.left -= 1
+            return await self.scripted.generate(request)
+        return await self.engine.generate(request)
+
+    def release(self, episode_id: str) -> None:
+        self.scripted.release(episode_id)
+        if self.engine is not None:
+            self.engine.release(episode_id)
+
+
+def play_conversation(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                      template_kwargs: dict[str, Any] | None = None, *, reasoning: bool = True, engine: Any = None):  # fmt: skip
+    """The conversation's assistant turns played through the agent loop as a model speaking `tok`'s template would
+    sample them (with `reasoning`, a reasoning block first when the template has `<think>`): an
+    agentopd.types.Episode. With an `engine`, it samples the last turn instead (at T=1, up to 32 tokens)."""
+    from agentopd.chat.drift import opened_reasoning
+    from agentopd.engines.scripted import ScriptedEngine, action_text
+    from agentopd.rollout import Rollout, RolloutConfig
+
+    kw = dict(template_kwargs or {})
+    opened = opened_reasoning(tok, kw)  # what the generation prompt opens the turn with
+    think = reasoning and "<think>" in chat_template_of(tok)
+    texts = []
+    for k, m in enumerate(m for m in messages if m["role"] == "assistant"):
+        thought = f"Turn {k + 1}: I will {'call the tool' if m.get('tool_calls') else 'answer'}.\n</think>\n\n"
+        prefix = "" if not think or opened.endswith("</think>\n\n") else thought if opened else "<think>\n" + thought
+        texts.append(prefix + action_text(m))
+    scripted = ScriptedEngine(tok)
+    player = _ScriptedThen(scripted, engine, len(texts) - 1 if engine is not None else len(texts))
+    config = RolloutConfig(max_turns=len(texts), max_context=1 << 20, max_new_tokens=32 if engine is not None else 1 << 16,
+                           max_tool_tokens=1 << 16, temperature=1.0)  # fmt: skip
+    rollout = Rollout(lambda: _Replay(messages, tools), player, tok, config, template_kwargs=kw)
+    (spec,) = rollout.specs_for(["replay"])
+    scripted.script_texts(spec.episode_id, texts)
+    try:
+        (episode,) = rollout.run_sync([spec])
+    finally:
+        rollout.close()
+    return episode
+
+
+def _token_stream(tok: PreTrainedTokenizerBase, messages, tools, source: str, student: str | None = None) -> str:
+    from agentopd.chat import check_stored_episode
+
+    template = chat_template_of(tok)
+    plays: list[tuple[str, dict[str, Any], bool]] = [("reasoning sampled", {}, True)] if "<think>" in template else []
+    plays.append(("no reasoning sampled" if plays else "template defaults", {}, False))
+    if "enable_thinking" in template:
+        plays.append(("thinking off", {"enable_thinking": False}, False))
+    engine = None
+    if student is not None:  # the student samples the last turn itself: its own tokens through the same check
+        import asyncio
+
+        import torch
+
+        from agentopd.engines.hf import HFEngine
+
+        engine = HFEngine(student, device="cpu", dtype=torch.float32, max_batch_size=1, seed=0, vocab_size=len(tok))
+        plays.append(("last turn sampled by the student", {}, True))
+    parts = []
+    try:
+        for label, kw, reasoning in plays:
+            sampled = engine if label.startswith("last turn sampled") else None
+            episode = play_conversation(tok, messages, tools, kw, reasoning=reasoning, engine=sampled)
+            if "error" in episode.info:
+                raise _Fail(f"{label}: the agent loop could not play {source}: {episode.info['error']}")
+            report = check_stored_episode(tok, episode)
+            if report.drift:
+                f = report.drift[0]
+                where = f" at token {f.token_pos}" if f.token_pos is not None else ""
+                raise _Fail(f"{label}: {len(report.drift)} drift finding(s) in {source} played by the agent loop; "
+                            f"first [{f.kind}]{where}: {f.message} (stream there: {f.context})")  # fmt: skip
+            rewrites = ", ".join(f"{f.kind} ({f.message.split(':')[0]})" for f in report.rewrites)
+            parts.append(f"{label}: {report.num_turns} turns, {report.num_tokens:,} tokens, no drift"
+                         + (f", history rewrites by the template (by design, not drift): {rewrites}" if rewrites else ""))  # fmt: skip
+    finally:
+        if engine is not None:
+            asyncio.run(engine.close())
+    return f"{source} played by the agent loop and checked as check-tokens does — " + "; ".join(parts)
 
 
 def _context(student_cfg, teacher_cfg, max_context: int | None) -> str:
@@ -206,22 +332,22 @@ def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, sha
         raise _Fail("the conversation's prompt is not a prefix of its full render")
     n = len(ids) - len(prompt)
     stream = TokenStream(ids, len(prompt), [1] * n, [0.0] * n, [0] * n)
-    scorer = HFTeacher(teacher, device="cpu", dtype=torch.float32, offload_after_score=False)
+    scorer = HFTeacher(teacher, device="cpu", dtype=torch.float32, offload_after_score=False, vocab_size=shared)
     (scores,) = scorer.score([stream], mode=TeacherMode.HIDDEN)
     student = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
-    with torch.no_grad():  # the model's own distribution, over all its rows (as the teacher scores)
-        logprobs_RV = torch.log_softmax(student(torch.tensor([ids])).logits[0, len(prompt) - 1 : -1].float(), -1)
-        own = logprobs_RV.gather(-1, torch.tensor(ids[len(prompt) :])[:, None])[:, 0]
-        padding_mass = float(logprobs_RV[:, shared:].exp().sum(-1).max()) if logprobs_RV.shape[1] > shared else None
+    with torch.no_grad():  # the model's own distribution over the shared ids (as the teacher scores and engines sample)
+        logits_RV = student(torch.tensor([ids])).logits[0, len(prompt) - 1 : -1].float()
+        own = torch.log_softmax(logits_RV[:, :shared], -1).gather(-1, torch.tensor(ids[len(prompt) :])[:, None])[:, 0]
+        padding_mass = float(torch.softmax(logits_RV, -1)[:, shared:].sum(-1).max()) if logits_RV.shape[1] > shared else None
     diff = float((own - torch.tensor(scores.logprobs)).abs().max())
     cfg = TrainerConfig(loss="forward_kl", lr=1e-9, total_steps=1, micro_batch_tokens=max(1024, len(ids)))
-    trainer = Trainer(student, cfg, device="cpu")
+    trainer = Trainer(student, cfg, device="cpu", vocab_size=shared)
     sample = TrainSample.from_stream(stream, teacher_logprobs=scores.logprobs, teacher_hidden=scores.hidden)
     loss = trainer.train_step([sample], teacher_head_VH=scorer.head_weight(shared))["loss"]
     detail = f"{n} tokens scored: forward KL {loss:.1e}, max |log-prob difference| {diff:.1e}"
     if padding_mass is not None:  # named, not refused: full-vocabulary losses compare the shared rows only
-        detail += (f"; the teacher's padding rows hold up to {padding_mass:.1e} of its probability (in its sampled-token "
-                   f"log-probs; full-vocabulary losses compare the {shared:,} shared rows)")  # fmt: skip
+        detail += (f"; the teacher's padding rows would hold up to {padding_mass:.1e} of its probability (engines never "
+                   f"sample them; scores and losses normalise over the {shared:,} shared ids)")  # fmt: skip
     if not (abs(loss) < SELF_SCORE_TOL and diff < SELF_SCORE_TOL):
         raise _Fail(f"{detail} (should be ~0: the scoring or loss path disagrees with the model)")
     return detail
@@ -251,6 +377,7 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
         ("special_tokens", lambda: _special_tokens(student_tok, teacher_tok)),
         ("stop_ids", lambda: _stops(student_tok, teacher_tok, student, teacher)),
         ("chat_template", lambda: _template(student_tok, teacher_tok, messages, tools, source)),
+        ("token_stream", lambda: _token_stream(student_tok, messages, tools, source, student if self_score else None)),
         ("max_context", lambda: _context(student_cfg, teacher_cfg, max_context)),
     ]
     if self_score:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentopd.env import Task, ToolEnv
 from agentopd.evaluate import eval_task_ids
-from agentopd.splits import make_env_for_split
+from agentopd.splits import make_env_for_split, without_split
 from agentopd.rollout import EpisodeSpec, Rollout
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class Source:
 
     def factory(self, split: str = "train") -> Callable[[], ToolEnv]:
         """Envs of this source serving `split` (agentopd.splits: the env's own `split`, or a held-out share)."""
-        kwargs = {k: v for k, v in self.kwargs.items() if k != "split"}
+        kwargs = without_split(self.kwargs)
         return lambda: make_env_for_split(self.env_name, split, **kwargs)
 
 

@@ -2,10 +2,10 @@
 then the oracle's own turn — so a teacher trained on them has seen error states and how to leave them.
 
     rng = random.Random(0)
-    planned = with_mistake(env, task, env.oracle(task), rng)     # None when no mistake applies
-    planned.actions        # the oracle's turns with one wrong turn inserted before the turn it spoils
-    planned.mistake_turns  # (k,): the assistant turn(s) to leave out of the loss
-    sample = mask_turns(TrainSample.from_stream(episode.tokens), planned.mistake_turns)
+    demo = with_mistake(env, task, env.oracle(task), rng)     # None when no mistake applies
+    demo.actions        # the oracle's turns with one wrong turn inserted before the turn it spoils
+    demo.mistake_turns  # (k,): the assistant turn(s) to leave out of the loss
+    sample = mask_turns(TrainSample.from_stream(episode.tokens), demo.mistake_turns)
     result = recovery_eval(model, tokenizer, "sql_db", env_kwargs={"difficulty": ["explore"]})  # after a mistake
     result.success_rate, result.by_kind     # how often the model recovers from the error state (per kind)
 
@@ -29,7 +29,7 @@ from the error state; its success rate is the share of those episodes it still s
 
 Masking: the mistaken turn's tokens get response_mask 0 (`mask_turns`); the env's reply to it stays
 in the context (mask 0 as every observation), and the correction that follows keeps mask 1. The token
-stream itself is the one the agent loop built (DESIGN 3.1): only the loss mask changes.
+stream itself is the one the agent loop built (docs/design.md 3.1): only the loss mask changes.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class MistakeKind(StrEnum):
 
 
 @dataclass(frozen=True)
-class PlannedMistake:
+class DemoWithMistake:
     """The actions of a demonstration with one recoverable mistake, and which turn is the mistake."""
 
     actions: list[dict[str, Any]]
@@ -167,7 +167,7 @@ def rejected(reply: str) -> bool:
     return reply.startswith("Error:") or "(no rows)" in reply
 
 
-def with_mistake(env: Any, task: Any, actions: Sequence[dict[str, Any]], rng: random.Random) -> PlannedMistake | None:
+def with_mistake(env: Any, task: Any, actions: Sequence[dict[str, Any]], rng: random.Random) -> DemoWithMistake | None:
     """`actions` (the oracle's, for `task`) with one recoverable mistake inserted (see the module
     docstring), or None when none applies. `env` is stepped (reset to `task`) to check the mistake."""
     env = getattr(env, "unwrapped", env)
@@ -188,7 +188,7 @@ def with_mistake(env: Any, task: Any, actions: Sequence[dict[str, Any]], rng: ra
             bad = {**actions[i], "content": actions[i].get("content") or "", "tool_calls": [*calls[:j], spoiled, *calls[j + 1 :]]}
             reply = _reply(env, task, actions[:i], bad)
             if reply is not None and rejected(reply):
-                return PlannedMistake([*actions[:i], bad, *actions[i:]], (i,), kind, reply)
+                return DemoWithMistake([*actions[:i], bad, *actions[i:]], (i,), kind, reply)
     return None
 
 
@@ -242,27 +242,27 @@ class RecoveryResult:
         return self.eval.success_rate
 
 
-def recovery_plans(env_name: str, env_kwargs: dict[str, Any] | None = None, *, split: str = "eval", num_tasks: int | None = 100,
-                   seed: int = 0) -> list[tuple[Any, PlannedMistake]]:  # fmt: skip
-    """(EpisodeSpec, PlannedMistake) for the tasks of `split` a mistake applies to (of `num_tasks` drawn as evaluate does)."""
+def recovery_cases(env_name: str, env_kwargs: dict[str, Any] | None = None, *, split: str = "eval", num_tasks: int | None = 100,
+                   seed: int = 0) -> list[tuple[Any, DemoWithMistake]]:  # fmt: skip
+    """(EpisodeSpec, DemoWithMistake) for the tasks of `split` a mistake applies to (of `num_tasks` drawn as evaluate does)."""
     from agentopd.evaluate import eval_task_ids
     from agentopd.rollout import Rollout
-    from agentopd.splits import make_env_for_split
+    from agentopd.splits import make_env_for_split, without_split
 
-    env = make_env_for_split(env_name, split, **{k: v for k, v in (env_kwargs or {}).items() if k != "split"})
+    env = make_env_for_split(env_name, split, **without_split(env_kwargs))
     rng = random.Random(seed)
-    plans: list[tuple[str, PlannedMistake]] = []
+    cases: list[tuple[str, DemoWithMistake]] = []
     try:
         u = env.unwrapped
         for task_id in eval_task_ids(u.tasks, num_tasks, seed):
             task = u.tasks[u.task_index(options={"task_id": task_id})]
-            planned = with_mistake(env, task, u.oracle(task), rng)
-            if planned is not None:
-                plans.append((task_id, planned))
+            demo = with_mistake(env, task, u.oracle(task), rng)
+            if demo is not None:
+                cases.append((task_id, demo))
     finally:
         env.close()
-    specs = Rollout.specs_for([t for t, _ in plans], n=1, seed=seed, split=split)
-    return [(spec, planned) for spec, (_, planned) in zip(specs, plans, strict=True)]
+    specs = Rollout.specs_for([t for t, _ in cases], n=1, seed=seed, split=split)
+    return [(spec, demo) for spec, (_, demo) in zip(specs, cases, strict=True)]
 
 
 def recovery_eval(
@@ -278,29 +278,29 @@ def recovery_eval(
     engine: Engine | None = None,
 ) -> RecoveryResult:
     """How often `model` (or an `engine` given instead) solves held-out tasks after an injected mistake
-    (module docstring), over the `recovery_plans` tasks."""
+    (module docstring), over the `recovery_cases` tasks."""
     from agentopd.engines import make_engine
     from agentopd.evaluate import summarise
     from agentopd.rollout import Rollout, RolloutConfig
-    from agentopd.splits import make_env_for_split
+    from agentopd.splits import make_env_for_split, without_split
 
-    kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "split"}
-    plans = recovery_plans(env_name, kwargs, split=split, num_tasks=num_tasks, seed=seed)
-    wrapped = AfterMistake(engine if engine is not None else make_engine("hf", model), tokenizer)
-    for spec, planned in plans:
-        wrapped.script(spec.episode_id, planned.actions[: planned.mistake_turns[-1] + 1])  # up to and including the mistake
+    kwargs = without_split(env_kwargs)
+    cases = recovery_cases(env_name, kwargs, split=split, num_tasks=num_tasks, seed=seed)
+    wrapped = AfterMistake(engine if engine is not None else make_engine("hf", model, vocab_size=len(tokenizer)), tokenizer)
+    for spec, demo in cases:
+        wrapped.script(spec.episode_id, demo.actions[: demo.mistake_turns[-1] + 1])  # up to and including the mistake
 
     async def go() -> list[Any]:
         ro = Rollout(lambda: make_env_for_split(env_name, split, **kwargs), wrapped, tokenizer, rollout or RolloutConfig(temperature=0.0))
         try:
-            return await ro.run([spec for spec, _ in plans])
+            return await ro.run([spec for spec, _ in cases])
         finally:
             ro.close()
             await wrapped.close()
 
     episodes = asyncio.run(go())
     by_kind: dict[str, list[bool]] = {}
-    for (_, planned), episode in zip(plans, episodes, strict=True):
-        by_kind.setdefault(planned.kind.value, []).append(episode.success)
+    for (_, demo), episode in zip(cases, episodes, strict=True):
+        by_kind.setdefault(demo.kind.value, []).append(episode.success)
     return RecoveryResult(summarise(env_name, f"{split}+mistake", 1, episodes),
                           {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())})  # fmt: skip

@@ -1,4 +1,4 @@
-"""Plugin discovery: environments and tools registered under entry points (DESIGN 3.3).
+"""Plugin discovery: environments and tools registered under entry points (docs/design.md 3.3).
 
 Groups: `agentopd.envs` (a gymnasium.Env subclass or a factory returning one) and
 `agentopd.tools` (a typed tool function, or a class whose methods are tools: those named

@@ -10,6 +10,8 @@ the stream's token ids (token-in/token-out), append the sampled ids verbatim, pa
 a malformed call becomes a parse-error observation the model sees (`Turn.parse_error`); valid
 calls (or the final answer) go to `env.step` in a worker thread so other episodes keep
 generating; observations are appended as template deltas with tool output capped in tokens.
+`template_kwargs` (e.g. `enable_thinking=False`) go to every chat-template render of the episode and into
+`info["template_kwargs"]`, so `agentopd check-tokens` re-renders it the same way.
 An episode stops on an answer (`answer`), the turn limit (`max_turns`), the context or a
 turn without room to generate (`length`), its wall-clock budget (`timeout`), or an engine/env
 failure (`error`, kept for inspection). Episodes run concurrently under `asyncio`; the engine
@@ -34,7 +36,7 @@ from transformers import PreTrainedTokenizerBase
 from agentopd.chat import ContextFull, StreamBuilder, parse_assistant
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from agentopd.env import EnvError, ToolEnv
-from agentopd.types import INTERVENED, INTERVENED_TOKENS, Episode, Message, StopReason, TokenStream, Turn
+from agentopd.types import INTERVENED, INTERVENED_TOKENS, TEMPLATE_KWARGS, Episode, Message, StopReason, TokenStream, Turn
 
 PARSE_ERROR_TOOL = "parse_error"
 
@@ -164,6 +166,7 @@ class Rollout:
         stop_ids: Sequence[int] | None = None,
         env_workers: int = 4,
         guide: Guide | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ):
         self.env_factory = env_factory
         self.engine = engine
@@ -176,6 +179,7 @@ class Rollout:
         self._pool = ThreadPoolExecutor(max_workers=env_workers, thread_name_prefix="env")
         self.env_name = ""
         self.guide = guide
+        self.template_kwargs = dict(template_kwargs or {})  # chat-template options (enable_thinking=False), kept in info
 
     # ---- planning ---------------------------------------------------------------------
     @staticmethod
@@ -252,8 +256,11 @@ class Rollout:
         live.tools = info.get("tools", [])
         live.messages = [Message.from_dict(m) for m in obs]
         live.builder = b = StreamBuilder(
-            self.tokenizer, obs, live.tools or None, max_context=cfg.max_context, max_tool_tokens=cfg.max_tool_tokens
+            self.tokenizer, obs, live.tools or None, max_context=cfg.max_context, max_tool_tokens=cfg.max_tool_tokens,
+            template_kwargs=self.template_kwargs,
         )
+        if self.template_kwargs:
+            live.info[TEMPLATE_KWARGS] = dict(self.template_kwargs)
         params = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=self.stop_ids)
         while True:
             if not b.can_generate():

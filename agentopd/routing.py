@@ -14,6 +14,7 @@ run with no teachers and `teacher.path=builtin` routes each env to its own built
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,15 +26,22 @@ if TYPE_CHECKING:
     from agentopd.config import Config
 
 
+class TeacherKey(StrEnum):
+    """`teacher_key`: the episode field matched against the teacher names."""
+
+    ENV = "env"  # the episode's env name
+    DATA_SOURCE = "data_source"  # its task's data["data_source"], else its source key
+
+
 class Router:
     """Which teacher scores which episode (see the module docstring)."""
 
     DEFAULT = "teacher"  # the one teacher's name when `teachers:` is empty
 
-    def __init__(self, mixture: Mixture, refs: dict[str, str], teacher_key: str, *, single: bool = False):
+    def __init__(self, mixture: Mixture, refs: dict[str, str], teacher_key: TeacherKey | str, *, single: bool = False):
         self.mixture = mixture
         self.refs = dict(refs)  # teacher name -> model reference (builtin..., folder, hub id)
-        self.teacher_key = teacher_key
+        self.teacher_key = TeacherKey(teacher_key)
         self.single = single
         self.envs_of: dict[str, set[str]] = {name: set() for name in self.refs}  # filled by check()
 
@@ -42,9 +50,9 @@ class Router:
         if cfg.mix.teachers:
             router = cls(mixture, cfg.mix.teachers, cfg.mix.teacher_key)
         elif mixture.mixed and cfg.teacher.path == BUILTIN:
-            if cfg.mix.teacher_key != "env":
+            if cfg.mix.teacher_key != TeacherKey.ENV:
                 raise ValueError("teacher_key=data_source needs `teachers:` (name -> model); the built-in teachers are routed by env")
-            router = cls(mixture, {e: f"{BUILTIN}:{e}" for e in mixture.env_names}, "env")
+            router = cls(mixture, {e: f"{BUILTIN}:{e}" for e in mixture.env_names}, TeacherKey.ENV)
         else:
             router = cls(mixture, {cls.DEFAULT: cfg.teacher.path}, cfg.mix.teacher_key, single=True)
         router.check()
@@ -58,7 +66,7 @@ class Router:
     def route_key(self, planned: Planned, split: str = "train") -> str:
         """The value an episode is routed on: its env name, or its task's data source."""
         source = self.mixture.sources[planned.source]
-        if self.teacher_key == "env":
+        if self.teacher_key == TeacherKey.ENV:
             return source.env_name
         task = self.mixture.task(planned.source, planned.spec.task_id, split)
         return str(task.data.get("data_source") or source.key) if task is not None else source.key

@@ -1,4 +1,4 @@
-"""A run directory (DESIGN 3.5): every path in it, in one place.
+"""A run directory (docs/design.md 3.5): every path in it, in one place.
 
     rd = RunDir("runs/sql_db-20261126-1200")
     rd.db, rd.metrics, rd.config, rd.tb, rd.tokenizer, rd.final      # the contract's files

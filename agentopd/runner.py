@@ -8,7 +8,7 @@ of seed and step, so a resumed run sees the same data; the backend (agentopd.bac
 `rollout.n` episodes of each with the student's engine — or the teacher's, when the objective
 says the teacher plays (agentopd.objectives) — and each episode is written to `trajectories.db`
 as it finishes; the teachers the router (agentopd.routing) picks score them; the trainer takes one
-optimizer step; the new weights go to the engines; the DESIGN 3.6 metrics are logged. Every
+optimizer step; the new weights go to the engines; the docs/design.md 3.6 metrics are logged. Every
 `eval.every` steps: greedy success on held-out tasks (and the teacher's, before training). Every
 `run.checkpoint_every` steps and on Ctrl-C: a resumable checkpoint labelled with the last step
 the trainer took. At the end: `final/` (a Hugging Face folder) and the before/after evals.
@@ -33,10 +33,10 @@ import torch
 from transformers import AutoTokenizer
 
 from agentopd.backends import make_backend
-from agentopd.backends.base import TrainerRestarted
+from agentopd.backends.base import RolloutHandle, TrainerRestarted
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episodes
-from agentopd.batch import TrainSample
-from agentopd.diagnostics import step_metrics
+from agentopd.config.schema import Stale
+from agentopd.diagnostics import phase_metrics, step_metrics, teacher_work
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.metrics_log import MetricsLog
@@ -44,15 +44,19 @@ from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
 from agentopd.pair import require_pair
 from agentopd.plan import Mixture, Planned
+from agentopd.policy import loss_temperature, trainer_config
 from agentopd.progress import RunProgress
-from agentopd.recipes.turn_weights import turn_weight_metrics, turn_weights
+from agentopd.recipes.turn_weights import step_turn_weights
 from agentopd.routing import Router
 from agentopd.rundir import DONE, RunDir
+from agentopd.samples import train_samples
 from agentopd.store import Store
 from agentopd.teacher.base import is_server
-from agentopd.types import INTERVENED_TOKENS, Episode, TokenStream
+from agentopd.types import PLAYED_BY, Episode, PlayedBy
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from agentopd.config import Config
     from agentopd.teacher import TeacherScores
 
@@ -75,14 +79,14 @@ def checkpoint_step(checkpoint: Path) -> int:
 
 
 class Runner:
-    def __init__(self, cfg: Config, run_dir: str | Path, *, console: Any = None):
+    def __init__(self, cfg: Config, run_dir: str | Path, *, console: Console | None = None):
         self.cfg = cfg
         self.rd = RunDir(run_dir)
         self.run_dir = self.rd.root
         self.objective = Objective(cfg.run.objective)
         self.progress = RunProgress(console)
         self.env_name = cfg.env.name  # the run's label: one env, or the sources of a mixed run joined by commas
-        self._pending: dict[int, Any] = {}  # async mode: step -> rollout handles already submitted
+        self._pending: dict[int, list[RolloutHandle]] = {}  # async mode: step -> rollouts already submitted
         self._engine_stale = False  # the teacher played this step (objective=sft): sync before the student plays
         self._teacher_played: dict[int, set[str]] = {}  # step -> its episodes the teacher played (recipe.teacher_fraction)
         self._trained_through = 0  # the last step whose optimizer step was taken (what a checkpoint holds)
@@ -101,7 +105,7 @@ class Runner:
         self.router = Router.from_config(cfg, self.mixture)  # a task without a teacher fails here, before any model
         self.backend = make_backend(cfg)
         self.backend.connect(cfg, list(self.router.refs))  # a run the backend cannot hold fails here, before any model
-        self.trainer_cfg = cfg.trainer_config()
+        self.trainer_cfg = trainer_config(cfg)
         self.mode = teacher_mode(self.trainer_cfg.loss)
         with self.progress.phase("bootstrap", total=None):
             kwargs = next(iter(self.mixture.sources.values())).kwargs if not self.mixture.mixed else None
@@ -116,7 +120,8 @@ class Runner:
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = cfg.rollout.build()
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
-        self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype)
+        self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype,
+                              vocab_size=len(self.tokenizer))
         self.backend.setup(self.ctx, self.tokenizer)
         self.store = Store(self.rd.db)
         self.log = self._open_log(resume_after)
@@ -237,7 +242,7 @@ class Runner:
         """The objective in force at `step`: SFT during the warm start (recipe.sft_steps), then the run's."""
         return Objective.SFT if step <= self.cfg.recipe.sft_steps else self.objective
 
-    def _submit(self, step: int) -> list[tuple[Any, list[Planned]]]:
+    def _submit(self, step: int) -> list[RolloutHandle]:
         cfg = self.cfg
         planned = self.mixture.plan(step, tasks_per_step=cfg.rollout.tasks_per_step, n=cfg.rollout.n, seed=cfg.run.seed,
                                     policy_version=self.backend.policy_version)  # fmt: skip
@@ -250,10 +255,10 @@ class Runner:
         k = cfg.rollout.n * round(cfg.recipe.teacher_fraction * (len(planned) // cfg.rollout.n))
         self._teacher_played[step] = {p.spec.episode_id for p in planned[:k]}
         student = planned[k:]
-        return self._teachers_play(planned[:k]) + [(self.backend.submit_rollout(student, self.rollout_cfg, STUDENT), student)]
+        return self._teachers_play(planned[:k]) + [self.backend.submit_rollout(student, self.rollout_cfg, STUDENT)]
 
-    def _teachers_play(self, planned: Sequence[Planned]) -> list[tuple[Any, list[Planned]]]:
-        return [(self.backend.submit_rollout(group, self.rollout_cfg, who), group) for who, group in self._by_teacher(planned).items()]
+    def _teachers_play(self, planned: Sequence[Planned]) -> list[RolloutHandle]:
+        return [self.backend.submit_rollout(group, self.rollout_cfg, who) for who, group in self._by_teacher(planned).items()]
 
     def _by_teacher(self, planned: Sequence[Planned], split: str = "train") -> dict[str, list[Planned]]:
         out: dict[str, list[Planned]] = {}
@@ -261,11 +266,11 @@ class Runner:
             out.setdefault(self.router.teacher_of(p, split), []).append(p)
         return out
 
-    def _collect(self, handles: list[tuple[Any, list[Planned]]], on_episode: OnEpisode | None) -> tuple[list[Planned], list[Episode]]:
+    def _collect(self, handles: list[RolloutHandle], on_episode: OnEpisode | None) -> tuple[list[Planned], list[Episode]]:
         planned, episodes = [], []
-        for handle, group in handles:
+        for handle in handles:
             episodes += self.backend.collect(handle, on_episode)
-            planned += group
+            planned += handle.planned
         return planned, episodes
 
     def _rollout(self, step: int, advance: Callable[[], None]) -> tuple[list[Planned], list[Episode], dict[str, float]]:
@@ -281,7 +286,7 @@ class Runner:
 
         def on_episode(p: Planned, ep: Episode) -> None:
             if p.spec.episode_id in teacher_played:
-                ep.info["played_by"] = "teacher"  # recipe.teacher_fraction: shown as such in the store and viewer
+                ep.info[PLAYED_BY] = PlayedBy.TEACHER  # recipe.teacher_fraction: shown as such in the store and viewer
             self.store.add(ep, p.spec.episode_id, split="train", teacher=self._teacher_name(p))
             advance()
 
@@ -301,9 +306,9 @@ class Runner:
                  "async/dropped": 0.0, "async/regenerated": 0.0}  # fmt: skip
         if not stale:
             return planned, episodes, stats
-        if cfg.stale == "regenerate":
+        if cfg.stale == Stale.REGENERATE:
             redo = [Planned(planned[i].source, replace(planned[i].spec, policy_version=version)) for i in stale]
-            fresh = self._collect([(self.backend.submit_rollout(redo, self.rollout_cfg, STUDENT), redo)], on_episode)[1]
+            fresh = self._collect([self.backend.submit_rollout(redo, self.rollout_cfg, STUDENT)], on_episode)[1]
             for i, ep in zip(stale, fresh):
                 episodes[i] = ep
             stats["async/regenerated"] = float(len(stale))
@@ -334,50 +339,6 @@ class Runner:
                 self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
         return scores
 
-    def _samples(self, planned: list[Planned], episodes: list[Episode], scores: list[TeacherScores] | None,
-                 token_weights: list[list[float]] | None = None, teacher_index: list[int] | None = None) -> list[TrainSample]:  # fmt: skip
-        """`teacher_index[i]`: which of the step's teachers scored episode i (its lm_head applies to its hidden states);
-        the intervention's branches are scored by the run's one teacher."""
-        group = {key: i for i, key in enumerate(dict.fromkeys((p.source, p.spec.task_id) for p in planned))}
-        samples = []
-        for i, (p, ep) in enumerate(zip(planned, episodes)):
-            sc = scores[i] if scores is not None else None
-            weights = token_weights[i] if token_weights is not None else None
-            samples.append(_train_sample(ep.tokens, sc, reward=ep.reward, group_id=group[p.source, ep.task_id], token_weights=weights,
-                                         teacher_index=teacher_index[i] if teacher_index else 0))  # fmt: skip
-        samples += self._branch_samples(episodes, scores[len(episodes) :] if scores is not None else None, first_group=len(group))
-        return [s for s in samples if s.num_student_tokens > 0]
-
-    def _branch_samples(self, episodes: list[Episode], scores: list[TeacherScores] | None, first_group: int) -> list[TrainSample]:
-        """The student turns a guide replaced (Episode.branches, recipe.intervene_below), scored by `scores` in the
-        same order. Each is a group of its own: its episode's outcome came after the teacher's turn, so a branch
-        carries no task-reward signal (a group of one: GRPO advantage 0, reward weight 1)."""
-        branches = [(ep, b) for ep in episodes for b in ep.branches]
-        return [_train_sample(b, scores[j] if scores is not None else None, reward=ep.reward, group_id=first_group + j)
-                for j, (ep, b) in enumerate(branches)]  # fmt: skip
-
-    @staticmethod
-    def _teacher_work(episodes: list[Episode], scores: list[TeacherScores] | None, objective: Objective) -> dict[str, float]:
-        """`teacher/scored_tokens` (every token of the sequences it scored: one forward pass over each) and
-        `teacher/generated_tokens` (its assistant tokens: the episodes it played, the turns it took over)."""
-        scored = sum(len(e.tokens.token_ids) + sum(len(b.token_ids) for b in e.branches) for e in episodes if e.tokens) if scores else 0
-        generated = 0
-        for ep in episodes:
-            if ep.tokens is None:
-                continue
-            if objective.teacher_plays or ep.info.get("played_by") == "teacher":
-                generated += ep.tokens.num_llm_tokens
-            generated += sum(ep.info.get(INTERVENED_TOKENS, ()))
-        return {"teacher/scored_tokens": float(scored), "teacher/generated_tokens": float(generated)}
-
-    def _turn_weights(self, episodes: list[Episode], scores: list[TeacherScores] | None) -> tuple[list[list[float]] | None, dict[str, float]]:
-        """recipe.turn_support_below: per-token loss weights of each episode (its turns' reliability) and their metrics."""
-        r = self.cfg.recipe
-        if r.turn_support_below is None or scores is None:
-            return None, {}
-        weighed = [turn_weights(ep.tokens, sc.logprobs, below=r.turn_support_below, floor=r.turn_weight_floor) for ep, sc in zip(episodes, scores)]
-        return [w for w, _ in weighed], turn_weight_metrics([s for _, s in weighed], below=r.turn_support_below, floor=r.turn_weight_floor)
-
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         objective = self._objective(step)
@@ -385,21 +346,22 @@ class Runner:
         with self.progress.phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
             planned, episodes, async_stats = self._rollout(step, advance)
         rollout_s = time.perf_counter() - t
-        gen_tokens = sum(e.tokens.num_llm_tokens for e in episodes if e.tokens)
 
         teacher_of = [self.router.teacher_of(p) for p in planned]
         t = time.perf_counter()
         scores = self._score(planned, episodes, teacher_of, objective)
         teacher_s = time.perf_counter() - t
 
-        token_weights, recipe_metrics = self._turn_weights(episodes, scores)
+        r = cfg.recipe  # recipe.turn_support_below: per-token loss weights of each episode (its turns' reliability)
+        token_weights, recipe_metrics = (None, {}) if r.turn_support_below is None or scores is None else \
+            step_turn_weights([e.tokens for e in episodes], [sc.logprobs for sc in scores], below=r.turn_support_below, floor=r.turn_weight_floor)
         keys = list(dict.fromkeys(teacher_of))  # the step's teachers; a sample's teacher_index points into them
         heads = [self.backend.teacher_head(k) for k in keys] if scores and scores[0].hidden is not None else None
         with self.progress.phase("train", total=None):
-            # a phase with a loss of its own (the SFT warm start) trains at that loss's temperature (Config.loss_temperature)
+            # a phase with a loss of its own (the SFT warm start) trains at that loss's temperature (the run policy)
             step_loss = objective.loss if objective is not self.objective else None
-            temperature = cfg.loss_temperature(step_loss) if step_loss is not None else None
-            samples = self._samples(planned, episodes, scores, token_weights, [keys.index(k) for k in teacher_of])
+            temperature = loss_temperature(cfg, step_loss) if step_loss is not None else None
+            samples = train_samples(planned, episodes, scores, token_weights, [keys.index(k) for k in teacher_of])
             train = self.backend.train(samples, heads, loss=step_loss, temperature=temperature)
         self._trained_through = step
         self._unlogged = (step, dict(train))
@@ -414,7 +376,7 @@ class Runner:
         teacher_played = self._teacher_played.pop(step, set())
         if teacher_played:
             metrics["recipe/teacher_episodes"] = float(len(teacher_played))
-        metrics |= self._teacher_work(episodes, scores, objective)
+        metrics |= teacher_work(episodes, scored=scores is not None, teacher_plays=objective.teacher_plays)
         own = [i for i, p in enumerate(planned) if p.spec.episode_id not in teacher_played]  # what the diagnostics describe
         if own:
             mine = [episodes[i] for i in own]
@@ -425,14 +387,7 @@ class Runner:
                     of_source = [episodes[i] for i in own if planned[i].source == source]
                     if of_source:
                         metrics[f"success_rate/{source}"] = sum(e.success for e in of_source) / len(of_source)
-        metrics |= {
-            "perf/rollout_s": rollout_s,
-            "perf/teacher_s": teacher_s,
-            "perf/weight_sync_s": sync_s,
-            "perf/rollout_tokens_per_s": gen_tokens / rollout_s if rollout_s else 0.0,
-            "perf/teacher_tokens_per_s": sum(len(e.tokens.token_ids) for e in episodes) / teacher_s if teacher_s else 0.0,
-            "episodes": len(episodes),
-        }
+        metrics |= phase_metrics(episodes, rollout_s=rollout_s, teacher_s=teacher_s, sync_s=sync_s)
         metrics |= async_stats | self.backend.stats()
         self._unlogged = (step, metrics)
         return metrics
@@ -442,9 +397,9 @@ class Runner:
         planned = self.mixture.eval_plan(step, num_tasks=self.cfg.eval.num_tasks, seed=self.cfg.run.seed)
         if teachers_play:
             groups = self._by_teacher(planned, split="eval")
-            handles = [(self.backend.submit_rollout(g, self.eval_rollout_cfg, who), g) for who, g in groups.items()]
+            handles = [self.backend.submit_rollout(g, self.eval_rollout_cfg, who) for who, g in groups.items()]
         else:
-            handles = [(self.backend.submit_rollout(planned, self.eval_rollout_cfg, STUDENT), planned)]
+            handles = [self.backend.submit_rollout(planned, self.eval_rollout_cfg, STUDENT)]
         return self._collect(handles, on_episode)
 
     def _summarise(self, planned: list[Planned], episodes: list[Episode], prefix: str) -> tuple[EvalResult, dict[str, float]]:
@@ -491,22 +446,6 @@ class Runner:
         with writes_uninterrupted(lambda: self.progress.note("Ctrl-C: finishing the checkpoint first")):
             self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
         self._checkpointed = step
-
-
-def _train_sample(stream: TokenStream, sc: TeacherScores | None, *, reward: float, group_id: int,
-                  token_weights: list[float] | None = None, teacher_index: int = 0) -> TrainSample:  # fmt: skip
-    """One stream and what its teacher returned for it (None: unscored) as a TrainSample."""
-    return TrainSample.from_stream(
-        stream,
-        teacher_logprobs=sc.logprobs if sc else None,
-        teacher_topk_ids=sc.topk_ids if sc else None,
-        teacher_topk_logprobs=sc.topk_logprobs if sc else None,
-        teacher_hidden=sc.hidden if sc else None,
-        reward=reward,
-        group_id=group_id,
-        token_weights=token_weights,
-        teacher_index=teacher_index,
-    )
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:

@@ -1,4 +1,4 @@
-"""How the train/eval split reaches an environment (the env contract, DESIGN 3.2).
+"""How the train/eval split reaches an environment (the env contract, docs/design.md 3.2).
 
     env = make_env_for_split("sql_db", "eval", max_turns=4)     # the env serves its eval split
     env = make_env_for_split("reverse_words", "eval")          # a plugin without `split`: held out for it
@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,12 @@ def split_user_tasks(tasks: Sequence[Task], split: Split, source: str | Path) ->
             f'of their ids); add tasks, or mark some with "split": "{split}"'
         )
     return chosen
+
+
+def without_split(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An env's constructor arguments less `split` (a copy): which split an env serves is chosen where it is
+    made (`make_env_for_split`), never by a preset's or a user's `env.kwargs`."""
+    return {k: v for k, v in (kwargs or {}).items() if k != "split"}
 
 
 def make_env_for_split(name: str, split: str = "train", **kwargs: Any) -> Any:

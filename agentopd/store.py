@@ -1,4 +1,4 @@
-"""The trajectory store: `trajectories.db` in a run directory (DESIGN 3.5), via sqlite-utils.
+"""The trajectory store: `trajectories.db` in a run directory (docs/design.md 3.5), via sqlite-utils.
 
 One row per episode in table `episodes`, written (and committed) the moment the episode
 finishes, in WAL mode with synchronous=NORMAL, so a killed process loses nothing already

@@ -74,11 +74,6 @@ def _signature(fn: Callable[..., Any], bound: bool) -> tuple[dict[str, inspect.P
     return params, typing.get_type_hints(fn)
 
 
-def tool_description(tool: Tool) -> str:
-    """The first line of the tool's docstring."""
-    return (inspect.getdoc(tool) or "").strip().splitlines()[0] if inspect.getdoc(tool) else ""
-
-
 _JSON_TYPES: dict[type, tuple[type, ...]] = {
     str: (str,),
     int: (int,),

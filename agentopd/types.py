@@ -5,7 +5,7 @@ Environments speak in `Message`s; the agent loop turns an episode into an `Episo
 with a mask of what the student sampled). Everything above — store, teacher, trainer,
 viewer — reads these records. This module imports nothing from agentopd.
 
-Token-stream contract (DESIGN 3.1):
+Token-stream contract (docs/design.md 3.1):
     token_ids        prompt, then every assistant turn as sampled, then tool segments
     prompt_len       tokens before the first assistant turn
     response_mask    len(token_ids) - prompt_len; 1 = sampled by the student, 0 = anything else
@@ -71,7 +71,7 @@ class Message:
 
 @dataclass
 class TokenStream:
-    """One episode as tokens, exactly as the engine saw them (DESIGN 3.1)."""
+    """One episode as tokens, exactly as the engine saw them (docs/design.md 3.1)."""
 
     token_ids: list[int]
     prompt_len: int
@@ -151,6 +151,17 @@ class Turn:
 
 INTERVENED = "intervened_turns"  # Episode.info key: the 0-based turns a guide replaced (agentopd.recipes.intervene)
 INTERVENED_TOKENS = "intervened_tokens"  # Episode.info key: per replaced turn, the guide's tokens opening it (mask 0)
+
+
+class PlayedBy(StrEnum):
+    """Episode.info["played_by"] (PLAYED_BY): who played a training episode when it was not the student
+    (recipe.teacher_fraction); the store and the viewer show it."""
+
+    TEACHER = "teacher"
+
+
+PLAYED_BY = "played_by"
+TEMPLATE_KWARGS = "template_kwargs"  # Episode.info key: chat-template options the agent loop rendered with (enable_thinking)
 
 
 @dataclass

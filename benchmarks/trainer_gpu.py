@@ -192,7 +192,8 @@ def check() -> None:
 
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from agentopd.trainer import Trainer, TrainerConfig, attention
+    from agentopd import attention
+    from agentopd.trainer import Trainer, TrainerConfig
 
     cfg = Qwen3Config(vocab_size=1000, hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
                       num_key_value_heads=2, head_dim=32, intermediate_size=512, tie_word_embeddings=True)

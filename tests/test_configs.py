@@ -2,6 +2,7 @@
 
 import pytest
 
+from agentopd.policy import trainer_config
 from agentopd.config import VARIANTS, Config, apply_overrides, load_config, parse_override, parse_value, preset_dir, presets
 
 
@@ -127,22 +128,22 @@ def test_sections_are_typed_and_closed():
 )
 def test_loss_temperature(overrides, expected):
     cfg = load_config("sql_db", overrides=["rollout.temperature=0.5", *overrides])
-    assert cfg.trainer_config().temperature == expected
+    assert trainer_config(cfg).temperature == expected
 
 
 def test_task_reward_term_needs_the_sampler_temperature():
     reward = ["rollout.temperature=0.5", "trainer.loss=forward_kl", "trainer.task_reward_coef=0.1"]
     with pytest.raises(ValueError, match="set trainer.temperature=1.0 equal to rollout.temperature=0.5"):
         load_config("sql_db", overrides=reward)  # refused when the config is loaded, before any model
-    assert load_config("sql_db", overrides=[*reward, "trainer.temperature=0.5"]).trainer_config().temperature == 0.5
+    assert trainer_config(load_config("sql_db", overrides=[*reward, "trainer.temperature=0.5"])).temperature == 0.5
 
 
 def test_objectives_force_their_loss():
     from agentopd.trainer import LossKind
 
-    assert load_config("sql_db", overrides=["objective=sft"]).trainer_config().loss == LossKind.SFT
-    assert load_config("sql_db", overrides=["objective=grpo"]).trainer_config().loss == LossKind.GRPO
-    assert load_config("sql_db", overrides=["trainer.loss=jsd"]).trainer_config().loss == LossKind.JSD
+    assert trainer_config(load_config("sql_db", overrides=["objective=sft"])).loss == LossKind.SFT
+    assert trainer_config(load_config("sql_db", overrides=["objective=grpo"])).loss == LossKind.GRPO
+    assert trainer_config(load_config("sql_db", overrides=["trainer.loss=jsd"])).loss == LossKind.JSD
 
 
 def test_sampled_k3_is_refused_as_a_training_loss():
@@ -160,7 +161,7 @@ def test_the_losses_listed_for_a_bad_value_are_the_ones_accepted():
     listed = re.findall(r"'(\w+)'", str(e.value).split("'foo'", 1)[1])
     assert listed and "sampled_k3" not in listed, str(e.value)
     for loss in listed:
-        assert load_config("sql_db", overrides=[f"trainer.loss={loss}"]).trainer_config().loss == loss
+        assert trainer_config(load_config("sql_db", overrides=[f"trainer.loss={loss}"])).loss == loss
     with pytest.raises(ValueError, match="trainer.loss=sampled_k3 is not a training loss"):
         load_config("sql_db", overrides=["trainer.loss=sampled_k3"])
 
@@ -175,9 +176,9 @@ def test_async_max_staleness_zero_is_refused():
 def test_several_teachers_keep_the_full_vocabulary_loss():
     """Each sample carries its teacher's index and the trainer applies that teacher's lm_head: a mixed run keeps
     its presets' forward KL (it used to become sampled_k1, under which these students collapsed)."""
-    assert load_config("calculator,sql_db").trainer_config().loss == "forward_kl"
+    assert trainer_config(load_config("calculator,sql_db")).loss == "forward_kl"
     two = ["teachers.a=/x", "teachers.b=/y", "teacher_key=data_source"]
-    assert load_config("sql_db", overrides=[*two, "trainer.loss=jsd"]).trainer_config().loss == "jsd"
+    assert trainer_config(load_config("sql_db", overrides=[*two, "trainer.loss=jsd"])).loss == "jsd"
 
 
 def test_a_server_teacher_is_refused_where_it_cannot_serve():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agentopd.chat import FindingKind, Severity, StreamBuilder, check_episode, check_stored_episode, encode, format_report, parse_assistant, render
+from agentopd.chat import FindingKind, Severity, StreamBuilder, build_tokenizer, check_episode, check_stored_episode, encode, format_report, parse_assistant, render
 from agentopd.types import Episode, Message, StopReason, TokenStream, Turn
 from test_stream import TOOLS, simulate_episode, tok  # noqa: F401  (tok is a fixture)
 
@@ -169,3 +169,39 @@ def test_check_stored_episode(tok):
     ep.tokens = None
     with pytest.raises(ValueError, match="no token stream"):
         check_stored_episode(tok, ep)
+
+
+def test_a_template_that_rewrites_history_is_named_not_drift():
+    """A Qwen3-like template (Qwen3's own, with a real BPE and thinking on and off: tests/test_real_vocab_streams.py)
+    re-renders the last turn with an empty think block and drops earlier turns' reasoning: check-tokens names each
+    rewrite (severity "rewrite") and reports no drift, since the stream holds what was sampled. A turn whose mask-1
+    tokens are the template's re-render, not the sample, is still drift."""
+    qwen_like = build_tokenizer(["some text 123 <think> </think>"], vocab_size=400)
+    qwen_like.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ 'user' if m.role == 'tool' else m.role }}\n"
+        "{% if m.role == 'assistant' and '</think>' in m.content %}{% set c = m.content.split('</think>')[-1].lstrip('\\n') %}"
+        "{% if loop.last %}{{ '<think>\\n' + m.content.split('</think>')[0].split('<think>')[-1].strip('\\n') + '\\n</think>\\n\\n' }}{% endif %}"
+        "{% elif m.role == 'assistant' and loop.last %}{% set c = '<think>\\n\\n</think>\\n\\n' + m.content %}"
+        "{% else %}{% set c = m.content %}{% endif %}"
+        "{{ c }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    init = [{"role": "user", "content": "q"}]
+    b = StreamBuilder(qwen_like, init, None, max_context=1000)
+    msgs = list(init)
+    for k, text in enumerate(["<think>\nx\n</think>\n\ncall", "answer"]):
+        ids = encode(qwen_like, text) + [qwen_like.eos_token_id]
+        b.add_assistant(ids, [-1.0] * len(ids), True)
+        msgs.append({"role": "assistant", "content": text})
+        if k == 0:
+            msgs += b.add_observation([{"role": "tool", "content": "r"}]).messages
+    s, raw = b.build(), b.raw_assistant_texts
+    report = check_episode(qwen_like, msgs, None, s, raw)
+    assert report.ok and [(f.kind, f.severity) for f in report.findings] == [
+        (FindingKind.REASONING_DROPPED, Severity.REWRITE), (FindingKind.REASONING_INSERTED, Severity.REWRITE)]
+    assert "rewrite [reasoning_inserted]" in format_report(report) and "2 template rewrites" in format_report(report)
+    # a pipeline that trained on the re-rendered last turn (the empty think block, mask 1) drifts
+    last = s.turn_index.index(1)
+    rerendered = encode(qwen_like, "<think>\n\n</think>\n\nanswer") + [qwen_like.eos_token_id]
+    bad = TokenStream(s.token_ids[: s.prompt_len + last] + rerendered, s.prompt_len, s.response_mask[:last] + [1] * len(rerendered),
+                      s.logprobs[:last] + [-1.0] * len(rerendered), s.turn_index[:last] + [1] * len(rerendered))  # fmt: skip
+    assert FindingKind.ASSISTANT in kinds(check_episode(qwen_like, msgs, None, bad, raw))

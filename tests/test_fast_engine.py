@@ -263,13 +263,13 @@ def test_sleep_frees_the_pool_and_requests_wait_for_wake(model):
     async def go():
         first = await asyncio.gather(*[engine.generate(r) for r in reqs])
         await engine.sleep()
-        assert engine.pool is None and engine.stats()["idle"] == 0
+        assert engine.kv_pool is None and engine.stats()["idle"] == 0
         await engine.sleep()  # twice is harmless
         waiting = asyncio.ensure_future(engine.generate(reqs[0]))
         await asyncio.sleep(0.2)
         assert not waiting.done()  # held while asleep
         await engine.wake()
-        assert engine.pool is not None
+        assert engine.kv_pool is not None
         late = await waiting
         again = await asyncio.gather(*[engine.generate(r) for r in reqs[1:]])
         await engine.close()

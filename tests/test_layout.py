@@ -1,4 +1,4 @@
-"""The dependency direction of DESIGN 4, checked on the source: a forbidden import anywhere in a
+"""The dependency direction of docs/design.md 4, checked on the source: a forbidden import anywhere in a
 module (top level or inside a function; `if TYPE_CHECKING:` blocks excepted, they never run),
 directly or through the modules it imports, fails here with the chain that reaches it."""
 
@@ -28,7 +28,17 @@ RULES = [
     ("agentopd.viewer", "agentopd.trainer", "the viewer loads no model"),
     ("agentopd.types", "agentopd.", "types depend on nothing above them"),
     ("agentopd.backends", "agentopd.runner", "backends do not call back into the runner"),
+    ("agentopd.teacher", "agentopd.trainer", "the teacher knows no trainer (shared compute sits below both: agentopd.attention, agentopd.prefix)"),
+    ("agentopd.recipes", "agentopd.backends", "recipes know no backend (a backend builds them from the run's settings)"),
 ]
+# the parts below the runner take typed settings from it: none reads the config tree (agentopd.config) or the run
+# policy (agentopd.policy: trainer_config, loss_temperature, check_run)
+BELOW_RUNNER = (
+    "agentopd.engines", "agentopd.teacher", "agentopd.trainer", "agentopd.losses", "agentopd.batch",
+    "agentopd.rollout", "agentopd.backends", "envs", "tools",
+)  # fmt: skip
+RULES += [(m, "agentopd.config", "below the runner nothing reads the config tree") for m in BELOW_RUNNER]
+RULES += [(m, "agentopd.policy", "below the runner nothing reads the run policy") for m in BELOW_RUNNER]
 
 
 def module_name(path: Path) -> str:

@@ -36,9 +36,10 @@ def test_builtin_pair_passes_every_check(cli, pair):
     student, teacher = pair
     report = check_pair(student, teacher, env="sql_db")
     assert report.ok and set(statuses(report).values()) == {Status.PASS}
-    assert list(statuses(report)) == ["vocabulary", "special_tokens", "stop_ids", "chat_template", "max_context", "self_score"]
+    assert list(statuses(report)) == ["vocabulary", "special_tokens", "stop_ids", "chat_template", "token_stream", "max_context", "self_score"]
     detail = {c.name: c.detail for c in report.checks}
     assert "sql_db oracle" in detail["chat_template"] and "identical" in detail["chat_template"]
+    assert "played by the agent loop" in detail["token_stream"] and "no drift" in detail["token_stream"]
     assert "forward KL" in detail["self_score"]
     result = cli("check-pair", "--student", student, "--teacher", teacher)
     assert result.exit_code == 0, result.output

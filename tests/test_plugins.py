@@ -1,4 +1,4 @@
-"""Plugins from separate distributions (DESIGN 3.3), through the real `agentopd` console script.
+"""Plugins from separate distributions (docs/design.md 3.3), through the real `agentopd` console script.
 
 tests/fixtures/plugin_pkg (an env + a tool) and tests/fixtures/broken_plugin_pkg (a module
 that raises at import, and an env that loads but breaks the contract) are pip-installed

@@ -9,7 +9,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from agentopd.backends.placement import Cluster, PlacementError, plan_placement
+from agentopd.backends.placement import Cluster, PlacementError, place
 from agentopd.cli import app
 from agentopd.config import load_config
 
@@ -17,32 +17,32 @@ TWO_CPUS = Cluster(cpus=2, gpus=0, free_cpus=2, free_gpus=0, node_cpus=2, node_g
 TEACHERS = ["calculator", "sql_db"]
 
 
-def _plan(*overrides, cluster=TWO_CPUS):
-    return plan_placement(load_config("calculator,sql_db", overrides=list(overrides)).ray, TEACHERS, cluster)
+def _place(*overrides, cluster=TWO_CPUS):
+    return place(load_config("calculator,sql_db", overrides=list(overrides)).ray, TEACHERS, cluster)
 
 
 def test_default_roles_share_two_cpus():
-    plan = _plan()  # 2 rollout workers, one replica of each of 2 teachers, 1 trainer rank
-    assert [(r.name, r.count, r.cpus) for r in plan.roles] == [
+    placement = _place()  # 2 rollout workers, one replica of each of 2 teachers, 1 trainer rank
+    assert [(r.name, r.count, r.cpus) for r in placement.roles] == [
         ("rollout", 2, 0.4), ("teacher/calculator", 1, 0.4), ("teacher/sql_db", 1, 0.4), ("trainer", 1, 0.4),
     ]  # fmt: skip
-    assert plan.cpus <= 2
-    readme_3 = _plan("ray.rollout_workers=4", "ray.trainer_workers=2")  # the README's third Ray line: 8 actors
+    assert placement.cpus <= 2
+    readme_3 = _place("ray.rollout_workers=4", "ray.trainer_workers=2")  # the README's third Ray line: 8 actors
     assert {r.cpus for r in readme_3.roles} == {0.25} and readme_3.cpus == 2
 
 
 def test_explicit_sizes_are_kept_and_the_rest_share_what_is_left():
-    plan = _plan("ray.cpus_per_trainer_worker=1")
-    assert plan.role("trainer").cpus == 1 and plan.role("rollout").cpus == 0.25  # (2 - 1) / 4 actors
+    placement = _place("ray.cpus_per_trainer_worker=1")
+    assert placement.role("trainer").cpus == 1 and placement.role("rollout").cpus == 0.25  # (2 - 1) / 4 actors
     with pytest.raises(PlacementError, match=r"asks for .*2 rollout workers x 1 CPU.* = 4 CPU, 0 GPU; the cluster has 2 CPU"):
-        _plan("ray.cpus_per_rollout_worker=1", "ray.cpus_per_teacher=1", "ray.cpus_per_trainer_worker=0")
+        _place("ray.cpus_per_rollout_worker=1", "ray.cpus_per_teacher=1", "ray.cpus_per_trainer_worker=0")
     with pytest.raises(PlacementError, match=r"1 trainer rank x 0.4 CPU \+ 1 GPU.*1 GPU asked, 0 free"):
-        _plan("ray.gpus_per_trainer_worker=1")
+        _place("ray.gpus_per_trainer_worker=1")
 
 
 def test_impossible_request_names_the_shortfall():
     with pytest.raises(PlacementError) as e:
-        _plan("ray.trainer_workers=8")
+        _place("ray.trainer_workers=8")
     msg = str(e.value)
     assert "12 actors" in msg and "8 trainer ranks" in msg and "2 rollout workers" in msg
     assert "0.25 CPU each (3 CPU)" in msg and "2 CPU and 0 GPU free" in msg

@@ -14,7 +14,7 @@ import pytest
 from agentopd.bootstrap import TINY_SPEC, bootstrap, demonstrations, ensure_tokenizer
 from agentopd.chat import check_stored_episode
 from agentopd.engines.scripted import ScriptedEngine, action_text
-from agentopd.recovery import MistakeKind, mask_turns, recovery_eval, recovery_plans, rejected, with_mistake
+from agentopd.recovery import MistakeKind, mask_turns, recovery_eval, recovery_cases, rejected, with_mistake
 from agentopd.rollout import Rollout, RolloutConfig
 from agentopd.batch import TrainSample
 from envs.sql_db import SqlDbEnv
@@ -39,20 +39,20 @@ def test_mistakes_are_rejected_by_the_env_and_then_recovered(home):
     try:
         for task in env.tasks[::25]:
             oracle = env.oracle(task)
-            planned = with_mistake(env, task, oracle, rng)
-            assert planned is not None, task.id
-            (k,) = planned.mistake_turns
-            assert planned.actions[:k] == oracle[:k] and planned.actions[k + 1 :] == oracle[k:]
-            assert rejected(planned.reply)
-            kinds[planned.kind] += 1
+            demo = with_mistake(env, task, oracle, rng)
+            assert demo is not None, task.id
+            (k,) = demo.mistake_turns
+            assert demo.actions[:k] == oracle[:k] and demo.actions[k + 1 :] == oracle[k:]
+            assert rejected(demo.reply)
+            kinds[demo.kind] += 1
             env.reset(options={"task_id": task.id})
             replies = []
-            for action in planned.actions:
+            for action in demo.actions:
                 obs, reward, terminated, truncated, _ = env.step(action)
                 replies.append("\n".join(m["content"] for m in obs))
             assert terminated and reward == 1.0  # the correction solves the task
             assert [rejected(r) for r in replies[:-1]] == [i == k for i in range(len(replies) - 1)]
-            assert replies[k] == planned.reply
+            assert replies[k] == demo.reply
     finally:
         env.close()
     assert set(kinds) == set(MistakeKind), kinds
@@ -89,30 +89,30 @@ def test_demonstrations_mask_the_mistaken_turn_and_keep_the_correction(home, tok
 def test_recovered_episode_is_token_exact_through_the_agent_loop(home, tok):
     env = SqlDbEnv(split="train", **EXPLORE)
     task = next(t for t in env.tasks if t.data["template"] == "x_buyer_email")
-    planned = with_mistake(env, task, env.oracle(task), random.Random(3))
+    demo = with_mistake(env, task, env.oracle(task), random.Random(3))
     env.close()
-    assert planned is not None
+    assert demo is not None
     engine = ScriptedEngine(tok)
     specs = Rollout.specs_for([task.id], n=1, split="demo")
-    engine.script(specs[0].episode_id, planned.actions)
+    engine.script(specs[0].episode_id, demo.actions)
     rollout = Rollout(lambda: SqlDbEnv(split="train", **EXPLORE), engine, tok, RolloutConfig(max_context=2048, max_new_tokens=2048))
     (episode,) = rollout.run_sync(specs)
     rollout.close()
-    assert episode.success and episode.num_turns == len(planned.actions)
+    assert episode.success and episode.num_turns == len(demo.actions)
     report = check_stored_episode(tok, episode)
     assert report.ok, report.info
-    sample = mask_turns(TrainSample.from_stream(episode.tokens), planned.mistake_turns)
-    (k,) = planned.mistake_turns
+    sample = mask_turns(TrainSample.from_stream(episode.tokens), demo.mistake_turns)
+    (k,) = demo.mistake_turns
 
     def turn_text(i: int, mask: list[int]) -> str:
         ids = [t for t, m, j in zip(episode.tokens.token_ids[episode.tokens.prompt_len :], mask, sample.turn_index, strict=True) if j == i and m]
         return tok.decode(ids)
 
-    bad, fix = planned.actions[k], planned.actions[k + 1]
+    bad, fix = demo.actions[k], demo.actions[k + 1]
     assert turn_text(k, episode.tokens.response_mask).startswith(action_text(bad))  # sampled, then ...
     assert turn_text(k, sample.response_mask) == ""  # ... out of the loss
     assert turn_text(k + 1, sample.response_mask).startswith(action_text(fix))  # the correction is learned
-    assert episode.messages[2 + 2 * k + 1].content == planned.reply  # the env's real error is in the context
+    assert episode.messages[2 + 2 * k + 1].content == demo.reply  # the env's real error is in the context
 
 
 def test_explore_preset_gets_its_own_recovering_models(tmp_path, monkeypatch):
@@ -144,18 +144,18 @@ def test_explore_preset_gets_its_own_recovering_models(tmp_path, monkeypatch):
 def test_recovery_eval_plays_the_mistake_then_the_model(home, tok):
     """The episode starts with the oracle's turns up to an injected mistake; what follows is the engine's:
     an engine that continues as the oracle recovers every time, one that gives up never does."""
-    plans = recovery_plans("sql_db", EXPLORE, split="eval", num_tasks=12)
-    assert len(plans) == 12
+    cases = recovery_cases("sql_db", EXPLORE, split="eval", num_tasks=12)
+    assert len(cases) == 12
     fixer, quitter = ScriptedEngine(tok), ScriptedEngine(tok)
-    for spec, planned in plans:
-        (k,) = planned.mistake_turns
-        fixer.script(spec.episode_id, planned.actions[k + 1 :])
+    for spec, demo in cases:
+        (k,) = demo.mistake_turns
+        fixer.script(spec.episode_id, demo.actions[k + 1 :])
         quitter.script(spec.episode_id, [{"role": "assistant", "content": "I do not know", "tool_calls": []}])
     good = recovery_eval(None, tok, "sql_db", env_kwargs=EXPLORE, num_tasks=12, engine=fixer)
     assert good.success_rate == 1.0 and good.eval.num_tasks == 12 and good.eval.split == "eval+mistake"
     assert set(good.by_kind) <= set(MistakeKind) and all(v == 1.0 for v in good.by_kind.values())
-    for episode, (_, planned) in zip(good.eval.episodes, plans, strict=True):
-        (k,) = planned.mistake_turns
-        assert episode.messages[2 + 2 * k + 1].content == planned.reply and episode.num_turns == len(planned.actions)
+    for episode, (_, demo) in zip(good.eval.episodes, cases, strict=True):
+        (k,) = demo.mistake_turns
+        assert episode.messages[2 + 2 * k + 1].content == demo.reply and episode.num_turns == len(demo.actions)
     bad = recovery_eval(None, tok, "sql_db", env_kwargs=EXPLORE, num_tasks=12, engine=quitter)
     assert bad.success_rate == 0.0 and all(v == 0.0 for v in bad.by_kind.values())

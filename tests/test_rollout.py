@@ -37,7 +37,7 @@ def tiny_model(tok):
 
 
 def assert_exact(tok, ep):
-    """DESIGN 3.1 invariants plus what only the loop can check: spans equal the sampled text,
+    """docs/design.md 3.1 invariants plus what only the loop can check: spans equal the sampled text,
     tool results sit in mask-0 tokens, and the drift checker finds nothing."""
     s = ep.tokens
     assert len(s.response_mask) == len(s.token_ids) - s.prompt_len == len(s.logprobs) == len(s.turn_index)

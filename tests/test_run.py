@@ -1,4 +1,4 @@
-"""The main job through the CLI on tiny models: run directory and metric contracts (DESIGN 3.5,
+"""The main job through the CLI on tiny models: run directory and metric contracts (docs/design.md 3.5,
 3.6), interrupt + --resume, local model folders as student/teacher, export and eval.
 
 The embedded default is built at TINY_SPEC sizes into a temporary AGENTOPD_HOME (the real

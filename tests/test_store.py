@@ -1,4 +1,4 @@
-"""The trajectory store: schema of DESIGN 3.5, round trip, no duplicates, crash safety."""
+"""The trajectory store: schema of docs/design.md 3.5, round trip, no duplicates, crash safety."""
 
 import json
 import multiprocessing as mp

@@ -469,7 +469,7 @@ def test_a_training_forward_builds_no_kv_cache(monkeypatch, packed):
     on CPU through a reference kernel."""
     from transformers.cache_utils import DynamicCache
 
-    from agentopd.trainer import attention
+    from agentopd import attention
 
     built = []
     init = DynamicCache.__init__

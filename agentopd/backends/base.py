@@ -6,7 +6,7 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
 - `policy_version`: the trainer step whose weights the student's engines hold after the last
   `sync_weights()` (0 before any training); an episode's `policy_version` is the trainer step whose
   weights sampled it. A step the trainer skipped (no student tokens) does not advance it.
-- `submit_rollout(planned, config, who)` -> a handle; `collect(handle, on_episode)` -> the episodes
+- `submit_rollout(planned, config, who)` -> a `RolloutHandle`; `collect(handle, on_episode)` -> the episodes
   in plan order, `on_episode(planned, episode)` called as each finishes. `who` is `student` or a
   teacher name.
 - `score({teacher: streams}, mode)` -> `{teacher: [TeacherScores]}` in the same order.
@@ -24,7 +24,10 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +45,27 @@ if TYPE_CHECKING:
     from agentopd.types import Episode, TokenStream
 
 
+class BackendKind(StrEnum):
+    """`run.backend`: where the stages run."""
+
+    LOCAL = "local"  # local.py: every stage in this process
+    RAY = "ray"  # ray.py: Ray actors
+
+
+_handle_ids = itertools.count()
+
+
+@dataclass
+class RolloutHandle:
+    """Episodes submitted to a backend and not yet collected: what is played, how, by whom. A backend keeps
+    its own record of the work in flight under `id` (the Ray backend: its work items)."""
+
+    planned: list[Planned]
+    config: RolloutConfig
+    who: str
+    id: int = field(default_factory=lambda: next(_handle_ids))
+
+
 class TrainerRestarted(RuntimeError):
     """The trainer group was rebuilt from the checkpoint of `step` (0: the initial weights): the runner
     drops what came after and continues at `step + 1`."""
@@ -52,7 +76,7 @@ class TrainerRestarted(RuntimeError):
 
 
 class Backend(Protocol):
-    name: str
+    name: BackendKind
 
     def connect(self, cfg: Config, teachers: list[str]) -> None: ...
 
@@ -61,9 +85,9 @@ class Backend(Protocol):
     @property
     def policy_version(self) -> int: ...
 
-    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = ...) -> Any: ...
+    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = ...) -> RolloutHandle: ...
 
-    def collect(self, handle: Any, on_episode: OnEpisode | None = None) -> list[Episode]: ...
+    def collect(self, handle: RolloutHandle, on_episode: OnEpisode | None = None) -> list[Episode]: ...
 
     def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]: ...
 

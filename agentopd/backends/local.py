@@ -14,12 +14,12 @@ Rollouts run when collected, so there is nothing to overlap: `async.enabled` nee
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentopd.backends.base import BackendKind, RolloutHandle
 from agentopd.backends.stages import (
     STUDENT,
     OnEpisode,
@@ -29,6 +29,7 @@ from agentopd.backends.stages import (
     build_teacher,
     score_routed,
 )
+from agentopd.env import Split
 from agentopd.plan import Planned
 from agentopd.recipes.intervene import guide_for, intervene_metrics
 from agentopd.rollout import RolloutConfig
@@ -44,15 +45,8 @@ if TYPE_CHECKING:
     from agentopd.trainer.config import LossKind
 
 
-@dataclass
-class _Pending:
-    planned: list[Planned]
-    config: RolloutConfig
-    who: str
-
-
 class LocalBackend:
-    name = "local"
+    name = BackendKind.LOCAL
 
     def connect(self, cfg: Config, teachers: list[str]) -> None:
         """Nothing to reserve: every stage runs in this process."""
@@ -68,9 +62,12 @@ class LocalBackend:
         student = AutoModelForCausalLM.from_pretrained(ctx.student_ref, dtype=torch.float32)
         self.teachers = {name: build_teacher(ctx, name) for name in ctx.teacher_refs}
         self.players = Players(ctx, tokenizer, student_engine=self._student_engine(student))
-        self.trainer = Trainer(student, ctx.trainer_cfg, device=ctx.device)
+        self.trainer = Trainer(student, ctx.trainer_cfg, device=ctx.device, vocab_size=ctx.vocab_size)
         self._synced = 0  # the trainer step the engine's weights come from
-        self.guide = guide_for(ctx, self.teachers, self.players.engine)  # recipe.intervene_below, else None
+        recipe = ctx.cfg.recipe
+        self.guide = guide_for(  # recipe.intervene_below, else None
+            self.teachers, self.players.engine, below=recipe.intervene_below, steps=recipe.intervene_steps or ctx.cfg.run.steps
+        )
         self._stats: dict[str, float] = {}  # the step's metrics, until stats() reads them
 
     def _student_engine(self, student: torch.nn.Module) -> Any:
@@ -84,14 +81,14 @@ class LocalBackend:
     def policy_version(self) -> int:
         return self._synced
 
-    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> _Pending:
-        return _Pending(list(planned), config, who)
+    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> RolloutHandle:
+        return RolloutHandle(list(planned), config, who)
 
-    def collect(self, handle: _Pending, on_episode: OnEpisode | None = None) -> list[Episode]:
+    def collect(self, handle: RolloutHandle, on_episode: OnEpisode | None = None) -> list[Episode]:
         """The played episodes; the student's training episodes play under the guide (recipe.intervene_below)."""
         guide = self.guide if handle.who == STUDENT else None
         episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
-        if guide is not None and handle.planned and handle.planned[0].spec.split == "train":
+        if guide is not None and handle.planned and handle.planned[0].spec.split == Split.TRAIN:
             self._stats |= intervene_metrics(episodes, guide.probability(handle.planned[0].spec.step))
             self._stats["teacher/guide_scored_tokens"] = float(guide.take_scored_tokens())
         return episodes

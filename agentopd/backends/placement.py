@@ -1,8 +1,8 @@
 """Placement of the Ray backend's actors: what each role gets, reserved up front, or a clear error.
 
     cluster = Cluster.of(ray)                                   # what the cluster has (free and in all)
-    plan = plan_placement(ray_cfg, teachers=["calculator", "sql_db"], cluster=cluster)   # or PlacementError
-    reservation = Reservation.make(ray, plan, timeout_s=ray_cfg.placement_timeout_s)       # or PlacementError
+    placement = place(ray_cfg, teachers=["calculator", "sql_db"], cluster=cluster)        # or PlacementError
+    reservation = Reservation.make(ray, placement, timeout_s=ray_cfg.placement_timeout_s)  # or PlacementError
     Actor.options(**reservation.options("rollout", 0)).remote(...)
 
 Sizing (`ray.cpus_per_<role>` null, the default): the free CPUs are shared equally among every actor
@@ -85,7 +85,9 @@ class Role:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Placement:
+    """Every role's actors and what each gets; `strategy` is the placement group's (ray.placement_strategy)."""
+
     roles: list[Role]
     strategy: str = "PACK"
 
@@ -112,7 +114,7 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def plan_placement(rc: RayConfig, teachers: list[str], cluster: Cluster) -> Plan:
+def place(rc: RayConfig, teachers: list[str], cluster: Cluster) -> Placement:
     """Every role's size (module docstring); raises PlacementError when the cluster cannot hold them."""
     per_teacher = _count(rc.teacher_replicas, "replica")
     asked = [  # (name, count, cpus or None = auto, gpus, label)
@@ -134,56 +136,56 @@ def plan_placement(rc: RayConfig, teachers: list[str], cluster: Cluster) -> Plan
                 f"the cluster has {cluster.describe()}. Ask for fewer actors (ray.rollout_workers, ray.teacher_replicas, "
                 f"ray.trainer_workers) or a bigger cluster (ray.num_cpus, ray.address)"
             )
-    plan = Plan([Role(name, n, share if c is None else c, g, label) for name, n, c, g, label in asked], rc.placement_strategy)
+    placement = Placement([Role(name, n, share if c is None else c, g, label) for name, n, c, g, label in asked], rc.placement_strategy)
     short = []
-    if plan.cpus > cluster.free_cpus + 1e-9:
-        short.append(f"{_n(plan.cpus)} CPU asked, {_n(cluster.free_cpus)} free")
-    if plan.gpus > cluster.free_gpus + 1e-9:
-        short.append(f"{_n(plan.gpus)} GPU asked, {_n(cluster.free_gpus)} free")
-    for r in plan.roles:
+    if placement.cpus > cluster.free_cpus + 1e-9:
+        short.append(f"{_n(placement.cpus)} CPU asked, {_n(cluster.free_cpus)} free")
+    if placement.gpus > cluster.free_gpus + 1e-9:
+        short.append(f"{_n(placement.gpus)} GPU asked, {_n(cluster.free_gpus)} free")
+    for r in placement.roles:
         if r.cpus > cluster.node_cpus + 1e-9 or r.gpus > cluster.node_gpus + 1e-9:
             short.append(f"one of {r.label} needs {_n(r.cpus)} CPU / {_n(r.gpus)} GPU, the largest node has "
                          f"{_n(cluster.node_cpus)} CPU / {_n(cluster.node_gpus)} GPU")  # fmt: skip
     if short:
-        raise PlacementError(f"ray: the run asks for {plan.describe()}; the cluster has {cluster.describe()} ({'; '.join(short)})")
-    return plan
+        raise PlacementError(f"ray: the run asks for {placement.describe()}; the cluster has {cluster.describe()} ({'; '.join(short)})")
+    return placement
 
 
 @dataclass
 class Reservation:
     """A ready placement group with one bundle per reserved actor (`options(role, i)` places actor i of a role)."""
 
-    plan: Plan
+    placement: Placement
     group: Any = None  # the PlacementGroup (None when no role needs resources)
     index: dict[tuple[str, int], int] = field(default_factory=dict)  # (role, i) -> bundle index
 
     @classmethod
-    def make(cls, ray: Any, plan: Plan, timeout_s: float) -> Reservation:
+    def make(cls, ray: Any, placement: Placement, timeout_s: float) -> Reservation:
         from ray.util.placement_group import placement_group
 
         bundles, index = [], {}
         # the largest GPU shares first: Ray hands out a bundle's GPU fractions first-fit, in bundle order, so two
         # trainer ranks of 0.75 GPU each get a GPU each before rollout workers and teachers of 0.25 fill the rest
-        for r in sorted(plan.roles, key=lambda r: -r.gpus):
+        for r in sorted(placement.roles, key=lambda r: -r.gpus):
             if not r.reserved:
                 continue
             for i in range(r.count):
                 index[r.name, i] = len(bundles)
                 bundles.append({k: v for k, v in (("CPU", r.cpus), ("GPU", r.gpus)) if v > 0})
         if not bundles:
-            return cls(plan)
-        group = placement_group(bundles, strategy=plan.strategy)
+            return cls(placement)
+        group = placement_group(bundles, strategy=placement.strategy)
         if not group.wait(timeout_seconds=timeout_s):
-            cls(plan, group, index).release(ray)
+            cls(placement, group, index).release(ray)
             raise PlacementError(
                 f"ray: the run's actors could not be placed within ray.placement_timeout_s={_n(timeout_s)} s "
-                f"(strategy {plan.strategy}): it asks for {plan.describe()}; the cluster has {Cluster.of(ray).describe()}"
+                f"(strategy {placement.strategy}): it asks for {placement.describe()}; the cluster has {Cluster.of(ray).describe()}"
             )
-        return cls(plan, group, index)
+        return cls(placement, group, index)
 
     def options(self, role: str, i: int) -> dict[str, Any]:
         """`ray.remote(...).options(**this)` for actor i of a role: its resources and bundle."""
-        r = self.plan.role(role)
+        r = self.placement.role(role)
         opts: dict[str, Any] = {"num_cpus": r.cpus, "num_gpus": r.gpus}
         if (role, i) in self.index:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -204,8 +206,8 @@ class Reservation:
         remove_placement_group(self.group)
         self.group = None
         total = ray.cluster_resources()
-        want_cpus = min(total.get("CPU", 0.0), cpus + sum(r.count * r.cpus for r in self.plan.roles if r.reserved))
-        want_gpus = min(total.get("GPU", 0.0), gpus + sum(r.count * r.gpus for r in self.plan.roles if r.reserved))
+        want_cpus = min(total.get("CPU", 0.0), cpus + sum(r.count * r.cpus for r in self.placement.roles if r.reserved))
+        want_gpus = min(total.get("GPU", 0.0), gpus + sum(r.count * r.gpus for r in self.placement.roles if r.reserved))
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             free = ray.available_resources()

@@ -55,20 +55,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentopd.backends.base import TrainerRestarted
+from agentopd.backends.base import BackendKind, RolloutHandle, TrainerRestarted
 from agentopd.backends.placement import (
     ROLLOUT,
     Cluster,
+    Placement,
     PlacementError,
-    Plan,
     Reservation,
-    plan_placement,
+    place,
     teacher_role,
 )
 from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker
 from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
-from agentopd.backends.weight_sync import WeightLayout
+from agentopd.backends.weight_sync import WeightLayout, WeightSync
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
 from agentopd.rundir import RunDir
@@ -96,12 +96,13 @@ class _Item:
 
 
 class RayBackend:
-    name = "ray"
+    name = BackendKind.RAY
     rollout_worker_cls: type = RolloutWorker  # the actor classes (benchmarks/ray_orchestration.py puts stand-ins here)
     teacher_worker_cls: type = TeacherWorker
 
     def __init__(self) -> None:
-        self.plan: Plan | None = None
+        self.placement: Placement | None = None
+        self._in_flight: dict[int, list[_Item]] = {}  # RolloutHandle.id -> its work items
 
     def connect(self, cfg: Config, teachers: list[str]) -> None:
         """Join (or start) the cluster and size every role for it: a run it cannot hold fails here,
@@ -121,7 +122,7 @@ class RayBackend:
             ray.init(address=address, log_to_driver=False, **local)
             self._owns_ray = True
         try:
-            self.plan = plan_placement(cfg.ray, teachers, Cluster.of(ray))
+            self.placement = place(cfg.ray, teachers, Cluster.of(ray))
         except BaseException:
             if self._owns_ray:
                 ray.shutdown()
@@ -132,7 +133,7 @@ class RayBackend:
 
         self.ctx = ctx = dataclasses.replace(ctx, env_vars={"AGENTOPD_HOME": str(agentopd_home())})
         self.rc = ctx.cfg.ray
-        if self.plan is None:
+        if self.placement is None:
             self.connect(ctx.cfg, list(ctx.teacher_refs))
         try:
             self._start()
@@ -142,7 +143,7 @@ class RayBackend:
 
     def _start(self) -> None:
         rc, ray = self.rc, self.ray
-        self.reservation = Reservation.make(ray, self.plan, rc.placement_timeout_s)
+        self.reservation = Reservation.make(ray, self.placement, rc.placement_timeout_s)
         self.restarts = {"rollout": 0, "teacher": 0, "trainer": 0}
         self.weights_ref, self.weights_version = None, 0
         self._checkpoint: Path | None = None  # the last finished checkpoint: where a restarted trainer group starts
@@ -179,7 +180,7 @@ class RayBackend:
             self._restart("rollout", error)
             self.ray.kill(dead, no_restart=True)
             self.workers[i] = self._new_rollout_worker(i)
-            if push and self.weight_sync != "object_store" and self.version > 0:  # it starts from the initial weights
+            if push and self.weight_sync != WeightSync.OBJECT_STORE and self.version > 0:  # it starts from the initial weights
                 self._push_weights(wait=True)
 
     def _await_workers(self, calls: list[tuple[int, Any, Any]], push: bool = True) -> None:
@@ -211,7 +212,7 @@ class RayBackend:
         return self.version
 
     # ---- rollout ------------------------------------------------------------------------------
-    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> list[_Item]:
+    def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> RolloutHandle:
         if self._asleep:  # the wake runs on each worker before the plays queued after it
             self._asleep = False
             for w in self.workers:
@@ -222,17 +223,20 @@ class RayBackend:
         items = [_Item(planned[i : i + size], config, who, (i // size) % n) for i in range(0, len(planned), size)]
         for item in items:
             self._submit(item)
-        return items
+        handle = RolloutHandle(planned, config, who)
+        self._in_flight[handle.id] = items
+        return handle
 
     def _submit(self, item: _Item) -> None:
         worker = self.workers[item.worker]
         item.ref = worker.play.remote(item.planned, item.config, item.who)
         item.actor = worker
 
-    def collect(self, items: list[_Item], on_episode: OnEpisode | None = None) -> list[Episode]:
+    def collect(self, handle: RolloutHandle, on_episode: OnEpisode | None = None) -> list[Episode]:
         """Episodes of every item in plan order; an item whose actor died is played again on its replacement."""
         from ray.exceptions import ActorUnavailableError, RayActorError
 
+        items = self._in_flight.pop(handle.id)
         results: dict[int, list[Episode]] = {}
         waiting = {item.ref: k for k, item in enumerate(items)}
         while waiting:
@@ -322,9 +326,9 @@ class RayBackend:
 
     def _push_weights(self, wait: bool) -> None:
         self._settle()
-        if self.weight_sync == "object_store":
+        if self.weight_sync == WeightSync.OBJECT_STORE:
             self._sync_object_store(wait)
-        elif self.weight_sync == "broadcast":
+        elif self.weight_sync == WeightSync.BROADCAST:
             self._sync_broadcast(wait)
         else:
             self._sync_ipc(wait)
@@ -388,7 +392,7 @@ class RayBackend:
 
     def _weight_layout(self) -> WeightLayout:
         if self._layout is None:
-            dtype = torch.bfloat16 if self.reservation.plan.role(ROLLOUT).gpus > 0 else torch.float32
+            dtype = torch.bfloat16 if self.reservation.placement.role(ROLLOUT).gpus > 0 else torch.float32
             self._layout = self.ray.get(self.group.ranks[0].weight_layout.remote(dtype))
         return self._layout
 
@@ -405,24 +409,24 @@ class RayBackend:
         self.ray.get(joins)
         self._weight_members = members
 
-    def _weight_sync_mode(self) -> str:
+    def _weight_sync_mode(self) -> WeightSync:
         """`ray.weight_sync`, `auto` resolved from the GPUs Ray gave trainer rank 0 and the workers; a mode
         the placement cannot serve is refused here, before the first step."""
-        asked = self.rc.weight_sync
+        asked = WeightSync(self.rc.weight_sync)
         trainer = set(self.group.call("gpu_ids")[0])
         workers = [set(g) for g in self.ray.get([w.gpu_ids.remote() for w in self.workers])]
         shared = [bool(g & trainer) for g in workers]
         on_gpus = bool(trainer) and all(workers)
-        if asked == "auto":
+        if asked == WeightSync.AUTO:
             if not on_gpus:
-                return "object_store"
-            return "ipc" if all(shared) else "broadcast" if not any(shared) else "object_store"
-        if asked == "ipc" and not (on_gpus and all(shared)):
+                return WeightSync.OBJECT_STORE
+            return WeightSync.IPC if all(shared) else WeightSync.BROADCAST if not any(shared) else WeightSync.OBJECT_STORE
+        if asked == WeightSync.IPC and not (on_gpus and all(shared)):
             raise PlacementError(
                 f"ray.weight_sync=ipc needs every rollout worker on trainer rank 0's GPU; trainer rank 0 has GPU "
                 f"{sorted(trainer) or 'none'}, the workers {[sorted(g) or 'none' for g in workers]}"
             )
-        if asked == "broadcast" and on_gpus and any(shared):
+        if asked == WeightSync.BROADCAST and on_gpus and any(shared):
             raise PlacementError(
                 "ray.weight_sync=broadcast cannot run NCCL between two actors of one GPU: a rollout worker shares "
                 f"trainer rank 0's GPU {sorted(trainer)}; use ray.weight_sync=ipc (all on that GPU) or object_store"

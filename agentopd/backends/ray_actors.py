@@ -143,7 +143,8 @@ class TrainerWorker(_WeightMember):
 
         backend = "nccl" if self.ctx.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=self.world)
-        self.trainer = Trainer(str(self.ctx.student_ref), self.ctx.trainer_cfg, device=self.ctx.device)
+        self.trainer = Trainer(str(self.ctx.student_ref), self.ctx.trainer_cfg, device=self.ctx.device,
+                               vocab_size=self.ctx.vocab_size)
         return self.rank
 
     def train(self, samples: list[Any], head: torch.Tensor | None, loss: Any = None, temperature: float | None = None) -> dict[str, float]:

@@ -97,9 +97,6 @@ class TrainerGroup:
             self.call("load", str(checkpoint))
         return self.call("step")[0]
 
-    def pids(self) -> list[int]:
-        return self.call("pid")
-
     def kill(self) -> None:
         for actor in self.ranks:
             self.ray.kill(actor, no_restart=True)

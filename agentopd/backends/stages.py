@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentopd.backends.base import BackendKind
 from agentopd.engines.base import Engine, logprob_temperature
 from agentopd.engines.loop import LoopEngine
 from agentopd.plan import Mixture, Planned
@@ -54,6 +55,7 @@ class RunContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     env_vars: dict[str, str] = field(default_factory=dict)  # set in every actor before it builds anything (AGENTOPD_HOME)
+    vocab_size: int | None = None  # len(tokenizer): engines sample, teachers and the trainer normalise over these ids
 
     def model_ref(self, who: str) -> Path | str:
         """The model a role plays with: the student's, or the named teacher's."""
@@ -68,6 +70,18 @@ class RunContext:
         return self.teacher_refs[who]
 
 
+def vllm_options(cfg: Config) -> dict[str, Any]:
+    """VLLMEngine keywords from a run's `engine.vllm` keys, with the defaults agentopd.config.VLLMOptions documents."""
+    options = cfg.engine.vllm
+    share = options.gpu_memory_utilization
+    if share is None:
+        # beside the trainer (and the teacher) on one GPU: half of it; a Ray rollout worker: its GPU share
+        on_own = cfg.run.backend != BackendKind.LOCAL and cfg.ray.gpus_per_rollout_worker > 0
+        share = 0.9 * min(1.0, cfg.ray.gpus_per_rollout_worker) if on_own else 0.5
+    return {"kv_cache_gib": options.kv_cache_gib, "compile": options.compile, "worker_process": options.worker_process,
+            "gpu_memory_utilization": share}
+
+
 def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str) -> Engine:
     """The rollout engine (`engine.kind`) over a model: a reference (folder, hub id) or, for the
     transformers engine, a module (copied, so a trainer holding it is never written to). Every engine
@@ -75,7 +89,8 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str) -> Engine
     from agentopd.engines import EngineKind, make_engine, resolve_kind
 
     kind = resolve_kind(ctx.cfg.engine.kind, ctx.device)
-    kwargs: dict[str, Any] = {"max_batch_size": ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed}
+    kwargs: dict[str, Any] = {"max_batch_size": ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed,
+                              "vocab_size": ctx.vocab_size}
     if kind == EngineKind.HF:
         kwargs["device"] = ctx.device
         if not isinstance(model, torch.nn.Module):
@@ -89,6 +104,9 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str) -> Engine
         return make_engine(kind, model, **kwargs)
     if isinstance(model, torch.nn.Module):
         raise TypeError(f"engine.kind={kind} loads its model from a reference (a folder or hub id), not a module")
+    if kind == EngineKind.VLLM:
+
+        kwargs.update(vllm_options(ctx.cfg))
     return make_engine(kind, str(model), device=ctx.device, dtype=ctx.dtype, **kwargs)
 
 
@@ -187,7 +205,8 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
     ref = ctx.teacher_refs[name]
     if is_server(ref):
         return ServerTeacher(str(ref), top_k=ctx.cfg.teacher.top_k, temperature=temperature)
-    return HFTeacher(ref, device=ctx.device, dtype=ctx.dtype, temperature=temperature, top_k=ctx.cfg.teacher.top_k)
+    return HFTeacher(ref, device=ctx.device, dtype=ctx.dtype, temperature=temperature, top_k=ctx.cfg.teacher.top_k,
+                     vocab_size=ctx.vocab_size)
 
 
 def score_routed(teachers: dict[str, HFTeacher], by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:

@@ -25,12 +25,22 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 BUCKET_BYTES = 256 << 20  # what rank 0 stages and sends at once
+
+
+class WeightSync(StrEnum):
+    """`ray.weight_sync`: how the trainer's weights reach the rollout engines (the module docstring)."""
+
+    AUTO = "auto"  # resolved by the backend from where Ray placed trainer rank 0 and the workers
+    OBJECT_STORE = "object_store"
+    BROADCAST = "broadcast"
+    IPC = "ipc"
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """Drift checker: does one episode's TokenStream equal its conversation, token for token?
 
     report = check_episode(tokenizer, messages, tools, stream, raw_assistant_texts)
-    report.ok, report.drift, report.info
+    report.ok, report.drift, report.info, report.rewrites
     print(format_report(report, name="episode 12"))
     report = check_stored_episode(tokenizer, episode)      # an agentopd.types.Episode
 
 What counts as drift (a finding with severity "drift"), in the order checked:
-1. invariant: the stream contract of DESIGN 3.1 is broken: prompt_len out of range; mask,
+1. invariant: the stream contract of docs/design.md 3.1 is broken: prompt_len out of range; mask,
    logprobs or turn_index not of length len(token_ids) - prompt_len; a mask value not 0/1;
    a logprob not 0.0 where the mask is 0, or > 0 / not finite where it is 1; turn_index not
    starting at 0, decreasing or skipping; within a turn, a mask-1 token after a mask-0 one
@@ -19,11 +19,13 @@ What counts as drift (a finding with severity "drift"), in the order checked:
 4. text: the decoded stream differs from the re-rendered conversation. The re-render is the
    chat template over `messages` and `tools`, assistant messages replaced by their raw sampled
    text (tool calls unparsed, thinking kept) when `raw_assistant_texts` is given, with the
-   generation prompt when the last message is not an assistant one. The only allowed
-   difference: the stream may stop right after the final assistant turn without the template's
-   closing of that turn (the `\\n` after `<|im_end|>`, or `<|im_end|>\\n` if it hit max_tokens).
-   The decoded stream is the concatenation of the decoded segments (prompt, each turn's sampled
-   span, each mask-0 span).
+   generation prompt when the last message is not an assistant one, passed through the
+   tokenizer's normalizer (Qwen's NFC) as its tokens are. The decoded stream is the concatenation
+   of the decoded segments (prompt, each turn's sampled span, each mask-0 span); they are walked
+   along the re-render in order: every mask-0 segment must appear there verbatim, and every
+   sampled span too, or as one of the template's history rewrites (below; a sampled span that fits
+   none of them is drift). The only other allowed difference: the stream may stop right after
+   the final assistant turn without the template's closing of that turn (the `\\n` after `<|im_end|>`, or `<|im_end|>\\n` if it hit max_tokens).
 5. tokens: a non-assistant segment (the prompt, or a turn's mask-0 span) is not exactly the
    tokenization of its own text: a dropped, added or re-tokenized template/tool token.
 Reported as information only (severity "info"), not drift:
@@ -32,12 +34,23 @@ Reported as information only (severity "info"), not drift:
   trained on different tokens here (rLLM #272). Such drift, once baked into a stored stream,
   cannot be told from a canonical sample without the engine's record — only text and
   non-assistant token differences are visible afterwards.
+Reported as history rewrites (severity "rewrite"), not drift: the template renders an assistant
+turn otherwise than it was sampled, by design. The stream keeps what was sampled (the agent loop is
+token-in/token-out), so neither the trainer nor the teacher sees the rewrite; only a pipeline that
+re-renders history would. Each is named (Qwen3's own template does the first three):
+- reasoning_inserted ("template re-renders reasoning"): the re-render puts a reasoning block the
+  model did not sample before the turn (Qwen3: an empty `<think>\\n\\n</think>\\n\\n` on the last turn);
+- reasoning_dropped: the re-render leaves out the turn's reasoning block (earlier turns' thinking;
+  with `enable_thinking=False` the empty block the generation prompt put before each turn);
+- reasoning_reformatted: the re-render keeps the reasoning with other whitespace around it;
+- content_trimmed: the re-render strips the whitespace around the turn's text (Qwen3.5's template trims
+  every message's content).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -46,7 +59,7 @@ from transformers import PreTrainedTokenizerBase
 
 from agentopd.chat.stream import template_junctions
 from agentopd.chat.template import MessageLike, encode, render, to_template_messages
-from agentopd.types import INTERVENED, INTERVENED_TOKENS, Episode, TokenStream
+from agentopd.types import INTERVENED, INTERVENED_TOKENS, TEMPLATE_KWARGS, Episode, TokenStream
 
 _CONTEXT_CHARS = 40
 
@@ -54,6 +67,7 @@ _CONTEXT_CHARS = 40
 class Severity(StrEnum):
     DRIFT = "drift"
     INFO = "info"
+    REWRITE = "rewrite"  # the template re-renders history otherwise, by design (module docstring)
 
 
 class FindingKind(StrEnum):
@@ -63,6 +77,18 @@ class FindingKind(StrEnum):
     TEXT = "text"
     TOKENS = "tokens"
     RETOKENIZE = "retokenize"
+    REASONING_INSERTED = "reasoning_inserted"
+    REASONING_DROPPED = "reasoning_dropped"
+    REASONING_REFORMATTED = "reasoning_reformatted"
+    CONTENT_TRIMMED = "content_trimmed"
+
+
+REWRITES = {
+    FindingKind.REASONING_INSERTED: "the template re-renders this turn with a reasoning block the model did not sample",
+    FindingKind.REASONING_DROPPED: "the template drops this turn's reasoning block when it re-renders history",
+    FindingKind.REASONING_REFORMATTED: "the template re-renders this turn's reasoning block with other whitespace",
+    FindingKind.CONTENT_TRIMMED: "the template re-renders this turn with the whitespace around its content trimmed",
+}
 
 
 @dataclass
@@ -88,6 +114,10 @@ class DriftReport:
     @property
     def info(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == Severity.INFO]
+
+    @property
+    def rewrites(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.REWRITE]
 
     @property
     def ok(self) -> bool:
@@ -174,6 +204,95 @@ def _token_at_char(tokenizer: PreTrainedTokenizerBase, segs: list[_Segment], cha
     return seg.start + len(seg.ids)
 
 
+_THINK, _END_THINK = "<think>", "</think>"
+
+
+def opened_reasoning(tokenizer: PreTrainedTokenizerBase, template_kwargs: dict[str, Any]) -> str:
+    """What the generation prompt opens the assistant turn with from `<think>` on (Qwen3 with enable_thinking=False:
+    an empty block; Qwen3.5: an open `<think>\\n`), else "": the template renders it as part of the turn."""
+    probe = [{"role": "user", "content": "Hello."}]
+    prompt = render(tokenizer, probe, add_generation_prompt=True, **template_kwargs)
+    plain = render(tokenizer, probe, **template_kwargs)
+    gen = prompt[len(plain) :] if prompt.startswith(plain) else ""
+    return gen[gen.find(_THINK) :] if _THINK in gen else ""
+
+
+def _reasoning_variants(view: str, prefix: int, stop_text: str) -> list[tuple[FindingKind, str]]:
+    """How a reasoning template (Qwen's) may re-render an assistant turn: `view` is the turn as the stream holds it
+    (its first `prefix` characters the generation prompt's reasoning opening, then the sampled text with its stop
+    token); the template sees the sampled text only, as the message's content."""
+    body = view[prefix:]
+    body, tail = (body[: -len(stop_text)], stop_text) if stop_text and body.endswith(stop_text) else (body, "")
+    out = []
+    for trimmed in (False, True):  # Qwen3.5's template trims every message's content (and its reasoning) first
+        text = body.strip() if trimmed else body
+        if _END_THINK in text:
+            reasoning = text.split(_END_THINK)[0].rstrip("\n").split(_THINK)[-1].lstrip("\n")
+            reasoning = reasoning.strip() if trimmed else reasoning.strip("\n")
+            content = text.split(_END_THINK)[-1].lstrip("\n")
+            renders = [content, f"{_THINK}\n{reasoning}\n{_END_THINK}\n\n{content}"]
+        else:
+            renders = [text, f"{_THINK}\n\n{_END_THINK}\n\n" + text.lstrip("\n")]
+        for render_ in renders:
+            had, has = _END_THINK in view, _END_THINK in render_
+            kind = (FindingKind.REASONING_DROPPED if had and not has else FindingKind.REASONING_INSERTED if has and not had
+                    else FindingKind.CONTENT_TRIMMED if trimmed and render_ == text else FindingKind.REASONING_REFORMATTED)  # fmt: skip
+            out.append((kind, render_ + tail))
+    return out
+
+
+def _walk_text(segs: list[_Segment], expected: str, stop_text: str, closing: str, injected: str,
+               norm: Callable[[str], str]) -> list[Finding]:  # fmt: skip
+    """Check 4 (module docstring): the segments along the re-render; rewrites found, then the first drift if any.
+
+    A sampled span takes with it the reasoning opening (`injected`) that the mask-0 segment before it ends with:
+    the template renders that opening as part of the turn. Texts pass through the tokenizer's normalizer (`norm`,
+    applied to `expected` by the caller): a sampled span may decode to text the normalizer would change."""
+    units: list[list[Any]] = []  # [sampled?, text, turn, char start in the (normalised) stream, token start, prefix length]
+    offset = 0
+    for s in segs:
+        text, prefix = norm(s.text), ""
+        if s.sampled and injected and units and not units[-1][0] and units[-1][1].endswith(injected):
+            units[-1][1], prefix = units[-1][1][: -len(injected)], injected
+        units.append([s.sampled, prefix + text, s.turn, offset - len(prefix), s.start, len(prefix)])
+        offset += len(text)
+    stream_text = "".join(u[1] for u in units)
+    out: list[Finding] = []
+    pos = 0  # into expected
+
+    def fits(text: str, j: int) -> bool:
+        if not expected.startswith(text, pos):
+            return False
+        if j + 1 < len(units):
+            return expected.startswith(units[j + 1][1], pos + len(text))
+        return closing.endswith(expected[pos + len(text) :])  # only the final turn's closing may be missing
+
+    for j, (sampled, text, turn, start, token, prefix) in enumerate(units):
+        last = j + 1 == len(units)
+        if not sampled and expected.startswith(text, pos) and (not last or pos + len(text) == len(expected)):
+            pos += len(text)
+            continue
+        if sampled and fits(text, j):
+            pos = len(expected) if last else pos + len(text)
+            continue
+        variants = _reasoning_variants(text, prefix, stop_text) if sampled else []
+        rewrite = next(((kind, v) for kind, v in variants if v != text and fits(v, j)), None)
+        if rewrite is None:
+            i = _first_diff(stream_text[start:], expected[pos:])
+            out.append(Finding(
+                FindingKind.TEXT,
+                f"decoded stream differs from the re-rendered conversation at char {start + i} of the stream, char {pos + i} of the "
+                f"re-render (stream {len(stream_text)} chars, re-render {len(expected)}); re-render there: {_around(expected, pos + i)}",
+                char_pos=start + i, context=_around(stream_text, start + i)))  # fmt: skip
+            return out
+        kind, variant = rewrite
+        out.append(Finding(kind, f"turn {turn}: {REWRITES[kind]} (history rewrite by design: the stream keeps what was sampled)",
+                           token_pos=token, char_pos=start, severity=Severity.REWRITE,
+                           context=_around(expected, pos)))  # fmt: skip
+        pos = len(expected) if last else pos + len(variant)
+    return out
+
+
 def check_episode(
     tokenizer: PreTrainedTokenizerBase,
     messages: Sequence[MessageLike],
@@ -233,14 +352,13 @@ def check_episode(
 
     last_is_assistant = bool(msgs) and msgs[-1]["role"] == "assistant"
     expected = render(tokenizer, msgs, tools, add_generation_prompt=not last_is_assistant, **kw)
-    leftover = expected[len(stream_text) :] if expected.startswith(stream_text) else None
-    ends_sampled = segs[-1].sampled
-    if leftover is None or (leftover and not (last_is_assistant and ends_sampled and junctions.closing_text.endswith(leftover))):
-        i = _first_diff(stream_text, expected)
-        report.findings.append(Finding(
-            FindingKind.TEXT,
-            f"decoded stream differs from the re-rendered conversation at char {i} (stream {len(stream_text)} chars, re-render {len(expected)}); re-render there: {_around(expected, i)}",
-            token_pos=_token_at_char(tokenizer, segs, i), char_pos=i, context=_around(stream_text, i)))
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    norm = normalizer.normalize_str if normalizer is not None else (lambda text: text)
+    closing = junctions.closing_text if last_is_assistant else ""
+    for f in _walk_text(segs, norm(expected), stop_text, closing, opened_reasoning(tokenizer, kw), norm):
+        if f.kind == FindingKind.TEXT:
+            f.token_pos = _token_at_char(tokenizer, segs, f.char_pos)
+        report.findings.append(f)
 
     for s in segs:
         if s.sampled:
@@ -255,22 +373,26 @@ def check_episode(
 
 
 def check_stored_episode(tokenizer: PreTrainedTokenizerBase, episode: Episode, **template_kwargs: Any) -> DriftReport:
-    """`check_episode` over an Episode: its messages, tools, tokens and the turns' raw texts."""
+    """`check_episode` over an Episode: its messages, tools, tokens, the turns' raw texts and the chat-template
+    options the agent loop rendered with (`info["template_kwargs"]`, e.g. enable_thinking)."""
     if episode.tokens is None:
         raise ValueError(f"episode {episode.task_id!r} has no token stream")
     # Turn.raw_text is "" when the agent loop did not record it: then the messages are rendered as they are.
     raw = [t.raw_text for t in episode.turns] if any(t.raw_text for t in episode.turns) else None
     guided = dict(zip(episode.info.get(INTERVENED, ()), episode.info.get(INTERVENED_TOKENS, ()), strict=True))
-    return check_episode(tokenizer, episode.messages, episode.tools, episode.tokens, raw, template_kwargs=template_kwargs, guided=guided)
+    kw = {**episode.info.get(TEMPLATE_KWARGS, {}), **template_kwargs}  # what the agent loop rendered with
+    return check_episode(tokenizer, episode.messages, episode.tools, episode.tokens, raw, template_kwargs=kw, guided=guided)
 
 
 def format_report(report: DriftReport, name: str = "episode") -> str:
     """Human-readable lines for `agentopd check-tokens`."""
     status = "OK" if report.ok else f"DRIFT ({len(report.drift)} finding{'s' * (len(report.drift) != 1)})"
-    lines = [f"{name}: {status} — {report.num_tokens} tokens, {report.num_turns} turns" + (f", {len(report.info)} info" if report.info else "")]
+    extra = "".join(f", {len(found)} {label}" for found, label in ((report.info, "info"), (report.rewrites, "template rewrites")) if found)
+    lines = [f"{name}: {status} — {report.num_tokens} tokens, {report.num_turns} turns{extra}"]
     for f in report.findings:
         where = " ".join(x for x in (f"token {f.token_pos}" if f.token_pos is not None else "", f"char {f.char_pos}" if f.char_pos is not None else "") if x)
-        lines.append(f"  {'info ' if f.severity == Severity.INFO else ''}[{f.kind}]{' at ' + where if where else ''}: {f.message}")
+        severity = "" if f.severity == Severity.DRIFT else f"{f.severity} "
+        lines.append(f"  {severity}[{f.kind}]{' at ' + where if where else ''}: {f.message}")
         if f.context:
-            lines.append(f"      stream: {f.context}")
+            lines.append(f"      {'re-render' if f.severity == Severity.REWRITE else 'stream'}: {f.context}")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Token-stream assembly for one episode, exact by construction (DESIGN 3.1).
+"""Token-stream assembly for one episode, exact by construction (docs/design.md 3.1).
 
     b = StreamBuilder(tokenizer, messages, tools, max_context=4096, max_tool_tokens=512)
     ids = b.token_ids                                   # the prompt: chat template + generation prompt
@@ -21,8 +21,10 @@ How each part is made:
 - Observation (tool results, env messages): rendered as a delta. A fixed synthetic
   conversation (system, user, assistant) is rendered alone and followed by the new messages
   plus the generation prompt; the tokens after the synthetic part are the delta. If the
-  synthetic part's tokens are not a prefix of the longer render, `TemplateMismatch` is raised:
-  the template is not append-only and deltas would be wrong.
+  synthetic part's tokens are not a prefix of the longer render but only the synthetic assistant
+  turn changed (Qwen3's template re-renders it without its reasoning when a user message follows),
+  the delta is what follows that turn's closing, provided it tokenizes on its own there;
+  otherwise `TemplateMismatch` is raised: the template is not append-only and deltas would be wrong.
 - Junction: what the template puts after assistant content (`<|im_end|>\\n` for Qwen) is split
   in two: the stop token the engine sampled (already in the stream, mask 1) and the rest
   (`\\n`), which the engine never emits and is inserted before the delta with mask 0. A turn that
@@ -237,14 +239,24 @@ class StreamBuilder:
         base = self.junctions.base_ids
         text = render(self.tokenizer, [*_SYNTHETIC, *messages], None, add_generation_prompt=True, **self.template_kwargs)
         full = encode(self.tokenizer, text)
-        if tuple(full[: len(base)]) != base:
-            i = _first_difference(base, full)
-            raise TemplateMismatch(
-                f"rendering new messages changed the tokens before them at token {i}: "
-                f"expected {self.tokenizer.decode(base[max(0, i - 8) : i + 8])!r}, "
-                f"got {self.tokenizer.decode(full[max(0, i - 8) : i + 8])!r}"
-            )
-        return full[len(base) :]
+        if tuple(full[: len(base)]) == base:
+            return full[len(base) :]
+        # The template re-rendered the synthetic assistant turn (Qwen3 drops the reasoning of turns before a new user
+        # message): the delta is what follows that turn's closing, if all before the turn is unchanged and the rest
+        # tokenizes on its own.
+        end = text.find(_SENTINEL + self.junctions.closing_text)
+        before = render(self.tokenizer, _SYNTHETIC[:-1], None, **self.template_kwargs)
+        if end >= 0 and text.startswith(before):
+            cut = end + len(_SENTINEL) + len(self.junctions.closing_text)
+            rest = encode(self.tokenizer, text[cut:])
+            if encode(self.tokenizer, text[:cut]) + rest == full:
+                return rest
+        i = _first_difference(base, full)
+        raise TemplateMismatch(
+            f"rendering new messages changed the tokens before them at token {i}: "
+            f"expected {self.tokenizer.decode(base[max(0, i - 8) : i + 8])!r}, "
+            f"got {self.tokenizer.decode(full[max(0, i - 8) : i + 8])!r}"
+        )
 
     def cap_messages(self, messages: Sequence[MessageLike]) -> tuple[list[dict[str, Any]], list[bool]]:
         """Copies of `messages` with tool output capped to `max_tool_tokens` (and which were cut)."""

@@ -6,8 +6,8 @@ sampler's log-probability of each, and why generation stopped. Engines never see
 
 Logprob convention, one rule for every engine (the trainer's importance ratios depend on it):
 the reported logprob of a sampled token is `log_softmax(logits / T)[token]` over the full
-vocabulary, T the request's temperature (T = 1 when temperature == 0, i.e. greedy), computed
-before any top-k/top-p truncation; the truncation only narrows the set sampled from and is
+vocabulary (the tokenizer's ids, see below), T the request's temperature (T = 1 when temperature
+== 0, i.e. greedy), computed before any top-k/top-p truncation; the truncation only narrows the set sampled from and is
 never renormalised into the logprob. The trainer computes the same quantity
 (`log_softmax(logits / T)` of the student, T from `logprob_temperature`), so the ratio is 1 at
 the sampler's own weights and corrects only for weight staleness. With top_p=1 and top_k=0 this
@@ -17,6 +17,13 @@ itself; engines/vllm.py makes it follow this rule (tests/test_vllm_real.py check
 teacher-forced forward under top-k and top-p).
 
 A stop token that ends generation is part of `token_ids` (it was sampled, mask 1).
+
+The vocabulary is the tokenizer's: an engine built with `vocab_size` (every engine takes it; the run passes
+`len(tokenizer)`) samples from, and normalises its logprobs over, the first `vocab_size` logits only. Real
+checkpoints have more embedding rows than token ids (Qwen3: 151,936 rows, 151,669 ids); the rows past the
+tokenizer are padding that no tokenizer decodes, so an engine never samples them, and the teacher and the
+trainer (agentopd.teacher.HFTeacher, agentopd.trainer.Trainer, same `vocab_size`) normalise over the same ids,
+which keeps the sampler/trainer ratio exact.
 """
 
 from __future__ import annotations
@@ -30,6 +37,15 @@ class FinishReason(StrEnum):
     STOP = "stop"  # a stop token was sampled (it is included in token_ids)
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # cancelled
+
+
+def sampled_vocab(vocab_size: int | None, rows: int) -> int:
+    """The ids an engine samples from: the tokenizer's `vocab_size` (None: all `rows` of the model's head)."""
+    if vocab_size is None:
+        return rows
+    if not 0 < vocab_size <= rows:
+        raise ValueError(f"vocab_size={vocab_size}: the model has {rows} vocabulary rows; give the tokenizer's size (<= rows)")
+    return vocab_size
 
 
 def logprob_temperature(temperature: float) -> float:

@@ -15,7 +15,8 @@ or its caller is cancelled; its future resolves right away while the others keep
 Model work runs in one worker thread, so the event loop stays free for env steps.
 
 Positions are `cumsum(attention_mask) - 1`, so a left-padded row computes exactly what it would
-alone (tests/test_hf_engine.py checks a row alone against the same row in a batch). Logprobs follow engines/base.py: `log_softmax(logits / T)` in fp32.
+alone (tests/test_hf_engine.py checks a row alone against the same row in a batch). Logprobs follow engines/base.py: `log_softmax(logits / T)` in fp32,
+over the first `vocab_size` rows (the tokenizer's ids; the embedding's padding rows past them are never sampled).
 `max_batch_size=1` decodes one request at a time (the benchmark's sequential baseline).
 
 A model object passed in is used as is: `device`/`dtype` move or cast it in place, and
@@ -41,7 +42,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
+from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult, sampled_vocab
 from agentopd.engines.loop import LoopEngine
 from agentopd.engines.sampling import sample_rows
 from agentopd.prefix import cache_kwarg
@@ -136,6 +137,7 @@ class HFEngine(LoopEngine):
         max_batch_size: int = 64,
         max_model_len: int | None = None,
         seed: int | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -150,6 +152,7 @@ class HFEngine(LoopEngine):
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.vocab_size = sampled_vocab(vocab_size, model.get_output_embeddings().weight.shape[0])
         self.weight_version = 0
         self._cache_kw = cache_kwarg(model)
         self._seeds = random.Random(seed)
@@ -273,6 +276,7 @@ class HFEngine(LoopEngine):
 
     def _sample_into(self, b: _Batch, logits_BV: torch.Tensor) -> torch.Tensor:
         """Sample one token per row, append it with its logprob, and mark rows that are finished."""
+        logits_BV = logits_BV[:, : self.vocab_size]  # the tokenizer's ids only: padding rows are never sampled
         tokens, logprobs = sample_rows(logits_BV, [s.request.params for s in b.seqs], [s.generator for s in b.seqs])
         for seq, tok, lp in zip(b.seqs, tokens, logprobs):
             p = seq.request.params

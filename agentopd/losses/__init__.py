@@ -1,4 +1,4 @@
-"""agentopd's loss library (DESIGN 5): pure functions, every loss masked and returning a SUM.
+"""agentopd's loss library (docs/design.md 5): pure functions, every loss masked and returning a SUM.
 
 The trainer selects the N student tokens (response mask 1) of a micro-batch, calls one of
 these, and divides by `global_token_count(...)` (all micro-batches, all ranks) so the

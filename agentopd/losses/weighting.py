@@ -16,7 +16,7 @@ teacher_confidence_weights (TCAD): c_e = exp(mean_{n in e} log p_t(x_n)), the ge
     trajectories the teacher is confident about). Episodes without student tokens get
     weight 0 and do not count in n_g.
 
-Normalisation (DESIGN 5): every loss returns a SUM over its tokens. The trainer computes
+Normalisation (docs/design.md 5): every loss returns a SUM over its tokens. The trainer computes
 `global_token_count` once per step (all micro-batches, all ranks) and backpropagates
 `normalize_by_tokens(loss_sum, count)` per micro-batch; the accumulated gradient then equals
 that of the whole-batch mean, whatever the micro-batching or world size.

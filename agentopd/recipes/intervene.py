@@ -23,15 +23,12 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult
+from agentopd.env import Split
 from agentopd.rollout import EpisodeSpec, turn_seed
 from agentopd.teacher.base import Teacher, TeacherMode
 from agentopd.types import INTERVENED, Episode, TokenStream
-
-if TYPE_CHECKING:
-    from agentopd.backends.stages import RunContext
 
 
 def probability(step: int, steps: int) -> float:
@@ -98,7 +95,7 @@ class TurnGuide:
         return random.Random(f"intervene:{turn_seed(spec.seed, turn)}").random() < self.probability(spec.step)
 
     async def __call__(self, spec: EpisodeSpec, turn: int, request: GenerateRequest, result: GenerateResult) -> GenerateResult | None:
-        if spec.split != "train" or not result.token_ids or not self.may_intervene(spec, turn):
+        if spec.split != Split.TRAIN or not result.token_ids or not self.may_intervene(spec, turn):
             return None
         if await self._scorer.mean(request.token_ids, result.token_ids) >= self.below:
             return None
@@ -112,14 +109,15 @@ class TurnGuide:
         return taken if taken.token_ids else None  # no room left for the teacher: the student's turn stands
 
 
-def guide_for(ctx: RunContext, teachers: dict[str, Teacher], engine_of: Callable[[str], Engine]) -> TurnGuide | None:
-    """The run's guide (None unless recipe.intervene_below is set): its one teacher scores, that teacher's
-    engine (`engine_of(name)`, built now) generates. Config has refused the runs it cannot serve."""
-    recipe = ctx.cfg.recipe
-    if recipe.intervene_below is None:
+def guide_for(
+    teachers: dict[str, Teacher], engine_of: Callable[[str], Engine], *, below: float | None, steps: int
+) -> TurnGuide | None:
+    """The run's guide (None unless `below`, recipe.intervene_below, is set): its one teacher scores, that
+    teacher's engine (`engine_of(name)`, built now) generates. Config has refused the runs it cannot serve."""
+    if below is None:
         return None
-    (name,) = ctx.teacher_refs
-    return TurnGuide(teachers[name], engine_of(name), below=recipe.intervene_below, steps=recipe.intervene_steps or ctx.cfg.run.steps)
+    (name,) = teachers
+    return TurnGuide(teachers[name], engine_of(name), below=below, steps=steps)
 
 
 def intervene_metrics(episodes: Sequence[Episode], p: float) -> dict[str, float]:

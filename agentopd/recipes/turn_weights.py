@@ -63,3 +63,12 @@ def turn_weight_metrics(supports: Sequence[dict[int, float]], *, below: float, f
         out[f"turn_weight/turn_{turn}"] = sum(weight_of(s, below, floor) for s in values) / len(values)
         out[f"turn_support/turn_{turn}"] = sum(values) / len(values)
     return out
+
+
+def step_turn_weights(streams: Sequence[TokenStream], teacher_logprobs: Sequence[Sequence[float]], *, below: float,
+                      floor: float) -> tuple[list[list[float]], dict[str, float]]:  # fmt: skip
+    """A step's per-token loss weights, one list per stream (scored by `teacher_logprobs` in the same order), and
+    the step's recipe/turn_* metrics."""
+    weighed = [turn_weights(s, lp, below=below, floor=floor) for s, lp in zip(streams, teacher_logprobs, strict=True)]
+    return [w for w, _ in weighed], turn_weight_metrics([sup for _, sup in weighed], below=below, floor=floor)
+

@@ -1,4 +1,4 @@
-"""Teachers: score the student's token streams (DESIGN 2, TRAIN_API).
+"""Teachers: score the student's token streams (docs/design.md 2, TRAIN_API).
 
     from agentopd.teacher import HFTeacher, ServerTeacher, TeacherMode, check_compatible
     check_compatible(student_tok, teacher_tok, student.config, teacher.model.config)  # before training

@@ -1,6 +1,6 @@
 """The Teacher protocol and the record it returns (what the loss needs, on CPU).
 
-A teacher scores finished token streams (DESIGN 3.1) position by position. Index
+A teacher scores finished token streams (docs/design.md 3.1) position by position. Index
 convention, shared by every teacher: the logits at absolute position p predict token p+1,
 so response token i (absolute position prompt_len + i) is predicted by position
 prompt_len + i - 1. A stream therefore needs prompt_len >= 1 to be scored.

@@ -11,7 +11,7 @@ so teacher and student never occupy the GPU at once. The teacher's weights are c
 CUDA they live in pinned host memory, `load` copies them in at PCIe speed and `offload` just
 drops the device copy.
 
-On CUDA with a bf16/fp16 teacher (torch's flash varlen kernel, `agentopd.trainer.attention`) streams are PACKED:
+On CUDA with a bf16/fp16 teacher (torch's flash varlen kernel, `agentopd.attention`) streams are PACKED:
 back to back in one row of at most `max_tokens_per_batch` tokens, positions restarting per
 stream, each attending to itself only (cu_seqlens) — no padding computed at all. Elsewhere
 (`pack=False`, CPU) micro-batches are right-padded: a padded position comes after every real
@@ -28,6 +28,9 @@ for them), as `log_softmax(logits / temperature)`. In HIDDEN mode those
 hidden rows themselves are kept (R x H per stream, about H/V of the memory of logits: 4096 /
 151,936 = 2.7% for a Qwen3-8B teacher) and the loss recomputes teacher logits chunk by chunk
 with `head_weight()`.
+With `vocab_size` (the tokenizer's size; a run passes it) only the lm_head's first `vocab_size` rows are
+used, there and in `head_weight()`: the embedding's padding rows past the tokenizer are left out of the
+normalisation, as the engines leave them out of sampling (engines/base.py).
 
 Legend: B = streams in a micro-batch, T = padded length, H = hidden size, V = vocab rows of
 the lm_head, N = response positions gathered, K = top-k.
@@ -115,6 +118,7 @@ class HFTeacher:
         offload_after_score: bool = True,
         pack: bool | None = None,
         share_prefix: bool = True,
+        vocab_size: int | None = None,
     ):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -147,7 +151,11 @@ class HFTeacher:
         self.head_fp32 = head_fp32
         self.offload_after_score = offload_after_score
         self.share_prefix = share_prefix
-        from agentopd.trainer import attention
+        from agentopd.engines.base import sampled_vocab
+
+        # the tokenizer's ids: log-probs are normalised over them, as the engines sample (engines/base.py)
+        self.vocab_size = sampled_vocab(vocab_size, model.get_output_embeddings().weight.shape[0])
+        from agentopd import attention
 
         half = model.dtype in (torch.bfloat16, torch.float16)  # the flash kernel's dtypes
         self.pack = attention.available(self.device) and half if pack is None else pack
@@ -167,9 +175,10 @@ class HFTeacher:
 
     def head_weight(self, num_rows: int | None = None) -> torch.Tensor:
         """The lm_head weight (V x H) on CPU, without grad; `num_rows` keeps the first rows only
-        (the vocabulary shared with the student, see `check_compatible`)."""
+        (the vocabulary shared with the student, see `check_compatible`; default: `vocab_size`)."""
         weight_VH = self.model.get_output_embeddings().weight.detach()
-        if num_rows is not None:
+        num_rows = self.vocab_size if num_rows is None else num_rows
+        if num_rows != weight_VH.shape[0]:
             if not 0 < num_rows <= weight_VH.shape[0]:
                 raise ValueError(f"num_rows must be in [1, {weight_VH.shape[0]}], got {num_rows}")
             weight_VH = weight_VH[:num_rows]
@@ -215,7 +224,7 @@ class HFTeacher:
     def score(self, streams: list[TokenStream], *, mode: TeacherMode | str = TeacherMode.LOGPROBS) -> list[TeacherScores]:
         mode = as_mode(mode)
         check_scorable(streams)
-        rows = self.vocab_rows
+        rows = self.vocab_size
         for n, s in enumerate(streams):
             bad = [t for t in s.token_ids if not 0 <= t < rows]
             if bad:
@@ -223,7 +232,7 @@ class HFTeacher:
         self.load()
         try:
             out: list[TeacherScores | None] = [None] * len(streams)
-            weight_VH = self.model.get_output_embeddings().weight
+            weight_VH = self.model.get_output_embeddings().weight[: self.vocab_size]
             half = weight_VH.dtype in (torch.bfloat16, torch.float16)
             if self.head_fp32:
                 weight_VH = weight_VH.float()
@@ -240,7 +249,7 @@ class HFTeacher:
 
     def _hidden_packed(self, streams: list[TokenStream]) -> torch.Tensor:
         """Final hidden states at the response-predicting positions of streams packed in one row."""
-        from agentopd.trainer import attention
+        from agentopd import attention
 
         lens = [len(s.token_ids) for s in streams]
         ids_1T = torch.tensor([t for s in streams for t in s.token_ids], dtype=torch.long)[None]

@@ -1,11 +1,11 @@
-"""The FSDP2 student trainer (DESIGN 4): config, loss dispatch, step, checkpoint, export.
+"""The FSDP2 student trainer (docs/design.md 4): config, loss dispatch, step, checkpoint, export.
 
     from agentopd.trainer import Trainer, TrainerConfig, LossKind
     trainer = Trainer(student_model_or_path, TrainerConfig(loss=LossKind.SAMPLED_K1, lr=1e-5))
     metrics = trainer.train_step(samples)          # samples: list[agentopd.batch.TrainSample]
 
 Modules: `config` (TrainerConfig, modes, LR schedule), `logprob` (chunked selected-token
-logprobs), `objective` (loss per micro-batch), `core` (Trainer), `checkpoint` (DCP save/load,
+logprobs), `loss` (the loss of a micro-batch, by cfg.loss), `core` (Trainer), `checkpoint` (DCP save/load,
 engine state dict, HF export).
 """
 

@@ -9,12 +9,12 @@ Bad values raise ValueError naming the field.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import StrEnum
 
 
 class LossKind(StrEnum):
-    """Which distillation loss the trainer minimises (DESIGN 5)."""
+    """Which distillation loss the trainer minimises (docs/design.md 5)."""
 
     SAMPLED_K1 = "sampled_k1"  # sampled-token reverse KL (k1) as advantage, policy gradient
     SAMPLED_K3 = "sampled_k3"  # same with the k3 estimator
@@ -79,7 +79,7 @@ class TrainerConfig:
     checkpoint_every: int = 1  # with activation_checkpointing: recompute every k-th decoder layer only (selective)
     compile: bool = False  # torch.compile each decoder layer's forward (CUDA: fuses norms, RoPE, SiLU-mul)
     share_prefix: bool = True  # padded rows (CPU, fp32): the common prefix of a micro-batch's samples runs once (agentopd.prefix)
-    varlen_attention: bool = True  # CUDA + bf16: one packed row per micro-batch, flash varlen attention (trainer/attention.py)
+    varlen_attention: bool = True  # CUDA + bf16: one packed row per micro-batch, flash varlen attention (agentopd/attention.py)
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer state on CPU)
     mixed_precision: Precision = Precision.AUTO
     seed: int = 0  # the Trainer seeds torch's RNG with seed + rank when built (as HF Trainer does)
@@ -116,10 +116,6 @@ class TrainerConfig:
             setattr(self, name, enum(value))
         except ValueError:
             raise ValueError(f"trainer.{name}={value!r} is not one of {[e.value for e in enum]}") from None
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:

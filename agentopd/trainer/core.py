@@ -15,6 +15,9 @@ and lm_head (tied embeddings stay in one unit); every rank passes its own share 
 The root module is `_Student`: its forward runs the decoder to FINAL HIDDEN STATES, gathers the
 rows at the loss positions and applies the chunked loss with the lm_head weight — inside the
 root forward, so FSDP has the root parameters gathered and never a (T, V) logits tensor exists.
+`vocab_size` (the tokenizer's size; a run passes it): the loss uses the lm_head's first `vocab_size` rows,
+so the student's log-probs are normalised over the ids the engines sample from (engines/base.py) and the
+embedding's padding rows past them take no part.
 
 Normalisation: every loss is a sum over student tokens divided by the student-token count of
 the GLOBAL batch (all micro-batches, all ranks: an all_reduce before the step), so gradients do
@@ -56,20 +59,21 @@ import torch.distributed as dist
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from agentopd.batch import MicroBatch, TrainSample, collate, dummy_micro_batch, plan, planned_slots
+from agentopd.batch import MicroBatch, TrainSample, collate, dummy_micro_batch, micro_batch_rows, micro_batch_slots
 from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
-from agentopd.trainer import attention
+from agentopd import attention
 from agentopd.trainer import checkpoint as ckpt
 from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
-from agentopd.trainer.objective import MAXIMA, WEIGHTED_BY_PG, micro_batch_loss
+from agentopd.trainer.loss import MAXIMA, WEIGHTED_BY_PG, micro_batch_loss
 
 
 class _Student(nn.Module):
     """Root module: decoder -> final hidden states at the loss positions -> chunked loss."""
 
-    def __init__(self, hf: PreTrainedModel) -> None:
+    def __init__(self, hf: PreTrainedModel, vocab_size: int) -> None:
         super().__init__()
         self.hf = hf
+        self.vocab_size = vocab_size  # the lm_head rows the losses use: the tokenizer's ids (engines/base.py)
 
     def forward(self, mb: MicroBatch, cfg: TrainerConfig, teacher_head_VH: torch.Tensor | None, autocast_dtype=None,
                 varlen: bool = False):
@@ -84,7 +88,7 @@ class _Student(nn.Module):
             if mb.prefix_ids_1P is not None:  # the rows' shared prefix once; its K/V (with their graph) serve every row
                 extra = run_prefix(self.hf.model, mb.prefix_ids_1P, mb.input_ids_BT.shape[0])
             hidden_BTH = self.hf.model(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, **extra).last_hidden_state
-        head_VH = self.hf.lm_head.weight
+        head_VH = self.hf.lm_head.weight[: self.vocab_size]  # the embedding's padding rows are never sampled
         if teacher_head_VH is not None and teacher_head_VH.shape[0] != head_VH.shape[0]:
             # a pair whose vocabularies differ by padding rows only (teacher.check_compatible, e.g. 151,936
             # vs 152,064): both distributions over the shared rows
@@ -152,7 +156,8 @@ def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
 
 class Trainer:
     def __init__(
-        self, model: PreTrainedModel | str | Path, cfg: TrainerConfig, *, device: torch.device | str | None = None
+        self, model: PreTrainedModel | str | Path, cfg: TrainerConfig, *, device: torch.device | str | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -195,7 +200,9 @@ class Trainer:
                 layer.forward = torch.compile(layer.forward)
         hf.train()
         self.hf = hf
-        self.student = _Student(hf)
+        from agentopd.engines.base import sampled_vocab
+
+        self.student = _Student(hf, sampled_vocab(vocab_size, hf.get_output_embeddings().weight.shape[0]))
         if self.distributed:
             self._shard()
         else:
@@ -300,12 +307,12 @@ class Trainer:
             cfg = dataclasses.replace(cfg, loss=LossKind(loss), temperature=cfg.temperature if temperature is None else temperature)
         samples = self._episode_terms(samples, cfg)
         share = self._shares_prefix(samples)
-        groups = plan(samples, cfg.micro_batch_tokens, row_tokens=1 if share else self._row_tokens(samples))
+        groups = micro_batch_rows(samples, cfg.micro_batch_tokens, row_tokens=1 if share else self._row_tokens(samples))
         counts = torch.tensor(
             [
                 sum(s.num_student_tokens for s in samples),
                 sum(s.num_tokens for s in samples),
-                sum(planned_slots(samples, g) for g in groups),
+                sum(micro_batch_slots(samples, g) for g in groups),
             ],
             dtype=torch.float64,
         )
@@ -399,7 +406,7 @@ class Trainer:
         return max((s.num_tokens for s in samples), default=1)
 
     def _reduce_stats(self, sums: dict[str, torch.Tensor], n_student: float) -> dict[str, float]:
-        """Global statistics: sums / global student tokens, pg means / pg weight, maxima (objective.py)."""
+        """Global statistics: sums / global student tokens, pg means / pg weight, maxima (trainer/loss.py)."""
         names = sorted(sums)
         if self.distributed:  # a rank that ran only empty micro-batches lacks the loss-specific keys
             all_names: list[Any] = [None] * self.world_size

@@ -4,7 +4,7 @@
     app = create_app("runs/sql_db-20260101-120000")   # one run directory, or a folder of runs
     serve("runs/", host="127.0.0.1", port=8000)        # uvicorn; prints the URL
 
-What it reads (DESIGN 3.5), never writes: `trajectories.db` (opened read-only per request,
+What it reads (docs/design.md 3.5), never writes: `trajectories.db` (opened read-only per request,
 so a live run's new episodes show on reload), `metrics.jsonl` (re-read when it changes), and
 a tokenizer in `<run>/tokenizer/` or `<run>/final/` to show token text (tokenizer files only;
 no model is ever loaded). Without a tokenizer the token view shows ids.

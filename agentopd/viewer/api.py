@@ -39,7 +39,7 @@ class RunInfo(BaseModel):
 
 
 class EpisodeDetail(EpisodeSummary):
-    """Every column of the `episodes` row (DESIGN 3.5), JSON arrays parsed."""
+    """Every column of the `episodes` row (docs/design.md 3.5), JSON arrays parsed."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -4,7 +4,7 @@
     data["turn_kl"]                             # mean log-ratio over the student tokens of each turn
     view = build_view(data, decoder)            # EpisodeView for templates/episode.html
 
-Token-view legend (arrays over response tokens, DESIGN 3.1):
+Token-view legend (arrays over response tokens, docs/design.md 3.1):
     mask 1  sampled by the student: shaded by r = logprobs - teacher_logprobs (the per-token
             reverse-KL estimate, k1): red when r > 0 (the teacher finds the token less likely
             than the student did), blue when r < 0; darker = larger |r| (levels LEVELS)

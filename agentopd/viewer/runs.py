@@ -7,7 +7,7 @@
     run.metrics()                            # metrics.jsonl rows, re-read when the file changes
     run.decoder()                            # TokenDecoder from <run>/tokenizer or <run>/final, or None
 
-A run directory (DESIGN 3.5) holds `trajectories.db` and/or `metrics.jsonl`. Run names are
+A run directory (docs/design.md 3.5) holds `trajectories.db` and/or `metrics.jsonl`. Run names are
 looked up as direct children of the served folder only: a name with a path separator, a
 leading dot or a NUL byte is unknown, so `..`, `%2F`-smuggled paths and absolute paths
 cannot escape it. Symlinked children are followed (a user may link runs from elsewhere).

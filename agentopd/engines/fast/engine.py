@@ -20,7 +20,7 @@ computes it once (scheduler.py), the pool holds one copy, and a decode step's ro
 from the GPU's L2 cache (benchmarks/results/engine_gpu.md, H100: 256 rows at context 2,048 whose
 first half is shared step in 15.4 ms against 21.5 ms with a copy each).
 
-Knobs beyond the shared ones (device, dtype, max_batch_size, seed): `max_model_len`,
+Knobs beyond the shared ones (device, dtype, max_batch_size, seed, vocab_size): `max_model_len`,
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
 max_batch_size full contexts of up to 2048 tokens on CPU), `token_budget` (new tokens per step),
 `cuda_graphs`, `overlap` (plan and queue the next step before reading this one's sampled tokens, so the host's
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
+from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult, sampled_vocab
 from agentopd.engines.fast.attention import PAGE, AttnBatch
 from agentopd.engines.fast.kv_cache import KVPool, PageAllocator
 from agentopd.engines.fast.model import ModelRunner
@@ -113,6 +113,7 @@ class FastEngine(LoopEngine):
         token_budget: int | None = None,
         cuda_graphs: bool = True,
         overlap: bool | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -128,6 +129,7 @@ class FastEngine(LoopEngine):
         on_gpu = self.device.type == "cuda"
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 4096))
         self.runner = ModelRunner.from_hf(model, device=self.device, dtype=dtype, max_len=self.max_model_len)
+        self.vocab_size = sampled_vocab(vocab_size, self.runner.lm_head.shape[0])  # engines/base.py: padding rows unsampled
         s = self.runner.shape
         if num_pages is None:
             if on_gpu:
@@ -145,14 +147,14 @@ class FastEngine(LoopEngine):
         self.max_batch_size = max_batch_size
         self.scheduler = Scheduler(self.pages, max_batch_size, token_budget or (8192 if on_gpu else 512),
                                    self.max_model_len)
-        self.pool = None
+        self.kv_pool: KVPool | None = None  # the K/V pages' tensors (kv_cache.py); None while asleep
         self._allocate()
         self._table = np.zeros((max_batch_size, need), dtype=np.int32)  # page-table rows of live sequences
         self._free_rows = list(range(max_batch_size - 1, -1, -1))
         self.weight_version = 0
         self._seeds = random.Random(seed)
         self._lock = threading.Lock()  # scheduler state: worker steps vs. the event loop's add/release
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine")  # the one worker thread (LoopEngine)
         self._init_loop()
         self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0,
                         "overlapped_steps": 0, "mixed_graph_steps": 0}  # seconds, counts
@@ -369,7 +371,7 @@ class FastEngine(LoopEngine):
             self.timings["prepare"] += time.perf_counter() - t0
             logits_SV = self.runner.forward(ids_N, batch, sample_S)
         if samplers:
-            step.tokens, logprobs = sample_on_device(logits_SV, [s.request.params for s in samplers],
+            step.tokens, logprobs = sample_on_device(logits_SV[:, : self.vocab_size], [s.request.params for s in samplers],
                                                      [s.seed for s in samplers],
                                                      [len(s.tokens) + s.pending for s in samplers])
             step.fetch(logprobs)
@@ -398,11 +400,11 @@ class FastEngine(LoopEngine):
 
     def _allocate(self) -> None:
         """The KV pool and (on a GPU) the step graphs that read it: at start-up and on `wake()`."""
-        if self.pool is not None:
+        if self.kv_pool is not None:
             return
         s = self.runner.shape
-        self.pool = KVPool(s.layers, s.kv_heads, s.head_dim, self.num_pages, self.device, self.runner.dtype)
-        self.runner.attach_cache(self.pool.k, self.pool.v)
+        self.kv_pool = KVPool(s.layers, s.kv_heads, s.head_dim, self.num_pages, self.device, self.runner.dtype)
+        self.runner.attach_cache(self.kv_pool.k, self.kv_pool.v)
         self.graphs = self.mixed = None
         if self._cuda_graphs:
             from agentopd.engines.fast.graphs import MIXED_BUCKETS, DecodeGraphs, MixedGraphs
@@ -414,14 +416,14 @@ class FastEngine(LoopEngine):
 
     def _release(self) -> None:
         """`sleep()`: drop every cached page, then the pool and the graphs (captured on its addresses)."""
-        if self.pool is None:
+        if self.kv_pool is None:
             return
         with self._lock:
             self.scheduler.drop_held()
             self.pages.invalidate()
         self.graphs = self.mixed = None
         self.runner.attach_cache([], [])
-        self.pool = None
+        self.kv_pool = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()

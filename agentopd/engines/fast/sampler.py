@@ -3,7 +3,9 @@
     tokens, logprobs = sample(logits_BV, params, seeds, positions)
 
 Logprobs follow engines/base.py: `log_softmax(logits / T)` in fp32 over the full vocabulary, T = 1
-for greedy rows; the reported value is that row's entry at the chosen token. Greedy rows take the
+for greedy rows; the reported value is that row's entry at the chosen token. The vocabulary is the logits'
+columns: the engine passes the tokenizer's ids only (`logits[:, :vocab_size]`, a view; the fused kernel
+reads it by row stride), so the embedding's padding rows are never drawn. Greedy rows take the
 argmax. Sampled rows draw by an exponential race (Gumbel-max): token = argmax(logprob - log E_v)
 with E_v = -log(u_v), where u_v is a hash of (seed, position, v) — one uniform per vocabulary
 entry, computed from counters alone. A row's draw therefore depends only on its own logits, its

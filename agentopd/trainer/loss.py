@@ -1,4 +1,5 @@
-"""The trainer's objective: one micro-batch's final hidden states -> summed loss + summed stats.
+"""The trainer's loss dispatch: one micro-batch's final hidden states -> summed loss + summed stats (what a
+run optimises, `run.objective`, is agentopd.objectives; the loss functions themselves are agentopd.losses).
 
     loss_sum, stats = micro_batch_loss(hidden_NH, head_VH, mb, cfg, teacher_head_VH=None)
 

@@ -1,6 +1,6 @@
 """Varlen attention for packed rows: sequences back to back in one row, no padding, no dense mask.
 
-    from agentopd.trainer import attention
+    from agentopd import attention
     if attention.available(device):
         with attention.use_varlen(model):                    # the model's attention -> varlen
             hidden = model.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False,
@@ -11,8 +11,9 @@ kernel still computes every masked block); flash-attention varlen takes `cu_seql
 computes each sequence's causal triangle only. This registers torch's own flash varlen kernel
 (`torch.nn.attention.varlen.varlen_attn`, CUDA, bf16/fp16) as a transformers attention function
 named "agentopd_varlen": transformers then builds no mask for it, and the cumulative lengths reach
-every attention call as keyword arguments (the FlashAttentionKwargs names). Used by the trainer
-(one packed row per micro-batch) and by HFTeacher (packed scoring) on CUDA.
+every attention call as keyword arguments (the FlashAttentionKwargs names). Shared compute, like
+agentopd.prefix: the trainer (one packed row per micro-batch) and HFTeacher (packed scoring) use it
+on CUDA, so it lives below both.
 
 Legend: T = tokens of the packed row, H = heads, D = head dim.
 """

@@ -1,0 +1,143 @@
+"""The run policy: what a run's settings imply together, beside the objective they serve (agentopd.objectives).
+
+    trainer_cfg = trainer_config(cfg)        # TrainerConfig: the objective's loss, the run's steps, the temperature
+    loss_temperature(cfg, LossKind.SFT)      # the temperature a loss divides logits by
+    check_run(cfg)                           # combinations no single section can judge: ValueError naming the keys
+
+Validation of the config tree calls `check_run` (so `load_config` refuses a run that cannot work before any model
+loads); the runner calls `trainer_config` and `loss_temperature` and hands the parts below it typed settings.
+Nothing below the runner imports this module (tests/test_layout.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentopd.backends.base import BackendKind
+from agentopd.objectives import Objective
+from agentopd.teacher.base import is_server
+from agentopd.trainer.config import LossKind, TrainerConfig
+
+if TYPE_CHECKING:
+    from agentopd.config import Config
+
+
+def trainer_config(cfg: Config) -> TrainerConfig:
+    """The run's TrainerConfig: the `trainer` section with the objective's loss, the run's steps and the loss
+    temperature (`loss_temperature`); the `trainer` section only accepts the losses a run trains with."""
+    trainer: TrainerConfig = cfg.trainer.build()
+    trainer.loss = Objective(cfg.run.objective).loss or trainer.loss
+    trainer.total_steps = max(cfg.run.steps, 1)
+    trainer.temperature = loss_temperature(cfg, trainer.loss)
+    return trainer
+
+
+def loss_temperature(cfg: Config, loss: LossKind) -> float:
+    """The temperature `loss` divides logits by.
+
+    Losses on sampled tokens (sampled_k1, grpo, topk_forward_kl) compare the student with the sampler, so they use
+    the rollout's temperature (trainer.temperature is not used). Full-vocabulary distillation (forward_kl,
+    reverse_kl, jsd) compares the student's and the teacher's distributions at `trainer.temperature` (default 1:
+    the models' own distributions), whatever temperature explores; at T=0.5 a tiny student's copy errors cost
+    10-25 nats per token and training at lr >= 1e-3 collapsed (benchmarks/results/default_run.md). sft is
+    cross-entropy at T=1.
+    """
+    from agentopd.engines.base import logprob_temperature
+
+    sampler = logprob_temperature(cfg.rollout.temperature)  # greedy rollouts report T=1 logprobs
+    if loss == LossKind.SFT:
+        return 1.0
+    if not LossKind(loss).is_full_vocab:
+        return sampler
+    if cfg.trainer.task_reward_coef > 0 and cfg.trainer.temperature != sampler:
+        raise ValueError(
+            f"trainer.task_reward_coef={cfg.trainer.task_reward_coef} adds a policy-gradient term whose importance "
+            f"ratio compares with the sampler: set trainer.temperature={cfg.trainer.temperature} equal to "
+            f"rollout.temperature={sampler}"
+        )
+    return cfg.trainer.temperature
+
+
+def server_teachers(cfg: Config) -> list[str]:
+    """The teachers given as http(s) URLs: vLLM servers that score tokens and cannot play."""
+    return [ref for ref in (*cfg.mix.teachers.values(), cfg.teacher.path) if is_server(ref)]
+
+
+def teacher_count(cfg: Config) -> int:
+    """How many teachers score the run's episodes (agentopd.routing.Router routes among them)."""
+    if cfg.mix.teachers:
+        return len(cfg.mix.teachers)
+    if cfg.env.mixed and cfg.teacher.path == "builtin":  # each env's own built-in teacher
+        return len({entry.name or key for key, entry in cfg.mix.envs.items()})
+    return 1
+
+
+def check_run(cfg: Config) -> None:
+    """Combinations no single section can judge: each a ValueError naming the keys."""
+    if cfg.async_.enabled and cfg.async_.max_staleness == 0:
+        raise ValueError(
+            "async.max_staleness=0 with async.enabled=true: every episode would be one step stale and dropped; "
+            "set async.enabled=false for synchronous training, or async.max_staleness >= 1"
+        )
+    if cfg.ray.engine_sleep and cfg.async_.enabled:
+        raise ValueError(
+            "ray.engine_sleep with async.enabled=true: the engines play the next step while the trainer runs, so "
+            "they cannot free their KV pool then; turn one off"
+        )
+    _check_teacher_recipes(cfg)
+    _check_intervene(cfg)
+    trainer = trainer_config(cfg)  # the loss, its temperature and the teachers must fit together
+    servers = server_teachers(cfg)
+    if servers:
+        _check_server_teacher(cfg, servers[0], trainer)
+
+
+def _check_teacher_recipes(cfg: Config) -> None:
+    """recipe.teacher_fraction and recipe.sft_steps: the teacher plays some of the training episodes."""
+    r, used = cfg.recipe, []
+    if r.teacher_fraction > 0:
+        used.append(f"recipe.teacher_fraction={r.teacher_fraction}")
+    if r.sft_steps > 0:
+        used.append(f"recipe.sft_steps={r.sft_steps}")
+        if r.sft_steps >= cfg.run.steps:
+            raise ValueError(f"recipe.sft_steps={r.sft_steps} leaves none of run.steps={cfg.run.steps} to {cfg.run.objective} (use objective=sft for SFT alone)")
+        if cfg.async_.enabled:
+            raise ValueError("recipe.sft_steps with async.enabled=true: rollouts submitted ahead would cross the switch; turn one off")
+    if used and cfg.run.objective != Objective.OPD:
+        raise ValueError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} objective=opd (got objective={cfg.run.objective})")
+
+
+def _check_intervene(cfg: Config) -> None:
+    """recipe.intervene_below: the local backend replaces student turns with turns one teacher plays in-process."""
+    r = cfg.recipe
+    if r.intervene_below is None:
+        return
+    servers = server_teachers(cfg)
+    problems = []
+    if cfg.run.backend != BackendKind.LOCAL:
+        problems.append(f"run.backend={cfg.run.backend} (only the local backend intervenes)")
+    if cfg.run.objective != Objective.OPD:
+        problems.append(f"objective={cfg.run.objective} (it replaces turns the student plays: objective=opd)")
+    if servers:
+        problems.append(f"teacher={servers[0]}, a server that scores tokens but cannot play turns")
+    if teacher_count(cfg) > 1:
+        problems.append(f"{teacher_count(cfg)} teachers (it needs exactly one)")
+    if problems:
+        raise ValueError(f"recipe.intervene_below={r.intervene_below} cannot run with " + "; ".join(problems))
+
+
+def _check_server_teacher(cfg: Config, url: str, trainer: TrainerConfig) -> None:
+    """A teacher behind a vLLM server returns prompt logprobs at temperature 1 and nothing else."""
+    problems = []
+    if trainer.loss.is_full_vocab:
+        problems.append(f"trainer.loss={trainer.loss} needs the teacher's hidden states (use sampled_k1 or topk_forward_kl)")
+    if Objective(cfg.run.objective).teacher_plays:
+        problems.append("objective=sft needs the teacher to play episodes")
+    if cfg.recipe.teacher_fraction > 0 or cfg.recipe.sft_steps > 0:
+        problems.append("recipe.teacher_fraction and recipe.sft_steps need the teacher to play episodes")
+    if cfg.eval.teacher:
+        problems.append("eval.teacher=true plays the teacher on the eval tasks (set eval.teacher=false)")
+    if cfg.rollout.temperature not in (0.0, 1.0):
+        problems.append(f"rollout.temperature={cfg.rollout.temperature}: prompt logprobs are at temperature 1 only")
+    if problems:
+        raise ValueError(f"teacher={url} is a server that scores tokens only: " + "; ".join(problems))
