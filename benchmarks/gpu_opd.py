@@ -4,10 +4,12 @@ training tokens/s of a few OPD steps, bf16, transformers engine (issue 5's GPU c
     python benchmarks/gpu_opd.py --out results_dir            # Qwen3-0.6B-shaped student, 1.7B-shaped teacher
     python benchmarks/gpu_opd.py --tiny --out /tmp/x          # the same path at toy sizes (CPU smoke test)
     python benchmarks/gpu_opd.py --out DIR engine.kind=hf     # extra key=value overrides go to the run
+    agentopd make-tokenizer qwen3 TOK && python benchmarks/gpu_opd.py --out DIR --tokenizer TOK   # Qwen3's vocabulary
 
-Models are built locally from Qwen3 configs (no hub) with the embedded tokenizer, so the
-vocabulary is the tokenizer's (~1k rows, not Qwen's 151,936): layers, widths and heads are
-the real ones. Writes `gpu_opd.md` (a table from the run's metrics.jsonl) and the metrics.
+Models are built locally from Qwen3 configs (no hub): layers, widths and heads are the real ones. The vocabulary
+is the embedded tokenizer's (~1k rows) by default, or with `--tokenizer` a tokenizer folder's (e.g. Qwen3's real
+151,643-token BPE and template from `agentopd make-tokenizer qwen3`, with the 151,936 embedding rows its
+`agentopd_vocab.json` records). Writes `gpu_opd.md` (a table from the run's metrics.jsonl) and the metrics.
 """
 
 from __future__ import annotations
@@ -28,17 +30,18 @@ SHAPES = {  # hidden, layers, heads, kv heads, head_dim, intermediate
 }
 
 
-def build(shape: str, tok, out: Path, dtype) -> int:
+def build(shape: str, tok, out: Path, dtype, rows: int) -> int:
+    """A random-weight Qwen3 model of `shape` with `rows` embedding rows (>= len(tok): real checkpoints pad theirs)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     h, layers, heads, kv, hd, inter = SHAPES[shape]
     if (out / "config.json").exists():  # built by an earlier run of this script (same shape, same tokenizer)
         built = Qwen3Config.from_pretrained(out)
-        if (built.hidden_size, built.num_hidden_layers, built.vocab_size) == (h, layers, len(tok)):
+        if (built.hidden_size, built.num_hidden_layers, built.vocab_size) == (h, layers, rows):
             with torch.device("meta"):
                 return sum(p.numel() for p in Qwen3ForCausalLM(built).parameters())
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+    cfg = Qwen3Config(vocab_size=rows, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, head_dim=hd, intermediate_size=inter, max_position_embeddings=4096,
                       tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
     torch.manual_seed(0)
@@ -53,6 +56,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--tokenizer", type=Path, default=None, help="a tokenizer folder (agentopd make-tokenizer) instead of the embedded one")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run, e.g. engine.kind=fast")
     args = ap.parse_args()
     import torch
@@ -61,11 +65,21 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/gpu_opd")
-    tok = ensure_tokenizer(BootstrapSpec(corpus_tasks_per_env=300), home=work / "home")
+    if args.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        from agentopd.vocab import read_vocab_info
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        rows = read_vocab_info(args.tokenizer).get("model_rows", len(tok))
+        work = work / args.tokenizer.name  # models of this vocabulary apart from the embedded one's
+    else:
+        tok = ensure_tokenizer(BootstrapSpec(corpus_tasks_per_env=300), home=work / "home")
+        rows = len(tok)
     dtype = torch.float32 if args.tiny else torch.bfloat16
     s_shape, t_shape = ("tiny-s", "tiny-t") if args.tiny else ("qwen3-0.6b", "qwen3-1.7b")
-    n_s = build(s_shape, tok, work / "student", dtype)
-    n_t = build(t_shape, tok, work / "teacher", dtype)
+    n_s = build(s_shape, tok, work / "student", dtype, rows)
+    n_t = build(t_shape, tok, work / "teacher", dtype, rows)
     run = work / "run"
     subprocess.run(["rm", "-rf", str(run)], check=True)
     cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run),
@@ -90,7 +104,8 @@ def main() -> None:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     lines = [f"# OPD loop on {dev}: {s_shape} student ({n_s / 1e6:.0f}M) / {t_shape} teacher ({n_t / 1e6:.0f}M), random weights",
              "", f"command: `python benchmarks/gpu_opd.py --out DIR` (runs: `{' '.join(cmd[3:])}`)", "",
-             f"vocabulary: the embedded tokenizer's {len(tok)} tokens (not Qwen's 151,936); bf16 engine/teacher/compute, "
+             f"vocabulary: {args.tokenizer or 'the embedded tokenizer'}'s {len(tok):,} tokens, {rows:,} embedding rows; "
+             "bf16 engine/teacher/compute, "
              f"fp32 master weights, activation checkpointing; wall time {wall:.0f} s for {args.steps} steps incl. start-up and evals.",
              "", "| metric (median over steps 2..N) | value |", "|---|---|"]  # fmt: skip
     for k in keys:
