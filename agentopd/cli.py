@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -254,7 +255,7 @@ def eval_command(
 
     from agentopd.evaluate import evaluate
     from agentopd.models import pick_device, resolve_model
-    from agentopd.rollout import RolloutConfig
+    from agentopd.policy import rollout_config
     from agentopd.splits import without_split
 
     if n > 1 and temperature == 0:
@@ -262,7 +263,7 @@ def eval_command(
     path = resolve_model(model, cfg.env.name, "student", env_kwargs=cfg.env.kwargs)
     device, dtype = pick_device(cfg.run.device)
     kwargs = without_split(cfg.env.kwargs)
-    rollout = RolloutConfig(**{**cfg.rollout.build().__dict__, "temperature": temperature, "top_p": top_p, "top_k": top_k})
+    rollout = replace(rollout_config(cfg), temperature=temperature, top_p=top_p, top_k=top_k)
     r = evaluate(str(path), AutoTokenizer.from_pretrained(path), cfg.env.name, env_kwargs=kwargs, split=split,
                  num_tasks=num_tasks, n=n, rollout=rollout, engine_kind=cfg.engine.kind,
                  engine_kwargs={"device": device, "dtype": dtype, "seed": cfg.run.seed})  # fmt: skip

@@ -1,6 +1,7 @@
 """The run policy: what a run's settings imply together, beside the objective they serve (agentopd.objectives).
 
     trainer_cfg = trainer_config(cfg)        # TrainerConfig: the objective's loss, the run's steps, the temperature
+    rollout_cfg = rollout_config(cfg)        # RolloutConfig: how the training episodes play
     loss_temperature(cfg, LossKind.SFT)      # the temperature a loss divides logits by
     check_run(cfg)                           # combinations no single section can judge: ValueError naming the keys
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from agentopd.backends.base import BackendKind
 from agentopd.objectives import Objective
+from agentopd.rollout import RolloutConfig
 from agentopd.teacher.base import is_server
 from agentopd.trainer.config import LossKind, TrainerConfig
 
@@ -30,6 +32,12 @@ def trainer_config(cfg: Config) -> TrainerConfig:
     trainer.total_steps = max(cfg.run.steps, 1)
     trainer.temperature = loss_temperature(cfg, trainer.loss)
     return trainer
+
+
+def rollout_config(cfg: Config) -> RolloutConfig:
+    """The run's RolloutConfig: the `rollout` section (its tasks_per_step and n are the plan's, not the loop's)."""
+    rollout: RolloutConfig = cfg.rollout.build()
+    return rollout
 
 
 def loss_temperature(cfg: Config, loss: LossKind) -> float:

@@ -44,7 +44,7 @@ from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
 from agentopd.pair import require_pair
 from agentopd.plan import Mixture, Planned
-from agentopd.policy import loss_temperature, trainer_config
+from agentopd.policy import loss_temperature, rollout_config, trainer_config
 from agentopd.progress import RunProgress
 from agentopd.recipes.turn_weights import step_turn_weights
 from agentopd.routing import Router
@@ -118,7 +118,7 @@ class Runner:
                 require_pair(student_ref, ref)
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
-        self.rollout_cfg = cfg.rollout.build()
+        self.rollout_cfg = rollout_config(cfg)
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
         self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype,
                               vocab_size=len(self.tokenizer))
