@@ -132,11 +132,14 @@ class Runner:
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
         self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype,
                               vocab_size=len(self.tokenizer))
-        if self.plan is not None:
-            from agentopd.engines import EngineKind, resolve_kind
+        from agentopd.engines import EngineKind, resolve_kind
 
+        sleeps = resolve_kind(cfg.engine.kind, self.device) != EngineKind.VLLM  # vLLM sizes its own memory
+        if self.plan is not None:
             self.ctx.kv_cache_gib = self.plan.kv_cache_gib
-            self.ctx.engine_sleep = self.plan.engine_sleep and resolve_kind(cfg.engine.kind, self.device) != EngineKind.VLLM
+            self.ctx.engine_sleep = self.plan.engine_sleep and sleeps
+        else:  # CPU: no plan; engine.sleep=true still does what it says
+            self.ctx.engine_sleep = cfg.engine.sleep is True and sleeps
         self.backend.setup(self.ctx, self.tokenizer)
         self.store = Store(self.rd.db)
         self.log = self._open_log(resume_after)

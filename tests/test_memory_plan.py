@@ -153,3 +153,26 @@ def test_out_of_memory_in_the_train_phase_names_it_and_checkpoints(tiny_home, tm
     assert first.endswith("Tried to allocate 2.32 GiB")
     assert any(line.strip().startswith("0  peak") for line in table)
     assert (tmp_path / "run" / "checkpoints" / "step_000001" / "DONE").exists()
+
+
+def test_engine_sleep_on_the_local_backend_and_the_teachers_eval_engine_closed(cli, tmp_path, monkeypatch):
+    """engine.sleep=true: the student's engine frees its pool for the teacher and the trainer, wakes for the next
+    rollout; the teacher's engine that played the first eval is closed after it."""
+    from agentopd.backends.local import LocalBackend
+
+    closed = []
+    collect = LocalBackend.collect
+
+    def watch(self, handle, on_episode=None):
+        out = collect(self, handle, on_episode)
+        closed.append((handle.who, sorted(self.players.engines)))
+        return out
+
+    monkeypatch.setattr(LocalBackend, "collect", watch)
+    run = tmp_path / "run"
+    result = cli("run", "--env", "sql_db", "--run-dir", run, "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16",
+                 "rollout.max_turns=2", "eval.num_tasks=2", "eval.every=0", "steps=2", "engine.sleep=true")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert ("teacher", ["student"]) in closed  # its engine is gone once its eval is played
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert all(r["perf/engine_sleep_s"] >= 0 and "perf/engine_wake_s" in r for r in records[1:])
