@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,13 +40,13 @@ import torch
 from transformers import AutoTokenizer
 
 from agentopd.backends import make_backend
-from agentopd.backends.base import RolloutHandle, TrainerRestarted
+from agentopd.backends.base import BackendKind, RolloutHandle, TrainerRestarted
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episodes
 from agentopd.config.schema import Stale
 from agentopd.diagnostics import phase_metrics, step_metrics, teacher_work
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
-from agentopd.memory_plan import MemoryPlan, OutOfMemory, cuda_gpus, plan_memory, shapes_of
+from agentopd.memory_plan import MemoryPlan, OutOfMemory, Phase, cuda_gpus, plan_memory, shapes_of
 from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
@@ -103,6 +104,7 @@ class Runner:
         self._teacher_result: EvalResult | None = None
         self.phase = "setup"  # the phase running now (what a CUDA out-of-memory names)
         self.plan: MemoryPlan | None = None  # on CUDA: the memory plan (agentopd.memory_plan)
+        self._mem: dict[str, float] = {}  # measured peaks per phase since the last step's metrics (_in_phase)
 
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self, resume_after: int | None) -> None:
@@ -220,8 +222,6 @@ class Runner:
         """The run's memory plan on CUDA (None on CPU), checked: MemoryPlanError when it cannot fit."""
         if self.device.type != "cuda":
             return None
-        from agentopd.backends.base import BackendKind
-
         if self.cfg.run.backend == BackendKind.LOCAL:
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             gpus = [torch.cuda.mem_get_info(index)[1] / 2**30]
@@ -236,10 +236,21 @@ class Runner:
         plan.check()
         return plan
 
-    def _in_phase(self, name: str, total: int | None = None) -> Any:
-        """The progress phase `name`, remembered as the phase running now."""
+    @contextmanager
+    def _in_phase(self, name: str, total: int | None = None) -> Iterator[Callable[[], None]]:
+        """The progress phase `name`, remembered as the phase running now. On the local backend on CUDA: the phase's
+        peak reserved memory as `mem/<phase>_peak_gib` (beside `mem/<phase>_plan_gib`, the plan's prediction),
+        reported with the next step's metrics."""
         self.phase = name
-        return self.progress.phase(name, total=total)
+        measure = self.device.type == "cuda" and self.cfg.run.backend == BackendKind.LOCAL
+        if measure:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        with self.progress.phase(name, total=total) as advance:
+            yield advance
+        if measure:
+            self._mem[f"mem/{name}_peak_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
+            if self.plan is not None:
+                self._mem[f"mem/{name}_plan_gib"] = self.plan.peak(0, Phase(name))
 
     def _out_of_memory(self, error: BaseException, start: int, summary: RunSummary) -> OutOfMemory:
         """The one-line error of a CUDA out-of-memory, after a checkpoint of the last trained step where possible."""
@@ -455,7 +466,8 @@ class Runner:
                     if of_source:
                         metrics[f"success_rate/{source}"] = sum(e.success for e in of_source) / len(of_source)
         metrics |= phase_metrics(episodes, rollout_s=rollout_s, teacher_s=teacher_s, sync_s=sync_s)
-        metrics |= async_stats | self.backend.stats()
+        metrics |= async_stats | self.backend.stats() | self._mem
+        self._mem = {}
         self._unlogged = (step, metrics)
         return metrics
 
@@ -500,7 +512,8 @@ class Runner:
             record |= teacher_per_source
         summary.evals.append(record)
         if metrics is not None:
-            metrics.update({k: v for k, v in record.items() if k != "step"})
+            metrics.update({k: v for k, v in record.items() if k != "step"} | self._mem)
+            self._mem = {}
         else:
             self.log.write(step, {k: v for k, v in record.items() if k != "step"})
         self.progress.note(
