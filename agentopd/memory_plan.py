@@ -50,8 +50,9 @@ Roles and formulas (bytes):
 
 Placement follows `run.backend`: local puts every role on one GPU (`run.device`); ray packs the
 trainer ranks, rollout workers and teacher replicas onto GPUs by their `ray.gpus_per_*` shares, in that
-order. A GPU fits when its peak phase stays within 95% of its memory (fragmentation). Not modelled: vLLM
-(it sizes its own pool: `engine.vllm.gpu_memory_utilization`), `trainer.cpu_offload`, async overlap.
+order. A GPU fits when its peak phase stays within 95% of its memory (fragmentation). vLLM sizes its own
+memory: the plan counts `engine.vllm.gpu_memory_utilization` of the GPU for it, in every phase. Not
+modelled: `trainer.cpu_offload`, async overlap, the teacher's eval engine under vLLM.
 """
 
 from __future__ import annotations
@@ -231,6 +232,9 @@ def _placement(cfg: Config) -> tuple[list[int], list[int], list[int]]:
                          (r.teacher_replicas, r.gpus_per_teacher)):  # fmt: skip
         placed = []
         for _ in range(count):
+            if share == 0:  # a role without a GPU share runs on CPU: nothing on a GPU
+                placed.append(-1)
+                continue
             if used + share > 1.0 + 1e-9:
                 gpu, used = gpu + 1, 0.0
             placed.append(gpu)
@@ -248,16 +252,31 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
 
     sleep = cfg.engine.sleep if cfg.run.backend == BackendKind.LOCAL else cfg.ray.engine_sleep
     if sleep == "auto":
-        awake = _plan(cfg, shapes, gpus_gib, engine_sleep=False)
+        awake = _sized(cfg, shapes, gpus_gib, engine_sleep=False)
         if awake.fits:
             return awake
-        asleep = _plan(cfg, shapes, gpus_gib, engine_sleep=True)
+        asleep = _sized(cfg, shapes, gpus_gib, engine_sleep=True)
         asleep.notes.append("engine.sleep=auto: on (the KV pool would not fit beside the teacher and the trainer)")
         return asleep
-    return _plan(cfg, shapes, gpus_gib, engine_sleep=bool(sleep))
+    return _sized(cfg, shapes, gpus_gib, engine_sleep=bool(sleep))
 
 
-def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool) -> MemoryPlan:
+def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool) -> MemoryPlan:
+    """The plan with the KV pool `engine.kv_cache_gib`, or the largest `engine.kv_cache_fraction` of what the rest
+    leaves: every phase's peak is base + pools x kv, so kv = fraction x min over phases of (95% x GPU - base) / pools."""
+    fraction = cfg.engine.kv_cache_fraction
+    if fraction is None or _vllm(cfg):
+        return _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=_kv_gib(cfg))
+    base, unit = (_plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=k) for k in (0.0, 1.0))
+    room = [(HEADROOM * cap - base.peak(g, p)) / (unit.peak(g, p) - base.peak(g, p))
+            for g, cap in enumerate(gpus_gib) for p in Phase if unit.peak(g, p) > base.peak(g, p)]  # fmt: skip
+    kv = max(0.0, fraction * min(room))
+    plan = _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=kv)
+    plan.notes.append(f"engine.kv_cache_fraction={fraction:g}: a pool of {kv:.1f} GiB ({min(room):.1f} GiB would fill the GPU)")
+    return plan
+
+
+def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float) -> MemoryPlan:
     from agentopd.backends.base import BackendKind
     from agentopd.trainer.config import LossKind
 
@@ -270,7 +289,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     world = len(tr)
     tc, P = cfg.trainer, s.params
     train_only = (Phase.TRAIN,)
-    for g in sorted(set(tr)):
+    for g in sorted(set(tr) - {-1}):
         items += [Item("trainer", f"fp32 master weights ({P / 1e9:.2f}B / {world})", _gib(4 * P / world), g),
                   Item("trainer", "AdamW state (2 x fp32)", _gib(8 * P / world), g),
                   Item("trainer", "fp32 gradients", _gib(4 * P / world), g, train_only)]  # fmt: skip
@@ -292,9 +311,14 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
         items.append(Item("trainer", f"loss buffers (chunk {C}, V {V})", _gib(loss), g, train_only))
         if full_vocab and t is not None:
             items.append(Item("trainer", "teacher head + hidden rows", _gib(2 * V * t.hidden + 2 * T * t.hidden), g, train_only))
-    kv = _kv_gib(cfg)
-    for g in sorted(set(ro)):
+    for g in sorted(set(ro) - {-1}):
         workers = ro.count(g)
+        if _vllm(cfg):  # vLLM takes its share of the GPU for weights, KV cache and graphs (stages.vllm_options)
+            from agentopd.backends.stages import vllm_options
+
+            share = vllm_options(cfg)["gpu_memory_utilization"]
+            items.append(Item("engine", f"vLLM: gpu_memory_utilization {share:g} x{workers}", share * gpus_gib[g] * workers, g))
+            continue
         awake = (Phase.ROLLOUT, Phase.EVAL) if engine_sleep else ALL
         items += [Item("engine", f"student bf16 weights x{workers}", _gib(2 * P) * workers, g),
                   Item("engine", f"KV pool x{workers}", kv * workers, g, awake),
@@ -305,33 +329,31 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     if t is not None and cfg.run.objective != "grpo":
         Tt = TEACHER_TOKENS
         work = 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab
-        for g in sorted(set(te)):
+        for g in sorted(set(te) - {-1}):
             n = te.count(g)
             items += [Item("teacher", f"bf16 weights ({t.params / 1e9:.2f}B) x{n}", _gib(2 * t.params) * n, g, (Phase.TEACHER,)),
                       Item("teacher", "scoring work (16k tokens)", _gib(work) * n, g, (Phase.TEACHER,))]  # fmt: skip
-    procs = {g: (g in tr) + (g in ro) + (g in te) for g in range(len(gpus_gib))} if not local else {0: 1}
+    procs = {g: tr.count(g) + ro.count(g) + te.count(g) for g in range(len(gpus_gib))} if not local else {0: 1}
     for g, n in procs.items():
         if n:
             items.append(Item("cuda", f"context + slack x{n}", CONTEXT_GIB * n, g))
     plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep)
-    if cfg.engine.kv_cache_fraction is not None:  # the pool is a share of what the rest leaves at its GPU's peak
-        g = ro[0]
-        pooled = [p for p in Phase if any(i.gpu == g and i.what.startswith("KV pool") and p in i.phases for i in items)]
-        rest = max(plan.peak(g, p) for p in pooled) - kv * ro.count(g)
-        kv = max(0.0, cfg.engine.kv_cache_fraction * (HEADROOM * gpus_gib[g] - rest) / ro.count(g))
-        for i in items:
-            if i.what.startswith("KV pool"):
-                i.gib = kv * ro.count(i.gpu)
-            if i.what.startswith("teacher's engine"):
-                i.gib = (_gib(2 * t.params) + kv) * ro.count(i.gpu)
-        plan.kv_cache_gib = kv
-        plan.notes.append(f"engine.kv_cache_fraction={cfg.engine.kv_cache_fraction:g}: {kv:.1f} GiB of the "
-                          f"{HEADROOM * gpus_gib[g] - rest:.1f} GiB the rest leaves on GPU {g}")  # fmt: skip
     need = s.kv_bytes_per_token() * min(cfg.rollout.max_context, 1 << 20)
     if _gib(need) > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "
                           f"({_gib(need):.2f} GiB): raise engine.kv_cache_gib")  # fmt: skip
     return plan
+
+
+def _vllm(cfg: Config) -> bool:
+    """Whether the run's engine is vLLM: engine.kind=vllm, or auto where vLLM and CUDA are installed (engines.resolve_kind)."""
+    if cfg.engine.kind != "auto":
+        return cfg.engine.kind == "vllm"
+    import importlib.util
+
+    import torch
+
+    return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 
 
 def _kv_gib(cfg: Config) -> float:

@@ -176,3 +176,26 @@ def test_engine_sleep_on_the_local_backend_and_the_teachers_eval_engine_closed(c
     assert ("teacher", ["student"]) in closed  # its engine is gone once its eval is played
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert all(r["perf/engine_sleep_s"] >= 0 and "perf/engine_wake_s" in r for r in records[1:])
+
+
+def test_run_refused_by_its_plan_loads_no_model_and_leaves_no_run_directory(cli, tmp_path, monkeypatch):
+    """`agentopd run` with a plan that cannot fit (as on CUDA; the plan is patched in here): exit 2, the error line
+    and the table, before the backend loads a model."""
+    from agentopd.backends.local import LocalBackend
+    from agentopd.runner import Runner
+
+    def refuse(self, student_ref, teacher_refs):
+        plan = plan_memory(self.cfg, {"student": ModelShape.from_hf_config(Q8), "teacher": ModelShape.from_hf_config(Q32)}, [80.0])
+        plan.check()
+
+    def no_models(self, *args):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(Runner, "_memory_plan", refuse)
+    monkeypatch.setattr(LocalBackend, "setup", no_models)
+    t0 = time.perf_counter()
+    result = cli("run", "--env", "sql_db", "--run-dir", tmp_path / "run", "steps=1")
+    assert result.exit_code == 2
+    assert "error: this run does not fit its GPUs" in result.output and "DOES NOT FIT" in result.output
+    assert not (tmp_path / "run").exists()
+    assert time.perf_counter() - t0 < 30  # the tiny models' tokenizer and pair check, no model load
