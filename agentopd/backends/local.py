@@ -13,7 +13,8 @@ Rollouts run when collected, so there is nothing to overlap: `async.enabled` nee
 Memory (agentopd.memory_plan): with `ctx.engine_sleep` (engine.sleep) the student's engine frees its KV
 pool before the teacher scores and the trainer steps, and allocates it again before the next rollout;
 it also sleeps while a teacher plays an eval. A teacher's engine that played only evals (eval.teacher)
-is closed after them, so it never stays resident beside the teacher's scoring and the trainer.
+is closed after them, so it never stays resident beside the teacher's scoring and the trainer (unless it
+also serves recipe.intervene_below's guide).
 """
 
 from __future__ import annotations
@@ -94,10 +95,12 @@ class LocalBackend:
     def collect(self, handle: RolloutHandle, on_episode: OnEpisode | None = None) -> list[Episode]:
         """The played episodes; the student's training episodes play under the guide (recipe.intervene_below)."""
         guide = self.guide if handle.who == STUDENT else None
-        evals_only = handle.who != STUDENT and bool(handle.planned) and handle.planned[0].spec.split != Split.TRAIN
+        # a teacher that plays only evals (eval.teacher), its engine not serving a guide (recipe.intervene_below)
+        evals_only = handle.who != STUDENT and bool(handle.planned) and handle.planned[0].spec.split != Split.TRAIN \
+            and self.guide is None
         self._asleep(handle.who != STUDENT)
         episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
-        if evals_only:  # a teacher plays only evals (eval.teacher): free its engine at once
+        if evals_only:  # free its engine at once
             self.players.drop(handle.who)
         if guide is not None and handle.planned and handle.planned[0].spec.split == Split.TRAIN:
             self._stats |= intervene_metrics(episodes, guide.probability(handle.planned[0].spec.step))
