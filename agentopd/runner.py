@@ -151,7 +151,11 @@ class Runner:
         t0 = time.perf_counter()
         ckpt = self._resume_point() if resume else None
         start = checkpoint_step(ckpt) if ckpt is not None else 0
-        self._setup(resume_after=start if ckpt is not None else None)
+        try:
+            self._setup(resume_after=start if ckpt is not None else None)
+        except torch.OutOfMemoryError as e:  # loading the models: nothing to checkpoint yet
+            plan = f"\n{self.plan.table()}" if self.plan is not None else ""
+            raise OutOfMemory(f"CUDA out of memory in the setup phase (loading the models): {_first_line(e)}{plan}") from None
         self.cfg.to_yaml(self.rd.config)
         summary = RunSummary(self.run_dir, steps=self.cfg.run.steps)
         if ckpt is not None:
@@ -266,9 +270,9 @@ class Runner:
                 saved = f"; no checkpoint ({type(again).__name__})"
         elif self._checkpointed >= 0:
             saved = f"; last checkpoint at step {self._checkpointed}"
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         plan = f"\n{self.plan.table()}" if self.plan is not None else ""
-        return OutOfMemory(f"CUDA out of memory in the {phase} phase (step {last + 1}){saved}: {first}{plan}")
+        when = f"the eval after step {last}" if phase == "eval" else f"step {last + 1}"
+        return OutOfMemory(f"CUDA out of memory in the {phase} phase ({when}){saved}: {_first_line(error)}{plan}")
 
     def _resume_point(self) -> Path:
         ckpt = self.rd.latest_checkpoint()
@@ -527,6 +531,11 @@ class Runner:
         with writes_uninterrupted(lambda: self.progress.note("Ctrl-C: finishing the checkpoint first")):
             self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
         self._checkpointed = step
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:

@@ -199,3 +199,17 @@ def test_run_refused_by_its_plan_loads_no_model_and_leaves_no_run_directory(cli,
     assert "error: this run does not fit its GPUs" in result.output and "DOES NOT FIT" in result.output
     assert not (tmp_path / "run").exists()
     assert time.perf_counter() - t0 < 30  # the tiny models' tokenizer and pair check, no model load
+
+
+def test_out_of_memory_while_loading_the_models_names_the_setup_phase(tiny_home, tmp_path, monkeypatch):
+    from agentopd.backends.local import LocalBackend
+    from agentopd.runner import Runner
+
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+
+    def oom(self, *args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+
+    monkeypatch.setattr(LocalBackend, "setup", oom)
+    with pytest.raises(OutOfMemory, match=r"^CUDA out of memory in the setup phase \(loading the models\): CUDA out of memory. Tried"):
+        Runner(load_config("sql_db", overrides=["steps=1"]), tmp_path / "run").run()
