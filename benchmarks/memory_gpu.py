@@ -13,6 +13,8 @@ tokenizer's family, 151,936 for Qwen3: `agentopd_vocab.json`), in a process of t
 configs/examples/qwen3-gpu.yaml` runs it: by default with issue 30's smaller step (2 steps of 8 tasks x 8, 3
 turns, 8 eval tasks, eval.every=0), which still fills every buffer the plan counts (32k-token micro-batches,
 16k-token teacher batches, the fixed KV pool); `--as-written` runs the example's own 64 x 8 x 8 turns for 3 steps.
+Run it from the repository root. `engine.sleep=true` as an override measures the engine's sleep and wake
+seconds (perf/engine_sleep_s, perf/engine_wake_s) and the peaks with the pool freed.
 Writes memory_gpu.md and the run's metrics: per phase the plan's GiB (mem/<phase>_plan_gib), the measured peak
 of torch's reserved memory (mem/<phase>_peak_gib; the plan also counts 1 GiB of CUDA context that torch does not
 see), their ratio, and seconds per phase. Exit 1 when the run fails or a measured peak exceeds the plan.
@@ -130,6 +132,10 @@ def main() -> None:
             over.append(phase)
         mean_s = f"{sum(secs) / len(secs):.1f}" if secs else ""
         lines.append(f"| {phase} | {predicted:.1f} | {peak:.1f} | {peak / predicted:.2f} | {mean_s} |")
+    for key in ("perf/engine_sleep_s", "perf/engine_wake_s", "perf/train_tokens_per_s", "perf/mfu"):
+        values = [r[key] for r in records if key in r]
+        if values:
+            lines.append(f"\n{key}: " + ", ".join(f"{v:.3g}" for v in values) + " (per step)")
     (args.out / "memory_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if done.returncode != 0:
