@@ -200,11 +200,16 @@ def run_command(
     _quiet_transformers()
     from agentopd.runner import Runner
 
+    from agentopd.memory_plan import OutOfMemory
+
     console.print(f"run directory: [bold]{run_dir}[/]")
     try:
         summary = Runner(cfg, run_dir, console=err_console).run(resume=resume)
     except KeyboardInterrupt:  # a second Ctrl-C during the checkpoint
         raise typer.Exit(130) from None
+    except OutOfMemory as e:  # one line naming the phase, then the plan (agentopd.memory_plan)
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(1) from None
     if summary.interrupted:
         raise typer.Exit(130)
     table = _table(f"{cfg.env.name}: held-out success ({summary.seconds / 60:.1f} min this session)", "model", "step", "success", "mean turns", "tool error rate")
@@ -218,6 +223,46 @@ def run_command(
     if first and last and "eval/teacher_success_rate" in first:
         console.print(gain_line(first["eval/success_rate"], last["eval/success_rate"], first["eval/teacher_success_rate"]))
     console.print(f"final student: {RunDir(run_dir).final}   view: agentopd view {run_dir}")
+
+
+@command("plan-memory")
+def plan_memory_command(
+    env: Annotated[str, typer.Option("--env", help="env name(s)")],
+    overrides: Overrides = None,
+    config: Annotated[Path | None, typer.Option("--config", help="a YAML config replacing configs/<env>.yaml")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="plan for N GPUs of --gpu-gib each (default: the GPUs present)")] = None,
+    gpu_gib: Annotated[float, typer.Option("--gpu-gib", help="memory per GPU with --gpus, GiB")] = 80.0,
+) -> None:
+    """What each role of `agentopd run` holds on each GPU (agentopd.memory_plan); exit 2 when it cannot fit.
+    Reads the models' config.json only."""
+    from agentopd.backends.base import BackendKind
+    from agentopd.config import load_config
+    from agentopd.memory_plan import cuda_gpus, plan_memory, shapes_of
+    from agentopd.models import resolve_model, resolve_student
+    from agentopd.teacher.base import is_server
+
+    cfg = load_config(env, config_file=config, overrides=overrides or [])
+    if gpus is not None:
+        sizes = [gpu_gib] * gpus
+    else:
+        sizes = cuda_gpus() if cfg.run.device != "cpu" else []
+        if not sizes:
+            console.print("not a GPU: the memory plan is for CUDA devices and does nothing here "
+                          "(pass --gpus N --gpu-gib G to plan for GPUs you name)")  # fmt: skip
+            return
+        if cfg.run.backend == BackendKind.LOCAL:
+            index = int(cfg.run.device.split(":")[1]) if cfg.run.device.startswith("cuda:") else 0
+            sizes = [sizes[index]]
+    names = cfg.env.name.split(",")
+    refs = {"student": resolve_student(cfg.student.path, names, mixed=len(names) > 1)}
+    if cfg.run.objective != "grpo" and not is_server(cfg.teacher.path):
+        refs["teacher"] = resolve_model(cfg.teacher.path, names[0], "teacher")
+    plan = plan_memory(cfg, shapes_of(refs), sizes)
+    console.print(plan.table(), markup=False, highlight=False)
+    if not plan.fits:  # the table is above: the error is its one line
+        from agentopd.memory_plan import MemoryPlanError
+
+        raise ValueError(str(MemoryPlanError(plan)).splitlines()[0])
 
 
 def gain_line(before: float, after: float, teacher: float) -> str:

@@ -18,13 +18,20 @@ metrics (metrics.jsonl and TensorBoard) forget later steps, and since every epis
 seeds derive from (run seed, step, slot, turn), the replayed steps play token for token what an
 uninterrupted run plays. A Ray trainer group that lost a rank and restarted from its last checkpoint
 (`TrainerRestarted`) is rewound the same way mid-run.
+
+Memory: on CUDA the run's memory plan (agentopd.memory_plan) is made from the models' config.json
+before any model loads; a run that cannot fit is refused there (MemoryPlanError, a ValueError), and the
+plan sizes the fast engine's KV pool and decides engine.sleep. A CUDA out-of-memory later ends the run
+with `OutOfMemory`: one line naming the phase (rollout, teacher, train, sync, eval), the plan, and a
+checkpoint of the last step the trainer took where one can still be written.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,12 +40,13 @@ import torch
 from transformers import AutoTokenizer
 
 from agentopd.backends import make_backend
-from agentopd.backends.base import RolloutHandle, TrainerRestarted
+from agentopd.backends.base import BackendKind, RolloutHandle, TrainerRestarted
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episodes
 from agentopd.config.schema import Stale
 from agentopd.diagnostics import phase_metrics, step_metrics, teacher_work
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
+from agentopd.memory_plan import MemoryPlan, OutOfMemory, Phase, cuda_gpus, plan_memory, shapes_of
 from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
@@ -94,6 +102,9 @@ class Runner:
         self._stop_requested = False
         self._checkpointed = -1  # the step of the last checkpoint written this session
         self._teacher_result: EvalResult | None = None
+        self.phase = "setup"  # the phase running now (what a CUDA out-of-memory names)
+        self.plan: MemoryPlan | None = None  # on CUDA: the memory plan (agentopd.memory_plan)
+        self._mem: dict[str, float] = {}  # measured peaks per phase since the last step's metrics (_in_phase)
 
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self, resume_after: int | None) -> None:
@@ -116,12 +127,21 @@ class Runner:
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
             if not is_server(ref):  # a server's tokenizer is the user's promise (its echo of the ids is checked)
                 require_pair(student_ref, ref)
+        self.plan = self._memory_plan(student_ref, teacher_refs)  # a run that cannot fit stops here, before any model
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = rollout_config(cfg)
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
         self.ctx = RunContext(cfg, self.mixture, student_ref, teacher_refs, self.trainer_cfg, self.rollout_cfg, self.device, self.dtype,
                               vocab_size=len(self.tokenizer))
+        from agentopd.engines import EngineKind, resolve_kind
+
+        sleeps = resolve_kind(cfg.engine.kind, self.device) != EngineKind.VLLM  # vLLM sizes its own memory
+        if self.plan is not None:
+            self.ctx.kv_cache_gib = self.plan.kv_cache_gib
+            self.ctx.engine_sleep = self.plan.engine_sleep and sleeps
+        else:  # CPU: no plan; engine.sleep=true still does what it says
+            self.ctx.engine_sleep = cfg.engine.sleep is True and sleeps
         self.backend.setup(self.ctx, self.tokenizer)
         self.store = Store(self.rd.db)
         self.log = self._open_log(resume_after)
@@ -131,7 +151,11 @@ class Runner:
         t0 = time.perf_counter()
         ckpt = self._resume_point() if resume else None
         start = checkpoint_step(ckpt) if ckpt is not None else 0
-        self._setup(resume_after=start if ckpt is not None else None)
+        try:
+            self._setup(resume_after=start if ckpt is not None else None)
+        except torch.OutOfMemoryError as e:  # loading the models: nothing to checkpoint yet
+            plan = f"\n{self.plan.table()}" if self.plan is not None else ""
+            raise OutOfMemory(f"CUDA out of memory in the setup phase (loading the models): {_first_line(e)}{plan}") from None
         self.cfg.to_yaml(self.rd.config)
         summary = RunSummary(self.run_dir, steps=self.cfg.run.steps)
         if ckpt is not None:
@@ -142,6 +166,7 @@ class Runner:
             self._trained_through = start
             self.progress.note(f"resumed from {ckpt.name}: continuing at step {start + 1}")
         interrupted = False
+        oom: OutOfMemory | None = None
         restore = self._catch_ctrl_c()
         try:
             if start == 0:
@@ -178,6 +203,8 @@ class Runner:
             if last > start and self._checkpointed != last:
                 self._checkpoint(last, summary)
             self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
+        except torch.OutOfMemoryError as e:
+            interrupted, oom = True, self._out_of_memory(e, start, summary)
         finally:
             restore()
             self.log.close()
@@ -191,7 +218,61 @@ class Runner:
             summary.seconds = time.perf_counter() - t0
             self.progress.close()
             self.backend.close()
+        if oom is not None:
+            raise oom
         return summary
+
+    def _memory_plan(self, student_ref: Path | str, teacher_refs: dict[str, Path | str]) -> MemoryPlan | None:
+        """The run's memory plan on CUDA (None on CPU), checked: MemoryPlanError when it cannot fit."""
+        if self.device.type != "cuda":
+            return None
+        if self.cfg.run.backend == BackendKind.LOCAL:
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            gpus = [torch.cuda.mem_get_info(index)[1] / 2**30]
+        else:
+            gpus = cuda_gpus()
+        local = {name: ref for name, ref in teacher_refs.items() if not is_server(ref)}
+        shapes = shapes_of({"student": student_ref, **local})
+        teachers = [shapes.pop(name) for name in local]
+        if teachers:  # the largest teacher: one is on a GPU at a time
+            shapes["teacher"] = max(teachers, key=lambda t: t.params)
+        plan = plan_memory(self.cfg, shapes, gpus)
+        plan.check()
+        return plan
+
+    @contextmanager
+    def _in_phase(self, name: str, total: int | None = None) -> Iterator[Callable[[], None]]:
+        """The progress phase `name`, remembered as the phase running now. On the local backend on CUDA: the phase's
+        peak reserved memory as `mem/<phase>_peak_gib` (beside `mem/<phase>_plan_gib`, the plan's prediction),
+        reported with the next step's metrics."""
+        self.phase = name
+        measure = self.device.type == "cuda" and self.cfg.run.backend == BackendKind.LOCAL
+        if measure:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        with self.progress.phase(name, total=total) as advance:
+            yield advance
+        if measure:
+            self._mem[f"mem/{name}_peak_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
+            if self.plan is not None:
+                self._mem[f"mem/{name}_plan_gib"] = self.plan.peak(0, Phase(name))
+
+    def _out_of_memory(self, error: BaseException, start: int, summary: RunSummary) -> OutOfMemory:
+        """The one-line error of a CUDA out-of-memory, after a checkpoint of the last trained step where possible."""
+        phase, last = self.phase, self._trained_through
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        saved = ""
+        if last > start and self._checkpointed != last:
+            try:
+                self._checkpoint(last, summary)
+                saved = f"; checkpoint at step {last} (continue with --resume)"
+            except Exception as again:  # noqa: BLE001 - the checkpoint is a courtesy; the OOM is the error
+                saved = f"; no checkpoint ({type(again).__name__})"
+        elif self._checkpointed >= 0:
+            saved = f"; last checkpoint at step {self._checkpointed}"
+        plan = f"\n{self.plan.table()}" if self.plan is not None else ""
+        when = f"the eval after step {last}" if phase == "eval" else f"step {last + 1}"
+        return OutOfMemory(f"CUDA out of memory in the {phase} phase ({when}){saved}: {_first_line(error)}{plan}")
 
     def _resume_point(self) -> Path:
         ckpt = self.rd.latest_checkpoint()
@@ -331,7 +412,7 @@ class Runner:
             return None
         streams = [e.tokens for e in episodes] + [b for e in episodes for b in e.branches]
         branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
-        with self.progress.phase("teacher", total=None):
+        with self._in_phase("teacher"):
             scores = score_episodes(self.backend, [*teacher_of, *branch_teachers], streams, self.mode)
         with self.store.batch():  # one transaction: the scores arrive together
             for p, ep, sc in zip(planned, episodes, scores):
@@ -343,7 +424,7 @@ class Runner:
         cfg = self.cfg
         objective = self._objective(step)
         t = time.perf_counter()
-        with self.progress.phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
+        with self._in_phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
             planned, episodes, async_stats = self._rollout(step, advance)
         rollout_s = time.perf_counter() - t
 
@@ -357,7 +438,7 @@ class Runner:
             step_turn_weights([e.tokens for e in episodes], [sc.logprobs for sc in scores], below=r.turn_support_below, floor=r.turn_weight_floor)
         keys = list(dict.fromkeys(teacher_of))  # the step's teachers; a sample's teacher_index points into them
         heads = [self.backend.teacher_head(k) for k in keys] if scores and scores[0].hidden is not None else None
-        with self.progress.phase("train", total=None):
+        with self._in_phase("train"):
             # a phase with a loss of its own (the SFT warm start) trains at that loss's temperature (the run policy)
             step_loss = objective.loss if objective is not self.objective else None
             temperature = loss_temperature(cfg, step_loss) if step_loss is not None else None
@@ -366,6 +447,7 @@ class Runner:
         self._trained_through = step
         self._unlogged = (step, dict(train))
         t = time.perf_counter()
+        self.phase = "sync"
         if objective.teacher_plays:
             self._engine_stale = True  # synced before the student next plays (evals, or after the warm start)
         else:
@@ -388,7 +470,8 @@ class Runner:
                     if of_source:
                         metrics[f"success_rate/{source}"] = sum(e.success for e in of_source) / len(of_source)
         metrics |= phase_metrics(episodes, rollout_s=rollout_s, teacher_s=teacher_s, sync_s=sync_s)
-        metrics |= async_stats | self.backend.stats()
+        metrics |= async_stats | self.backend.stats() | self._mem
+        self._mem = {}
         self._unlogged = (step, metrics)
         return metrics
 
@@ -416,9 +499,10 @@ class Runner:
             self.store.add(ep, p.spec.episode_id, split="eval")
 
         if self._engine_stale:
+            self.phase = "sync"
             self.backend.sync_weights()
             self._engine_stale = False
-        with self.progress.phase("eval", total=None):
+        with self._in_phase("eval"):
             planned, episodes = self._play_eval(step, False, store_eval)
             result, per_source = self._summarise(planned, episodes, "eval")
             teacher_per_source: dict[str, float] = {}
@@ -432,7 +516,8 @@ class Runner:
             record |= teacher_per_source
         summary.evals.append(record)
         if metrics is not None:
-            metrics.update({k: v for k, v in record.items() if k != "step"})
+            metrics.update({k: v for k, v in record.items() if k != "step"} | self._mem)
+            self._mem = {}
         else:
             self.log.write(step, {k: v for k, v in record.items() if k != "step"})
         self.progress.note(
@@ -446,6 +531,11 @@ class Runner:
         with writes_uninterrupted(lambda: self.progress.note("Ctrl-C: finishing the checkpoint first")):
             self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
         self._checkpointed = step
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:

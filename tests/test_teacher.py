@@ -265,3 +265,17 @@ def test_a_shared_prefix_is_run_once_and_changes_nothing():
     # one stream whose prompt is the prefix itself: its position 23 predicts its first response token
     short = TokenStream(prefix + [5, 6], 24, [1, 1], [0.0, 0.0], [0, 0])
     assert shared_prefix_len([*streams, short]) == 23
+
+
+def test_head_logits_of_a_half_head_without_its_fp32_copy():
+    """Issue 30: the teacher's fp32 head was a full fp32 copy (2.3 GiB for Qwen3-8B); now logits of a bf16 head
+    come from fp32 casts of row blocks (or a half GEMM with fp32 output on CUDA): the same fp32 sums."""
+    from agentopd.teacher.hf import head_logits
+
+    torch.manual_seed(0)
+    h_nH, w_VH = torch.randn(5, 64).bfloat16(), torch.randn(300, 64).bfloat16()
+    ref_nV = h_nH.double() @ w_VH.double().T
+    out_nV = head_logits(h_nH, w_VH, block=128)  # three blocks, the last one short
+    assert out_nV.dtype == torch.float32 and out_nV.shape == (5, 300)
+    torch.testing.assert_close(out_nV.double(), ref_nV, atol=1e-4, rtol=1e-5)
+    assert head_logits(h_nH, w_VH, fp32=False).dtype == torch.float32  # bf16 logits, returned as fp32

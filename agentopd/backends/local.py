@@ -9,10 +9,17 @@
     backend.sync_weights()
 
 Rollouts run when collected, so there is nothing to overlap: `async.enabled` needs the Ray backend.
+
+Memory (agentopd.memory_plan): with `ctx.engine_sleep` (engine.sleep) the student's engine frees its KV
+pool before the teacher scores and the trainer steps, and allocates it again before the next rollout;
+it also sleeps while a teacher plays an eval. A teacher's engine that played only evals (eval.teacher)
+is closed after them, so it never stays resident beside the teacher's scoring and the trainer (unless it
+also serves recipe.intervene_below's guide).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +76,7 @@ class LocalBackend:
             self.teachers, self.players.engine, below=recipe.intervene_below, steps=recipe.intervene_steps or ctx.cfg.run.steps
         )
         self._stats: dict[str, float] = {}  # the step's metrics, until stats() reads them
+        self._sleeping = False  # the student's engine freed its KV pool (ctx.engine_sleep)
 
     def _student_engine(self, student: torch.nn.Module) -> Any:
         from agentopd.engines import EngineKind, resolve_kind
@@ -87,13 +95,30 @@ class LocalBackend:
     def collect(self, handle: RolloutHandle, on_episode: OnEpisode | None = None) -> list[Episode]:
         """The played episodes; the student's training episodes play under the guide (recipe.intervene_below)."""
         guide = self.guide if handle.who == STUDENT else None
+        # a teacher that plays only evals (eval.teacher), its engine not serving a guide (recipe.intervene_below)
+        evals_only = handle.who != STUDENT and bool(handle.planned) and handle.planned[0].spec.split != Split.TRAIN \
+            and self.guide is None
+        self._asleep(handle.who != STUDENT)
         episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
+        if evals_only:  # free its engine at once
+            self.players.drop(handle.who)
         if guide is not None and handle.planned and handle.planned[0].spec.split == Split.TRAIN:
             self._stats |= intervene_metrics(episodes, guide.probability(handle.planned[0].spec.step))
             self._stats["teacher/guide_scored_tokens"] = float(guide.take_scored_tokens())
         return episodes
 
+    def _asleep(self, asleep: bool) -> None:
+        """The student's engine sleeps (asleep) or wakes, where `engine.sleep` is on; seconds in perf/engine_sleep_s."""
+        if not self.ctx.engine_sleep or asleep == self._sleeping:
+            return
+        t0 = time.perf_counter()
+        self.players.sleep() if asleep else self.players.wake()
+        self._sleeping = asleep
+        key = "perf/engine_sleep_s" if asleep else "perf/engine_wake_s"
+        self._stats[key] = self._stats.get(key, 0.0) + time.perf_counter() - t0
+
     def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
+        self._asleep(True)
         return score_routed(self.teachers, by_teacher, mode)
 
     def teacher_head(self, name: str) -> torch.Tensor:
@@ -101,6 +126,7 @@ class LocalBackend:
 
     def train(self, samples: list[TrainSample], head: torch.Tensor | list[torch.Tensor] | None, loss: LossKind | None = None,
               temperature: float | None = None) -> dict[str, float]:  # fmt: skip
+        self._asleep(True)
         return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss, temperature=temperature)
 
     def sync_weights(self) -> None:

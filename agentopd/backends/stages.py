@@ -56,6 +56,8 @@ class RunContext:
     dtype: torch.dtype = torch.float32
     env_vars: dict[str, str] = field(default_factory=dict)  # set in every actor before it builds anything (AGENTOPD_HOME)
     vocab_size: int | None = None  # len(tokenizer): engines sample, teachers and the trainer normalise over these ids
+    kv_cache_gib: float | None = None  # the fast engine's KV pool on a GPU (agentopd.memory_plan); None = its default
+    engine_sleep: bool = False  # local backend: the student's engine frees its KV pool while the teacher and trainer run
 
     def model_ref(self, who: str) -> Path | str:
         """The model a role plays with: the student's, or the named teacher's."""
@@ -107,6 +109,8 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str) -> Engine
     if kind == EngineKind.VLLM:
 
         kwargs.update(vllm_options(ctx.cfg))
+    elif ctx.kv_cache_gib is not None:  # the fast engine (an unsupported architecture falls back to hf: no pool to size)
+        kwargs["kv_cache_gb"] = ctx.kv_cache_gib
     return make_engine(kind, str(model), device=ctx.device, dtype=ctx.dtype, **kwargs)
 
 
@@ -168,6 +172,11 @@ class Players:
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.loop.run(self.engine(STUDENT).update_weights(state_dict))
 
+    def drop(self, who: str) -> None:
+        """Close the engine of `who` (a teacher whose evals are done); it is built again if it plays again."""
+        if who in self.engines:
+            self.loop.run(self.engines.pop(who).close())
+
     def sleep(self) -> None:
         """The student's engine frees its device memory besides the weights until `wake()` (engines/loop.py)."""
         self.loop.run(self._sleeper().sleep())
@@ -178,7 +187,7 @@ class Players:
     def _sleeper(self) -> LoopEngine:
         engine = self.engine(STUDENT)
         if not isinstance(engine, LoopEngine):
-            raise ValueError(f"ray.engine_sleep needs the fast or hf engine (engine.kind), not {type(engine).__name__}")
+            raise ValueError(f"engine.sleep / ray.engine_sleep needs the fast or hf engine (engine.kind), not {type(engine).__name__}")
         return engine
 
     def close(self) -> None:

@@ -152,7 +152,26 @@ class EngineConfig(Section):
         "auto", description="auto (vllm where installed on a GPU, else fast: paged KV kept across turns) | hf | fast | vllm"
     )
     max_batch_size: int = Field(64, ge=1)
+    kv_cache_gib: float | None = Field(
+        None, gt=0, description="GPU, fast engine: the KV pool's size in GiB; null = engine.kv_cache_fraction, else 16 "
+        "(agentopd.memory_plan; `agentopd plan-memory` prints what the run holds)",
+    )
+    kv_cache_fraction: float | None = Field(
+        None, gt=0, le=1, description="GPU, fast engine: the KV pool as this share of the memory the plan leaves free "
+        "on the engine's GPU at its peak (agentopd.memory_plan); exclusive with engine.kv_cache_gib",
+    )
+    sleep: Literal["auto"] | bool = Field(
+        "auto", description="run.backend=local, fast/hf engine: free the KV pool while the teacher scores and the trainer "
+        "steps (woken for the next rollout); auto = on when the memory plan does not fit without it (on CPU: off)",
+    )
     vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="engine.kind=vllm: vLLM's own settings")
+
+
+    @model_validator(mode="after")
+    def _one_pool_size(self) -> EngineConfig:
+        if self.kv_cache_gib is not None and self.kv_cache_fraction is not None:
+            raise ValueError("engine.kv_cache_gib and engine.kv_cache_fraction both set: give one")
+        return self
 
 
 class EvalConfig(Section):

@@ -23,8 +23,12 @@ stream (`share_prefix`, `agentopd.prefix`).
 Logits are never built for the batch: the decoder's final hidden states are gathered at the
 positions that predict response tokens (position p predicts token p+1, so response token i is
 predicted by position prompt_len + i - 1) and the lm_head is applied `head_chunk` rows at a
-time, in fp32 (`head_fp32`; from bf16/fp16 inputs on CUDA through TF32 matmuls, which is exact
-for them), as `log_softmax(logits / temperature)`. In HIDDEN mode those
+time, in fp32 (`head_fp32`), as `log_softmax(logits / temperature)`. A bf16/fp16 head is never copied
+to fp32 whole (for a Qwen3-8B head that copy was 2.3 GiB, what tipped a one-GPU run out of memory,
+issue 30): its logits come from a half GEMM with fp32 output on CUDA where torch has one
+(`torch.mm(..., out_dtype=float32)`), else from fp32 casts of `HEAD_BLOCK` rows of the head at a time;
+either way exact products of the half inputs summed in fp32, as the TF32 matmul of an fp32 copy was.
+In HIDDEN mode those
 hidden rows themselves are kept (R x H per stream, about H/V of the memory of logits: 4096 /
 151,936 = 2.7% for a Qwen3-8B teacher) and the loss recomputes teacher logits chunk by chunk
 with `head_weight()`.
@@ -49,6 +53,8 @@ from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
 from agentopd.types import TokenStream
 
+HEAD_BLOCK = 16384  # head rows cast to fp32 at a time (256 MiB for H = 4,096) where no half GEMM gives fp32 out
+
 # Config fields that make logits differ from lm_head(hidden); HFTeacher refuses them.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -64,6 +70,29 @@ def _tf32_matmuls(enabled: bool):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+_MM_OUT_DTYPE: dict[str, bool] = {}  # device type -> torch.mm(..., out_dtype=) works there
+
+
+def head_logits(h_nH: torch.Tensor, weight_VH: torch.Tensor, *, fp32: bool = True, block: int = HEAD_BLOCK) -> torch.Tensor:
+    """fp32 logits h @ W^T. With `fp32` and a half W: products of the half inputs summed in fp32, with no fp32
+    copy of W (module docstring); else in W's dtype, returned as fp32."""
+    half = weight_VH.dtype in (torch.bfloat16, torch.float16)
+    if not (fp32 and half):
+        return F.linear(h_nH.to(weight_VH.dtype), weight_VH).float()
+    h_nH = h_nH.to(weight_VH.dtype)
+    kind = h_nH.device.type
+    if _MM_OUT_DTYPE.get(kind, kind == "cuda"):
+        try:
+            return torch.mm(h_nH, weight_VH.t(), out_dtype=torch.float32)
+        except (RuntimeError, NotImplementedError, TypeError):
+            _MM_OUT_DTYPE[kind] = False
+    h32_nH = h_nH.float()
+    out_nV = torch.empty(h_nH.shape[0], weight_VH.shape[0], dtype=torch.float32, device=h_nH.device)
+    for start in range(0, weight_VH.shape[0], block):
+        out_nV[:, start : start + block] = F.linear(h32_nH, weight_VH[start : start + block].float())
+    return out_nV
 
 
 def plan_packed_rows(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -234,8 +263,6 @@ class HFTeacher:
             out: list[TeacherScores | None] = [None] * len(streams)
             weight_VH = self.model.get_output_embeddings().weight[: self.vocab_size]
             half = weight_VH.dtype in (torch.bfloat16, torch.float16)
-            if self.head_fp32:
-                weight_VH = weight_VH.float()
             plan = plan_packed_rows if self.pack else plan_micro_batches
             with _tf32_matmuls(self.head_fp32 and half and self.device.type == "cuda"):
                 for group in plan([len(s.token_ids) for s in streams], self.max_tokens_per_batch):
@@ -290,7 +317,7 @@ class HFTeacher:
         k = min(self.top_k, weight_VH.shape[0])
         for start in range(0, hidden_NH.shape[0], self.head_chunk):
             h_nH = hidden_NH[start : start + self.head_chunk]
-            logits_nV = F.linear(h_nH.to(weight_VH.dtype), weight_VH).float() / self.temperature
+            logits_nV = head_logits(h_nH, weight_VH, fp32=self.head_fp32) / self.temperature
             logprobs_nV = torch.log_softmax(logits_nV, dim=-1)
             logprob_chunks.append(logprobs_nV.gather(1, targets_N[start : start + self.head_chunk, None])[:, 0])
             if mode is TeacherMode.TOPK:

@@ -1,0 +1,375 @@
+"""The memory plan: what each role of a run holds on each GPU, per phase, before any model loads.
+
+    shapes = {"student": ModelShape.from_hf_config(cfg_json), "teacher": ...}   # config.json only, no weights
+    plan = plan_memory(cfg, shapes, gpus_gib=[80.0])     # or gpus_gib=cuda_gpus() (torch.cuda.mem_get_info)
+    print(plan.table())
+    plan.check()                                         # MemoryPlanError (a ValueError) when it cannot fit
+    plan.kv_cache_gib, plan.engine_sleep                 # what the run does about it (engine.kv_cache_*, engine.sleep)
+
+`agentopd plan-memory --env sql_db [overrides]` prints it; `agentopd run` refuses a run that cannot fit
+with it, before any model loads. A CUDA out-of-memory during a run names its phase and this plan
+(`OutOfMemory`). Sizes are GiB (2**30 bytes). All of it is arithmetic over the config and the models'
+`config.json`: estimates whose constants come from the code named below, to be checked against measured
+peaks (`benchmarks/memory_gpu.py`).
+
+Shapes. P = parameters (embeddings once when tied), L layers, H hidden, q = heads x head_dim,
+kv = kv_heads x head_dim, I = MLP intermediate, V = vocabulary rows. A student of W trainer ranks
+(FSDP2, `ray.trainer_workers`) shards its fp32 state W ways.
+
+Roles and formulas (bytes):
+- trainer (agentopd/trainer/core.py): fp32 master weights 4P/W; AdamW exp_avg + exp_avg_sq 8P/W (kept
+  between steps); fp32 gradients 4P/W (train phase only: `zero_grad(set_to_none=True)`); bf16 compute
+  copies 2P (one process: autocast caches the cast of each weight for the step; FSDP2: 2P/W + the root
+  unit's 2VH, gathered).
+- activations at T = `trainer.micro_batch_tokens` (train phase). Per token and decoder layer, what
+  backward keeps: a = 2rH (the two RMSNorm inputs, r = 4 bytes in one process, where autocast leaves the
+  residual stream fp32; 2 under FSDP2's bf16 parameters) + 4H (the norms' bf16 outputs) + 6q + 6kv
+  (q/k before and after norm+RoPE, v, the attention output: bf16) + 8I (gate, up, silu(gate),
+  silu(gate)*up: bf16). Without checkpointing: T x L x a. With `trainer.activation_checkpointing` every
+  k-th layer (`trainer.checkpoint_every`, ceil(L/k) layers checkpointed): T x (ceil(L/k) x rH +
+  (L - ceil(L/k)) x a + a), the last a being one layer recomputed in backward. Plus the final hidden
+  states and their gathered loss rows: T x H x (r + 4).
+- the full-vocabulary loss (agentopd/losses/fused.py, chunk C = min(`trainer.chunk_size`, T)): two
+  C x V bf16 logit buffers 4CV, the head gradient kept from the forward with its fp32 accumulator
+  4VH, the hidden gradient 2TH; with a teacher (`HIDDEN` mode) its head on the trainer's GPU 2VH_t and
+  the micro-batch's teacher hidden rows 2TH_t. Sampled-token losses (chunked.py) keep C x V fp32
+  logits and their softmax: 8CV.
+- the rollout engine (agentopd/engines/fast/engine.py): bf16 weights 2P; the KV pool
+  (`engine.kv_cache_gib`, else `engine.kv_cache_fraction` of what the plan leaves free on its GPU at its
+  peak, else 16 GiB, the fast engine's long-standing default; 2 x L x kv x 2 bytes per token:
+  kv_cache.py `KVPool.bytes_per_token`); sampling work: 2 x max_batch_size x V fp32 logits.
+  `engine.sleep` frees the pool (and its CUDA graphs) while the teacher scores and the trainer steps.
+- the teacher (agentopd/teacher/hf.py, on the GPU only while it scores): bf16 weights 2P_t; scoring at
+  16,384 packed tokens (`max_tokens_per_batch`): one layer's inference work 2 x 16,384 x (4H_t + 2q +
+  2kv + 3I), the gathered hidden rows 2 x 16,384 x H_t, three fp32 head_chunk x V buffers (logits,
+  log-softmax, top-k) 12 x 1,024 x V. The head is never copied to fp32 whole (it is cast in row blocks).
+- the teacher's eval (`eval.teacher`, before training): a second engine on the teacher (2P_t + its own KV
+  pool). The local backend closes it after that eval (and the student's engine sleeps through it when
+  `engine.sleep` is on); a Ray rollout worker keeps it for the whole run, and so does a run whose
+  `recipe.intervene_below` guide generates with it.
+- every process on a GPU: 1 GiB of CUDA context, cuBLAS workspace and allocator slack.
+
+Placement follows `run.backend`: local puts every role on one GPU (`run.device`); ray packs the
+trainer ranks, rollout workers and teacher replicas onto GPUs by their `ray.gpus_per_*` shares, in that
+order. A GPU fits when its peak phase stays within 95% of its memory (fragmentation). vLLM sizes its own
+memory: the plan counts `engine.vllm.gpu_memory_utilization` of the GPU for it, in every phase. Not
+modelled: `trainer.cpu_offload`, async overlap, the teacher's eval engine under vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentopd.config import Config
+
+GIB = 2**30
+HEADROOM = 0.95  # the share of a GPU a plan may fill
+CONTEXT_GIB = 1.0  # per process per GPU: CUDA context, cuBLAS workspace, allocator slack
+DEFAULT_KV_GIB = 16.0  # FastEngine(kv_cache_gb=16.0): the pool size when no key sets it
+TEACHER_TOKENS = 16384  # HFTeacher(max_tokens_per_batch=16384)
+TEACHER_HEAD_CHUNK = 1024  # HFTeacher(head_chunk=1024)
+
+
+class Phase(StrEnum):
+    ROLLOUT = "rollout"
+    TEACHER = "teacher"
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+ALL = tuple(Phase)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan reads of a model's config.json."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_hf_config(cls, c: dict[str, Any]) -> ModelShape:
+        c = c.get("text_config", c)
+        heads = int(c["num_attention_heads"])
+        return cls(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=heads,
+                   kv_heads=int(c.get("num_key_value_heads") or heads),
+                   head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
+                   intermediate=int(c["intermediate_size"]), vocab=int(c["vocab_size"]),
+                   tied=bool(c.get("tie_word_embeddings", False)))  # fmt: skip
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> ModelShape:
+        return cls.from_hf_config(json.loads((Path(path) / "config.json").read_text()))
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def params(self) -> int:
+        """Decoder (attention with q/k norms, SwiGLU MLP, two norms a layer) + final norm + embeddings (+ head)."""
+        h = self.hidden
+        layer = 2 * h * self.q + 2 * h * self.kv + 2 * self.head_dim + 3 * h * self.intermediate + 2 * h
+        return self.layers * layer + h + self.vocab * h * (1 if self.tied else 2)
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv * 2  # K and V, bf16 (KVPool.bytes_per_token)
+
+    def layer_activation_bytes(self, residual_bytes: int) -> int:
+        """a (module docstring): what backward keeps per token of one decoder layer."""
+        return 2 * residual_bytes * self.hidden + 4 * self.hidden + 6 * self.q + 6 * self.kv + 8 * self.intermediate
+
+
+@dataclass
+class Item:
+    """One thing a role holds on one GPU, in the phases it is resident."""
+
+    role: str
+    what: str
+    gib: float
+    gpu: int
+    phases: tuple[Phase, ...] = ALL
+
+
+@dataclass
+class MemoryPlan:
+    """Per GPU and phase, what is held (see the module docstring); `fits` and the decisions taken."""
+
+    gpus_gib: list[float]
+    items: list[Item]
+    kv_cache_gib: float
+    engine_sleep: bool
+    notes: list[str] = field(default_factory=list)
+
+    def peak(self, gpu: int, phase: Phase) -> float:
+        return sum(i.gib for i in self.items if i.gpu == gpu and phase in i.phases)
+
+    def peaks(self) -> list[dict[Phase, float]]:
+        return [{p: self.peak(g, p) for p in Phase} for g in range(len(self.gpus_gib))]
+
+    @property
+    def fits(self) -> bool:
+        return all(max(pk.values()) <= HEADROOM * cap for pk, cap in zip(self.peaks(), self.gpus_gib))
+
+    def table(self) -> str:
+        """The plan as a plain-text table: one row per item, a peak row per GPU and phase."""
+        lines = [f"{'gpu':>3}  {'role':<8} {'what':<40} {'GiB':>7}  phases"]
+        for i in sorted(self.items, key=lambda i: i.gpu):
+            phases = "all" if i.phases == ALL else ",".join(i.phases)
+            lines.append(f"{i.gpu:>3}  {i.role:<8} {i.what:<40} {i.gib:>7.2f}  {phases}")
+        for g, (pk, cap) in enumerate(zip(self.peaks(), self.gpus_gib)):
+            by_phase = "  ".join(f"{p} {v:.1f}" for p, v in pk.items())
+            ok = "fits" if max(pk.values()) <= HEADROOM * cap else "DOES NOT FIT"
+            lines.append(f"{g:>3}  peak     {by_phase}  of {cap:.1f} GiB ({HEADROOM:.0%}: {HEADROOM * cap:.1f}): {ok}")
+        lines.append(f"engine KV pool {self.kv_cache_gib:.1f} GiB; engine.sleep {'on' if self.engine_sleep else 'off'}")
+        lines += self.notes
+        return "\n".join(lines)
+
+    def check(self) -> None:
+        if not self.fits:
+            raise MemoryPlanError(self)
+
+
+class MemoryPlanError(ValueError):
+    """A run that cannot fit its GPUs: one line, the plan, the keys to change."""
+
+    KEYS = ("trainer.micro_batch_tokens", "trainer.activation_checkpointing=true", "engine.kv_cache_gib",
+            "engine.sleep=true", "eval.teacher=false", "run.backend=ray with ray.gpus_per_*", "a smaller student or teacher")
+
+    def __init__(self, plan: MemoryPlan) -> None:
+        self.plan = plan
+        worst = max(range(len(plan.gpus_gib)), key=lambda g: max(plan.peaks()[g].values()) / plan.gpus_gib[g])
+        pk = plan.peaks()[worst]
+        phase = max(pk, key=pk.get)
+        super().__init__(
+            f"this run does not fit its GPUs: GPU {worst} needs {pk[phase]:.1f} GiB in the {phase} phase, "
+            f"{HEADROOM:.0%} of {plan.gpus_gib[worst]:.1f} GiB is {HEADROOM * plan.gpus_gib[worst]:.1f}; "
+            f"keys to change: {', '.join(self.KEYS)}\n{plan.table()}"
+        )
+
+
+class OutOfMemory(RuntimeError):
+    """A CUDA out-of-memory during a run: the phase it struck in and the plan (agentopd.runner)."""
+
+
+def cuda_gpus() -> list[float]:
+    """Total memory of each visible CUDA device in GiB ([] without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.mem_get_info(i)[1] / GIB for i in range(torch.cuda.device_count())]
+
+
+def _gib(nbytes: float) -> float:
+    return nbytes / GIB
+
+
+def _placement(cfg: Config) -> tuple[list[int], list[int], list[int]]:
+    """GPU index of each trainer rank, rollout worker and teacher replica (see the module docstring)."""
+    from agentopd.backends.base import BackendKind
+
+    if cfg.run.backend == BackendKind.LOCAL:
+        return [0], [0], [0]
+    r = cfg.ray
+    gpu, used, out = 0, 0.0, []
+    for count, share in ((r.trainer_workers, r.gpus_per_trainer_worker), (r.rollout_workers, r.gpus_per_rollout_worker),
+                         (r.teacher_replicas, r.gpus_per_teacher)):  # fmt: skip
+        placed = []
+        for _ in range(count):
+            if share == 0:  # a role without a GPU share runs on CPU: nothing on a GPU
+                placed.append(-1)
+                continue
+            if used + share > 1.0 + 1e-9:
+                gpu, used = gpu + 1, 0.0
+            placed.append(gpu)
+            used += share
+            if used >= 1.0 - 1e-9:
+                gpu, used = gpu + 1, 0.0
+        out.append(placed)
+    return out[0], out[1], out[2]
+
+
+def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float]) -> MemoryPlan:
+    """The plan for `cfg` with `shapes["student"]` and (when it scores) `shapes["teacher"]` on GPUs of `gpus_gib`.
+    `engine.sleep=auto` turns sleeping on when the plan does not fit without it."""
+    from agentopd.backends.base import BackendKind
+
+    sleep = cfg.engine.sleep if cfg.run.backend == BackendKind.LOCAL else cfg.ray.engine_sleep
+    if sleep == "auto":
+        awake = _sized(cfg, shapes, gpus_gib, engine_sleep=False)
+        if awake.fits:
+            return awake
+        asleep = _sized(cfg, shapes, gpus_gib, engine_sleep=True)
+        asleep.notes.append("engine.sleep=auto: on (the KV pool would not fit beside the teacher and the trainer)")
+        return asleep
+    return _sized(cfg, shapes, gpus_gib, engine_sleep=bool(sleep))
+
+
+def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool) -> MemoryPlan:
+    """The plan with the KV pool `engine.kv_cache_gib`, or the largest `engine.kv_cache_fraction` of what the rest
+    leaves: every phase's peak is base + pools x kv, so kv = fraction x min over phases of (95% x GPU - base) / pools."""
+    fraction = cfg.engine.kv_cache_fraction
+    if fraction is None or _vllm(cfg):
+        return _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=_kv_gib(cfg))
+    base, unit = (_plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=k) for k in (0.0, 1.0))
+    room = [(HEADROOM * cap - base.peak(g, p)) / (unit.peak(g, p) - base.peak(g, p))
+            for g, cap in enumerate(gpus_gib) for p in Phase if unit.peak(g, p) > base.peak(g, p)]  # fmt: skip
+    kv = max(0.0, fraction * min(room))
+    plan = _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=kv)
+    plan.notes.append(f"engine.kv_cache_fraction={fraction:g}: a pool of {kv:.1f} GiB ({min(room):.1f} GiB would fill the GPU)")
+    return plan
+
+
+def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float) -> MemoryPlan:
+    from agentopd.backends.base import BackendKind
+    from agentopd.trainer.config import LossKind
+
+    s, t = shapes["student"], shapes.get("teacher")
+    local = cfg.run.backend == BackendKind.LOCAL
+    tr, ro, te = _placement(cfg)
+    if max(tr + ro + te) >= len(gpus_gib):
+        raise ValueError(f"the placement needs {max(tr + ro + te) + 1} GPUs (ray.gpus_per_*), {len(gpus_gib)} present")
+    items: list[Item] = []
+    world = len(tr)
+    tc, P = cfg.trainer, s.params
+    train_only = (Phase.TRAIN,)
+    for g in sorted(set(tr) - {-1}):
+        items += [Item("trainer", f"fp32 master weights ({P / 1e9:.2f}B / {world})", _gib(4 * P / world), g),
+                  Item("trainer", "AdamW state (2 x fp32)", _gib(8 * P / world), g),
+                  Item("trainer", "fp32 gradients", _gib(4 * P / world), g, train_only)]  # fmt: skip
+        copies = 2 * P if world == 1 else 2 * P / world + 2 * s.vocab * s.hidden
+        items.append(Item("trainer", "bf16 compute copies", _gib(copies), g, train_only))
+        T, r = tc.micro_batch_tokens, 4 if world == 1 else 2
+        a = s.layer_activation_bytes(r)
+        if tc.activation_checkpointing:
+            kept = -(-s.layers // tc.checkpoint_every)
+            act = T * (kept * r * s.hidden + (s.layers - kept) * a + a)
+            what = f"activations, {T} tok, checkpointed 1/{tc.checkpoint_every}"
+        else:
+            act, what = T * s.layers * a, f"activations, {T} tok, no checkpointing"
+        act += T * s.hidden * (r + 4)
+        items.append(Item("trainer", what, _gib(act), g, train_only))
+        C, V = min(tc.chunk_size, T), s.vocab
+        full_vocab = tc.loss in (LossKind.REVERSE_KL, LossKind.FORWARD_KL, LossKind.JSD)
+        loss = 4 * C * V + 4 * V * s.hidden + 2 * T * s.hidden if full_vocab else 8 * C * V
+        items.append(Item("trainer", f"loss buffers (chunk {C}, V {V})", _gib(loss), g, train_only))
+        if full_vocab and t is not None:
+            items.append(Item("trainer", "teacher head + hidden rows", _gib(2 * V * t.hidden + 2 * T * t.hidden), g, train_only))
+    for g in sorted(set(ro) - {-1}):
+        workers = ro.count(g)
+        if _vllm(cfg):  # vLLM takes its share of the GPU for weights, KV cache and graphs (stages.vllm_options)
+            from agentopd.backends.stages import vllm_options
+
+            share = vllm_options(cfg)["gpu_memory_utilization"]
+            items.append(Item("engine", f"vLLM: gpu_memory_utilization {share:g} x{workers}", share * gpus_gib[g] * workers, g))
+            continue
+        awake = (Phase.ROLLOUT, Phase.EVAL) if engine_sleep else ALL
+        items += [Item("engine", f"student bf16 weights x{workers}", _gib(2 * P) * workers, g),
+                  Item("engine", f"KV pool x{workers}", kv * workers, g, awake),
+                  Item("engine", "sampling logits", _gib(8 * cfg.engine.max_batch_size * s.vocab) * workers, g, awake)]  # fmt: skip
+        guide = cfg.recipe.intervene_below is not None  # the teacher's engine guides every rollout
+        if (cfg.eval.teacher or guide) and t is not None:  # local closes an eval-only one; a Ray rollout worker keeps it
+            items.append(Item("eval", f"teacher's engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers, g,
+                              (Phase.EVAL,) if local and not guide else ALL))  # fmt: skip
+    if t is not None and cfg.run.objective != "grpo":
+        Tt = TEACHER_TOKENS
+        work = 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab
+        for g in sorted(set(te) - {-1}):
+            n = te.count(g)
+            items += [Item("teacher", f"bf16 weights ({t.params / 1e9:.2f}B) x{n}", _gib(2 * t.params) * n, g, (Phase.TEACHER,)),
+                      Item("teacher", "scoring work (16k tokens)", _gib(work) * n, g, (Phase.TEACHER,))]  # fmt: skip
+    procs = {g: tr.count(g) + ro.count(g) + te.count(g) for g in range(len(gpus_gib))} if not local else {0: 1}
+    for g, n in procs.items():
+        if n:
+            items.append(Item("cuda", f"context + slack x{n}", CONTEXT_GIB * n, g))
+    plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep)
+    need = s.kv_bytes_per_token() * min(cfg.rollout.max_context, 1 << 20)
+    if _gib(need) > plan.kv_cache_gib:
+        plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "
+                          f"({_gib(need):.2f} GiB): raise engine.kv_cache_gib")  # fmt: skip
+    return plan
+
+
+def _vllm(cfg: Config) -> bool:
+    """Whether the run's engine is vLLM: engine.kind=vllm, or auto where vLLM and CUDA are installed (engines.resolve_kind)."""
+    if cfg.engine.kind != "auto":
+        return cfg.engine.kind == "vllm"
+    import importlib.util
+
+    import torch
+
+    return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
+
+
+def _kv_gib(cfg: Config) -> float:
+    return cfg.engine.kv_cache_gib if cfg.engine.kv_cache_gib is not None else DEFAULT_KV_GIB
+
+
+def shapes_of(refs: dict[str, Path | str]) -> dict[str, ModelShape]:
+    """Shapes from local model folders' config.json (a hub id's config through transformers' cache)."""
+    out = {}
+    for role, ref in refs.items():
+        if Path(ref).is_dir():
+            out[role] = ModelShape.from_model_dir(ref)
+        else:
+            from transformers import AutoConfig
+
+            out[role] = ModelShape.from_hf_config(AutoConfig.from_pretrained(str(ref)).to_dict())
+    return out

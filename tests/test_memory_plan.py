@@ -1,0 +1,215 @@
+"""The memory plan (agentopd.memory_plan): its arithmetic against hand-computed numbers for a Qwen3-0.6B
+shape, the refusal of a run that cannot fit (fake GPU sizes), `agentopd plan-memory`, and the one-line
+error of a CUDA out-of-memory in a run (simulated on CPU), with its checkpoint."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from agentopd.config import load_config
+from agentopd.memory_plan import GIB, MemoryPlanError, ModelShape, OutOfMemory, Phase, plan_memory
+
+QWEN3 = {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936}
+Q06 = {**QWEN3, "num_hidden_layers": 28, "hidden_size": 1024, "intermediate_size": 3072, "tie_word_embeddings": True}
+Q17 = {**QWEN3, "num_hidden_layers": 28, "hidden_size": 2048, "intermediate_size": 6144, "tie_word_embeddings": True}
+Q8 = {**QWEN3, "num_attention_heads": 32, "num_hidden_layers": 36, "hidden_size": 4096, "intermediate_size": 12288,
+      "tie_word_embeddings": False}  # fmt: skip
+Q32 = {**QWEN3, "num_attention_heads": 64, "num_hidden_layers": 64, "hidden_size": 5120, "intermediate_size": 25600,
+       "tie_word_embeddings": False}  # fmt: skip
+
+
+def _item(plan, what):
+    (item,) = [i for i in plan.items if i.what.startswith(what)]
+    return item
+
+
+def test_qwen3_0_6b_shape_by_hand():
+    s = ModelShape.from_hf_config(Q06)
+    # a layer: q 1024x2048, k and v 1024x1024, o 2048x1024, q/k norms 2x128, MLP 3x1024x3072, two norms 2x1024
+    layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 256 + 3 * 1024 * 3072 + 2048
+    assert layer == 15_730_944
+    assert s.params == 28 * layer + 1024 + 151936 * 1024 == 596_049_920  # tied: the embedding once
+    assert s.kv_bytes_per_token() == 112 * 1024  # 2 x 28 layers x 1,024 x 2 bytes (NOTES: 112 KiB a token)
+    # a = 12H + 6q + 6kv + 8I with the fp32 residual of one process
+    assert s.layer_activation_bytes(4) == 12 * 1024 + 6 * 2048 + 6 * 1024 + 8 * 3072 == 55_296
+
+
+def test_plan_arithmetic_for_a_qwen3_0_6b_student_on_one_gpu():
+    cfg = load_config("sql_db", overrides=["trainer.micro_batch_tokens=8192", "trainer.chunk_size=1024",
+                                           "trainer.loss=reverse_kl", "eval.teacher=false", "engine.sleep=false"])  # fmt: skip
+    s = ModelShape.from_hf_config(Q06)
+    plan = plan_memory(cfg, {"student": s, "teacher": s}, [80.0])
+    P = 596_049_920
+    assert _item(plan, "fp32 master").gib == pytest.approx(4 * P / GIB)  # 2.22 GiB
+    assert _item(plan, "AdamW").gib == pytest.approx(8 * P / GIB)
+    assert _item(plan, "fp32 gradients").phases == (Phase.TRAIN,)
+    # no checkpointing: 8,192 tokens x 28 layers x 55,296 B + the final hidden rows 8,192 x 1,024 x (4 + 4)
+    assert _item(plan, "activations").gib == pytest.approx((8192 * 28 * 55296 + 8192 * 1024 * 8) / GIB)  # 11.87 GiB
+    # two 1,024 x V bf16 logit buffers, the fp32 head gradient, the hidden gradient
+    assert _item(plan, "loss buffers").gib == pytest.approx((4 * 1024 * 151936 + 4 * 151936 * 1024 + 2 * 8192 * 1024) / GIB)
+    assert _item(plan, "KV pool").gib == 16.0  # the fast engine's default
+    assert plan.fits and not plan.engine_sleep
+    train = plan.peak(0, Phase.TRAIN)
+    assert train == pytest.approx(sum(i.gib for i in plan.items if Phase.TRAIN in i.phases))
+
+    ckpt = load_config("sql_db", overrides=["trainer.micro_batch_tokens=8192", "trainer.activation_checkpointing=true",
+                                            "trainer.checkpoint_every=2"])  # fmt: skip
+    act = _item(plan_memory(ckpt, {"student": s, "teacher": s}, [80.0]), "activations").gib
+    # 14 layers keep their fp32 input, 14 keep everything, one is recomputed in backward
+    assert act == pytest.approx(8192 * (14 * 4 * 1024 + 14 * 55296 + 55296 + 1024 * 8) / GIB)
+
+
+def test_an_8b_student_and_a_32b_teacher_are_refused_on_one_80gib_gpu_in_well_under_a_second():
+    cfg = load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml")
+    shapes = {"student": ModelShape.from_hf_config(Q8), "teacher": ModelShape.from_hf_config(Q32)}
+    t0 = time.perf_counter()
+    plan = plan_memory(cfg, shapes, [80.0])
+    with pytest.raises(MemoryPlanError) as err:
+        plan.check()
+    assert time.perf_counter() - t0 < 0.5
+    first, *table = str(err.value).splitlines()
+    assert first.startswith("this run does not fit its GPUs: GPU 0 needs")
+    assert "trainer.micro_batch_tokens" in first and "engine.kv_cache_gib" in first
+    assert any("DOES NOT FIT" in line for line in table)
+    assert plan.engine_sleep  # auto tried sleeping the engine first
+    assert isinstance(err.value, ValueError)  # the CLI's one-line error, exit code 2
+
+
+def test_qwen3_gpu_example_with_1_7b_and_8b_shapes_fits_one_and_two_gpus():
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    one = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml"), shapes, [79.2])
+    assert one.fits
+    two = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=[
+        "backend=ray", "ray.gpus_per_trainer_worker=1", "ray.rollout_workers=1", "ray.gpus_per_rollout_worker=0.5",
+        "ray.gpus_per_teacher=0.5"]), shapes, [79.2, 79.2])  # fmt: skip
+    assert two.fits
+    assert {i.role for i in two.items if i.gpu == 0} == {"trainer", "cuda"}
+    assert {"engine", "teacher"} <= {i.role for i in two.items if i.gpu == 1}
+
+
+def test_kv_cache_keys():
+    s = ModelShape.from_hf_config(Q06)
+    cfg = load_config("sql_db", overrides=["engine.kv_cache_gib=4"])
+    assert plan_memory(cfg, {"student": s}, [80.0]).kv_cache_gib == 4.0
+    cfg = load_config("sql_db", overrides=["engine.kv_cache_fraction=0.5", "engine.sleep=false", "eval.teacher=false"])
+    plan = plan_memory(cfg, {"student": s}, [80.0])
+    rest = max(plan.peak(0, p) for p in Phase) - plan.kv_cache_gib
+    assert plan.kv_cache_gib == pytest.approx(0.5 * (0.95 * 80 - rest))
+    with pytest.raises(ValueError, match="both set"):
+        load_config("sql_db", overrides=["engine.kv_cache_gib=4", "engine.kv_cache_fraction=0.5"])
+
+
+def _model_dir(path, config):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3", **config}))
+    return path
+
+
+def test_plan_memory_command(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentopd.cli import app
+
+    s, t = _model_dir(tmp_path / "s", Q17), _model_dir(tmp_path / "t", Q8)
+    cli = CliRunner()
+    args = ["plan-memory", "--env", "sql_db", "--config", "configs/examples/qwen3-gpu.yaml", f"student={s}", f"teacher={t}"]
+    result = cli.invoke(app, [*args, "--gpus", "1", "--gpu-gib", "80"])
+    assert result.exit_code == 0, result.output
+    assert "KV pool" in result.output and "fits" in result.output and "DOES NOT FIT" not in result.output
+    big = _model_dir(tmp_path / "big", Q32)
+    result = cli.invoke(app, [*args[:-1], f"teacher={big}", f"student={t}", "--gpus", "1", "--gpu-gib", "80"])
+    assert result.exit_code == 2
+    assert "DOES NOT FIT" in result.output and "error: this run does not fit its GPUs" in result.output
+    if not torch.cuda.is_available():
+        result = cli.invoke(app, args)
+        assert result.exit_code == 0 and result.output.startswith("not a GPU")
+
+
+def test_out_of_memory_in_the_train_phase_names_it_and_checkpoints(tiny_home, tmp_path, monkeypatch):
+    from agentopd.backends.local import LocalBackend
+    from agentopd.runner import Runner
+
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    train, calls = LocalBackend.train, {"n": 0}
+
+    def oom_at_step_2(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.32 GiB\nmore lines")
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalBackend, "train", oom_at_step_2)
+    cfg = load_config("sql_db", overrides=[
+        "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16", "rollout.max_turns=2", "eval.num_tasks=2",
+        "eval.every=0", "eval.teacher=false", "steps=3", "run.checkpoint_every=0"])  # fmt: skip
+    s = ModelShape.from_hf_config(Q06)
+    monkeypatch.setattr(Runner, "_memory_plan", lambda self, *a: plan_memory(cfg, {"student": s}, [80.0]))
+    with pytest.raises(OutOfMemory) as err:
+        Runner(cfg, tmp_path / "run").run()
+    first, *table = str(err.value).splitlines()
+    assert first.startswith("CUDA out of memory in the train phase (step 2); checkpoint at step 1")
+    assert first.endswith("Tried to allocate 2.32 GiB")
+    assert any(line.strip().startswith("0  peak") for line in table)
+    assert (tmp_path / "run" / "checkpoints" / "step_000001" / "DONE").exists()
+
+
+def test_engine_sleep_on_the_local_backend_and_the_teachers_eval_engine_closed(cli, tmp_path, monkeypatch):
+    """engine.sleep=true: the student's engine frees its pool for the teacher and the trainer, wakes for the next
+    rollout; the teacher's engine that played the first eval is closed after it."""
+    from agentopd.backends.local import LocalBackend
+
+    closed = []
+    collect = LocalBackend.collect
+
+    def watch(self, handle, on_episode=None):
+        out = collect(self, handle, on_episode)
+        closed.append((handle.who, sorted(self.players.engines)))
+        return out
+
+    monkeypatch.setattr(LocalBackend, "collect", watch)
+    run = tmp_path / "run"
+    result = cli("run", "--env", "sql_db", "--run-dir", run, "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16",
+                 "rollout.max_turns=2", "eval.num_tasks=2", "eval.every=0", "steps=2", "engine.sleep=true")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert ("teacher", ["student"]) in closed  # its engine is gone once its eval is played
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert all(r["perf/engine_sleep_s"] >= 0 and "perf/engine_wake_s" in r for r in records[1:])
+
+
+def test_run_refused_by_its_plan_loads_no_model_and_leaves_no_run_directory(cli, tmp_path, monkeypatch):
+    """`agentopd run` with a plan that cannot fit (as on CUDA; the plan is patched in here): exit 2, the error line
+    and the table, before the backend loads a model."""
+    from agentopd.backends.local import LocalBackend
+    from agentopd.runner import Runner
+
+    def refuse(self, student_ref, teacher_refs):
+        plan = plan_memory(self.cfg, {"student": ModelShape.from_hf_config(Q8), "teacher": ModelShape.from_hf_config(Q32)}, [80.0])
+        plan.check()
+
+    def no_models(self, *args):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(Runner, "_memory_plan", refuse)
+    monkeypatch.setattr(LocalBackend, "setup", no_models)
+    t0 = time.perf_counter()
+    result = cli("run", "--env", "sql_db", "--run-dir", tmp_path / "run", "steps=1")
+    assert result.exit_code == 2
+    assert "error: this run does not fit its GPUs" in result.output and "DOES NOT FIT" in result.output
+    assert not (tmp_path / "run").exists()
+    assert time.perf_counter() - t0 < 30  # the tiny models' tokenizer and pair check, no model load
+
+
+def test_out_of_memory_while_loading_the_models_names_the_setup_phase(tiny_home, tmp_path, monkeypatch):
+    from agentopd.backends.local import LocalBackend
+    from agentopd.runner import Runner
+
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+
+    def oom(self, *args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+
+    monkeypatch.setattr(LocalBackend, "setup", oom)
+    with pytest.raises(OutOfMemory, match=r"^CUDA out of memory in the setup phase \(loading the models\): CUDA out of memory. Tried"):
+        Runner(load_config("sql_db", overrides=["steps=1"]), tmp_path / "run").run()
