@@ -42,7 +42,7 @@ from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
-from agentopd.pair import require_pair
+from agentopd.pair import RUN_CHECKS, require_pair
 from agentopd.plan import Mixture, Planned
 from agentopd.policy import loss_temperature, trainer_config
 from agentopd.progress import RunProgress
@@ -52,7 +52,7 @@ from agentopd.rundir import DONE, RunDir
 from agentopd.samples import train_samples
 from agentopd.store import Store
 from agentopd.teacher.base import is_server
-from agentopd.types import PLAYED_BY, Episode, PlayedBy
+from agentopd.types import PLAYED_BY, TEMPLATE_KWARGS, Episode, PlayedBy
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -94,6 +94,8 @@ class Runner:
         self._stop_requested = False
         self._checkpointed = -1  # the step of the last checkpoint written this session
         self._teacher_result: EvalResult | None = None
+        self._cross_metrics: dict[str, float] = {}  # the step's alignment metrics (a cross-tokenizer loss)
+        self.teacher_tokenizers: dict[str, Any] = {}  # teacher name -> tokenizer, with a cross-tokenizer loss only
 
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self, resume_after: int | None) -> None:
@@ -113,9 +115,12 @@ class Runner:
                                           progress=self.progress.bootstrap_callback, env_kwargs=kwargs)  # fmt: skip
             teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
+        cross = self.trainer_cfg.loss.is_cross_tokenizer
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
             if not is_server(ref):  # a server's tokenizer is the user's promise (its echo of the ids is checked)
-                require_pair(student_ref, ref)
+                require_pair(student_ref, ref, checks=("max_context",) if cross else RUN_CHECKS)
+        # a cross-tokenizer loss: each teacher reads the episodes re-rendered in its own template (agentopd.crosstok)
+        self.teacher_tokenizers = {name: AutoTokenizer.from_pretrained(ref) for name, ref in teacher_refs.items()} if cross else {}
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = cfg.rollout.build()
@@ -145,7 +150,9 @@ class Runner:
         restore = self._catch_ctrl_c()
         try:
             if start == 0:
-                summary.before = self._eval(0, with_teacher=self.cfg.eval.teacher, summary=summary)
+                # a teacher with another tokenizer cannot play in the student's engines: it only scores
+                with_teacher = self.cfg.eval.teacher and not self.trainer_cfg.loss.is_cross_tokenizer
+                summary.before = self._eval(0, with_teacher=with_teacher, summary=summary)
                 summary.teacher = self._teacher_result
             step = start + 1
             while step <= self.cfg.run.steps:
@@ -329,6 +336,8 @@ class Runner:
         recipe.intervene_below replaced, each scored by its episode's teacher), episode by episode."""
         if not objective.scores or not episodes:
             return None
+        if self.teacher_tokenizers:
+            return self._score_cross(planned, episodes, teacher_of)
         streams = [e.tokens for e in episodes] + [b for e in episodes for b in e.branches]
         branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
         with self.progress.phase("teacher", total=None):
@@ -338,6 +347,24 @@ class Runner:
                 ep.teacher_logprobs = sc.logprobs
                 self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
         return scores
+
+    def _score_cross(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str]) -> list[TeacherScores]:
+        """A cross-tokenizer loss: each episode aligned with its teacher's tokenizer, the teacher's stream scored, the
+        span scores brought back onto the student's tokens (agentopd.crosstok); the alignment metrics kept for the step."""
+        from agentopd.crosstok import align_episode
+        from agentopd.crosstok.project import cross_metrics, project
+
+        aligned = [align_episode(ep, self.tokenizer, self.teacher_tokenizers[name], ep.info.get(TEMPLATE_KWARGS))
+                   for ep, name in zip(episodes, teacher_of)]  # fmt: skip
+        with self.progress.phase("teacher", total=None):
+            t_scores = score_episodes(self.backend, teacher_of, [al.teacher_stream for al in aligned], self.mode)
+        projected = [project(al, ep.tokens, sc) for al, ep, sc in zip(aligned, episodes, t_scores)]
+        with self.store.batch():
+            for p, ep, xs in zip(planned, episodes, projected):
+                ep.teacher_logprobs = xs.store
+                self.store.set_teacher_logprobs(p.spec.episode_id, xs.store, ep.tokens)
+        self._cross_metrics = cross_metrics(aligned, projected)
+        return [xs.train for xs in projected]
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
@@ -372,7 +399,8 @@ class Runner:
             self.backend.sync_weights()
         sync_s = time.perf_counter() - t
 
-        metrics = dict(train) | recipe_metrics
+        metrics = dict(train) | recipe_metrics | self._cross_metrics
+        self._cross_metrics = {}
         teacher_played = self._teacher_played.pop(step, set())
         if teacher_played:
             metrics["recipe/teacher_episodes"] = float(len(teacher_played))

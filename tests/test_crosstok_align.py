@@ -78,6 +78,15 @@ def test_differing_tail_is_one_inexact_span():
     assert spans[-1].exact is False and spans[0] == Span(0, 1, 0, 1)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(min_size=1, max_size=40))
+def test_invalid_utf8_reaches_the_teacher_byte_for_byte(small_tok, qwen3_tok, data):
+    from agentopd.crosstok.align import encode_bytes
+
+    for tok in (small_tok, qwen3_tok):
+        assert b"".join(token_bytes(tok)[i] for i in encode_bytes(tok, data)) == data
+
+
 def _episode(tok, turns: list[str], closed: list[bool]) -> Episode:
     """A 2-tool-call episode sampled 'by the student' = its own tokenizer's encoding of each turn's text."""
     msgs = [Message("system", "You answer with SQL."), Message("user", "How many people are older than 30?")]

@@ -18,8 +18,9 @@ tokenizations start a token. Consecutive cuts bound a span: student tokens [s0, 
 [t0, t1) covering the same bytes. A span is 1:1 when it holds one token on each side. The student's stop
 token and the teacher's form one more span (the turn ends here; same meaning, perhaps other text).
 Everything else of the teacher's stream (template, tool results, junctions) belongs to no span, as the
-student's mask-0 tokens do. A turn cut off mid UTF-8 character decodes with a replacement character for
-the teacher: its last span is then marked inexact (covers other bytes) and kept out of the loss.
+student's mask-0 tokens do. Bytes that are not valid UTF-8 (a lone byte token sampled, a turn cut mid
+character) reach the teacher as its single-byte tokens (`encode_bytes`), so both sides always spell the
+same bytes; `align_bytes` still marks a span inexact if they did not (kept out of the loss).
 
 Tokenizers must be byte-level (GPT-2 byte alphabet: Qwen, Llama 3, the embedded BPE); added tokens are
 their own text. Legend: R = response tokens of a stream, S = spans.
@@ -85,6 +86,25 @@ def token_bytes(tokenizer: Any) -> list[bytes]:
             raise ValueError(f"tokenizer is not byte-level (token {i} {tok!r}): cross-tokenizer alignment needs byte-level BPE") from None
     _TABLES[tokenizer] = table
     return table
+
+
+def encode_bytes(tokenizer: Any, data: bytes) -> list[int]:
+    """Ids spelling exactly `data`, valid UTF-8 or not: runs of valid text through `encode_exact`, each byte of an
+    invalid sequence (a student that sampled a lone byte token, or a turn cut mid character) as the tokenizer's
+    single-byte token (a byte-level vocabulary has all 256)."""
+    single: dict[int, int] = {}
+    for i, b in enumerate(token_bytes(tokenizer)):
+        if len(b) == 1:
+            single.setdefault(b[0], i)
+    out: list[int] = []
+    while data:
+        try:
+            return out + encode_exact(tokenizer, data.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            out += encode_exact(tokenizer, data[: e.start].decode("utf-8")) if e.start else []
+            out += [single[b] for b in data[e.start : e.end]]
+            data = data[e.end :]
+    return out
 
 
 @dataclass(frozen=True)
@@ -204,8 +224,7 @@ def align_episode(episode: Episode, student_tok: Any, teacher_tok: Any, template
         ids = resp[r0:r1]
         closed = ids[-1] == s_stop[0]
         body = ids[:-1] if closed else ids
-        text = b"".join(s_bytes[t] for t in body).decode("utf-8", errors="replace")
-        t_ids = encode_exact(teacher_tok, text) + (list(t_stop) if closed else [])
+        t_ids = encode_bytes(teacher_tok, b"".join(s_bytes[t] for t in body)) + (list(t_stop) if closed else [])
         t_start = len(builder.token_ids) - builder.prompt_len
         builder.add_assistant(t_ids, [0.0] * len(t_ids), finished_by_stop=closed)
         t_body = t_ids[:-1] if closed else t_ids

@@ -22,12 +22,18 @@ class LossKind(StrEnum):
     REVERSE_KL = "reverse_kl"  # full vocabulary KL(student || teacher), chunked
     JSD = "jsd"  # generalized JSD(beta), chunked
     TOPK_FORWARD_KL = "topk_forward_kl"  # teacher top-k + tail bucket
+    XTOK_K1 = "xtok_k1"  # a teacher with another tokenizer: k1 on aligned span log-probs (agentopd.losses.crosstok)
     SFT = "sft"  # cross-entropy on the student tokens (no teacher)
     GRPO = "grpo"  # task reward only: group-normalised advantage, policy gradient
 
     @property
     def is_sampled(self) -> bool:
-        return self in (LossKind.SAMPLED_K1, LossKind.SAMPLED_K3)
+        return self in (LossKind.SAMPLED_K1, LossKind.SAMPLED_K3, LossKind.XTOK_K1)
+
+    @property
+    def is_cross_tokenizer(self) -> bool:
+        """The teacher may have another tokenizer: it scores the episode re-rendered in its own (agentopd.crosstok)."""
+        return self is LossKind.XTOK_K1
 
     @property
     def is_full_vocab(self) -> bool:

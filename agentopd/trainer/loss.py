@@ -11,6 +11,7 @@ loss tokens; the trainer divides by the global student-token count.
 
 Per loss kind (cfg.loss):
     sampled_k1/k3   advantage = -(reverse-KL estimate from sampled teacher/sampler logprobs)
+    xtok_k1         as sampled_k1; each token's teacher logprob is sampler logprob + its span's advantage
                     [+ task_reward_coef * GRPO advantage], IS or PPO-clip policy gradient
     forward_kl, reverse_kl, jsd   chunked full-vocabulary divergence to the teacher, whose logits
                     are recomputed per chunk from its cached hidden states and lm_head
@@ -107,7 +108,8 @@ def micro_batch_loss(
         from agentopd import losses
 
         teacher_N = _need(mb.teacher_logprobs_N, "teacher_logprobs", kind)
-        estimator = "k1" if kind == LossKind.SAMPLED_K1 else "k3"
+        # xtok_k1: the runner put each token's span advantage into its teacher logprob (agentopd.crosstok.project)
+        estimator = "k3" if kind == LossKind.SAMPLED_K3 else "k1"
         adv_N = losses.opd_advantages(teacher_N, mb.old_logprobs_N, estimator=estimator)
         if cfg.task_reward_coef > 0:
             adv_N = adv_N + cfg.task_reward_coef * mb.advantages_N

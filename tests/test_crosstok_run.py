@@ -1,0 +1,116 @@
+"""Cross-tokenizer distillation wired end to end (issue 31): projection of span scores onto the student's tokens, the
+run's refusals, and a real `agentopd run --env sql_db teacher=builtin:cross trainer.loss=xtok_k1` on tiny models."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentopd.crosstok import align_episode
+from agentopd.crosstok.project import cross_metrics, project
+from agentopd.teacher.base import TeacherScores
+from test_crosstok_align import TURNS, _episode
+
+
+@pytest.fixture(scope="module")
+def small_tok(tmp_path_factory):
+    from agentopd.bootstrap import TINY_SPEC, ensure_tokenizer
+
+    return ensure_tokenizer(TINY_SPEC, home=tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="module")
+def big_tok(tmp_path_factory):
+    """Another BPE over the same corpus (2x the vocabulary), as builtin:cross's."""
+    from agentopd.bootstrap import TINY_SPEC, cross_spec, ensure_tokenizer
+
+    return ensure_tokenizer(cross_spec(TINY_SPEC), home=tmp_path_factory.mktemp("home"))
+
+
+def test_project_same_tokenizer_is_sampled_k1(small_tok):
+    ep = _episode(small_tok, TURNS, [True, True])
+    al = align_episode(ep, small_tok, small_tok)
+    g = torch.Generator().manual_seed(0)
+    t_lp = [(-float(torch.rand(1, generator=g)) * 3) * m for m in al.teacher_stream.response_mask]
+    xs = project(al, ep.tokens, TeacherScores(t_lp))
+    for m, a, b, c in zip(ep.tokens.response_mask, xs.train.logprobs, xs.store, t_lp):
+        assert m == 0 or (a == pytest.approx(c) and b == pytest.approx(c))
+
+
+def test_project_cross_spans(small_tok, big_tok):
+    ep = _episode(small_tok, TURNS, [True, False])
+    al = align_episode(ep, small_tok, big_tok)
+    assert len(big_tok) > len(small_tok) and al.shares()["aligned"] == 1.0 and al.shares()["one_to_one"] < 1.0
+    t_lp = [-0.25 * m for m in al.teacher_stream.response_mask]
+    xs = project(al, ep.tokens, TeacherScores(t_lp))
+    old = ep.tokens.logprobs
+    for sid in range(al.num_spans):
+        toks = [r for r, s in enumerate(al.student_span_R) if s == sid]
+        n_t = sum(1 for s in al.teacher_span_R if s == sid)
+        adv = -0.25 * n_t - sum(old[r] for r in toks)
+        assert xs.span_kl[sid] == pytest.approx(-adv)
+        for r in toks:  # each token carries the span's advantage; the store's per-token k1 sums to the span's
+            assert xs.train.logprobs[r] - old[r] == pytest.approx(adv)
+        assert sum(old[r] - xs.store[r] for r in toks) == pytest.approx(-adv)
+    assert sum(xs.turn_kl.values()) == pytest.approx(sum(xs.span_kl))
+    m = cross_metrics([al], [xs])
+    assert m["xtok/aligned_share"] == 1.0 and 0 < m["xtok/one_to_one_share"] < 1 and {"xtok/kl_turn/0", "xtok/kl_turn/1"} <= set(m)
+
+
+def test_config_accepts_xtok_and_refuses_what_is_not_wired():
+    from agentopd.config import load_config
+
+    cfg = load_config("sql_db", overrides=["trainer.loss=xtok_k1", "teacher=builtin:cross"])
+    assert cfg.trainer.loss == "xtok_k1"
+    with pytest.raises(ValueError, match="teacher_fraction"):
+        load_config("sql_db", overrides=["trainer.loss=xtok_k1", "recipe.teacher_fraction=0.5"])
+    with pytest.raises(ValueError, match="server teacher"):
+        load_config("sql_db", overrides=["trainer.loss=xtok_k1", "teacher=http://localhost:8000", "eval.teacher=false"])
+
+
+def add_cross_teacher(home: Path, env: str = "sql_db", sharpness: float = 1.2) -> Path:
+    """A tiny cross-tokenizer teacher in a tiny home (conftest.build_tiny_home): a peaky random Qwen3 over a BPE
+    of twice the vocabulary, cached where bootstrap(cross=True) finds it."""
+    from transformers import Qwen3ForCausalLM
+
+    from agentopd.bootstrap import RECIPE, TINY_SPEC, ModelSize, cross_spec, default_spec, ensure_tokenizer, env_version
+    from agentopd.config import load_config
+    from agentopd.splits import without_split
+
+    tok = ensure_tokenizer(cross_spec(TINY_SPEC), home=home)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1).config(tok, 1024))
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(12.0)
+        model.model.norm.weight.fill_(sharpness)
+    root = home / "models" / "cross" / env
+    model.save_pretrained(root / "teacher")
+    tok.save_pretrained(root / "teacher")
+    kwargs = without_split(load_config(env).env.kwargs)
+    report = {"spec": asdict(cross_spec(default_spec(env))), "env_kwargs": kwargs, "recipe": RECIPE, "env_version": env_version(env), "test": True}
+    (root / "report.json").write_text(json.dumps(report))
+    return root / "teacher"
+
+
+def test_run_sql_db_with_builtin_cross_teacher(tiny_home, tmp_path):
+    add_cross_teacher(tiny_home)
+    run = tmp_path / "xtok"
+    env = {**os.environ, "AGENTOPD_HOME": str(tiny_home)}
+    cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "teacher=builtin:cross",
+           "trainer.loss=xtok_k1", "steps=2", "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16",
+           "rollout.max_turns=2", "eval.num_tasks=2", "eval.every=0", "run.checkpoint_every=0", "trainer.lr=1e-3"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "xtok/aligned_share" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert r["xtok/aligned_share"] == 1.0 and 0 < r["xtok/one_to_one_share"] < 1.0
+        assert "xtok/kl_turn/0" in r and r["xtok/spans_per_token"] < 1.0
