@@ -114,3 +114,22 @@ def test_run_sql_db_with_builtin_cross_teacher(tiny_home, tmp_path):
     for r in steps:
         assert r["xtok/aligned_share"] == 1.0 and 0 < r["xtok/one_to_one_share"] < 1.0
         assert "xtok/kl_turn/0" in r and r["xtok/spans_per_token"] < 1.0
+
+
+def test_check_pair_cross(tiny_home, monkeypatch):
+    from agentopd.checker import Status
+    from agentopd.crosstok.pair import check_cross_pair
+
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    teacher = add_cross_teacher(tiny_home)
+    student = tiny_home / "models" / "sql_db" / "student"
+    report = check_cross_pair(student, teacher, "sql_db")
+    by = {c.name: c for c in report.checks}
+    assert report.ok and all(c.status is Status.PASS for c in report.checks), report.checks
+    assert "different tokenizers" in by["vocabulary"].detail and "shared vocabulary" in by["vocabulary"].detail
+    assert "aligned 100.0%" in by["alignment"].detail and "1:1 100.0%" not in by["alignment"].detail
+    assert "max |span k1|" in by["self_score"].detail
+    # the same-tokenizer check refuses this pair; a cross-tokenizer run accepts it (test_run_sql_db_with_builtin_cross_teacher)
+    from agentopd.pair import check_pair
+
+    assert not check_pair(student, teacher, "sql_db", self_score=False).ok
