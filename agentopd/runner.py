@@ -96,6 +96,7 @@ class Runner:
         self._teacher_result: EvalResult | None = None
         self._cross_metrics: dict[str, float] = {}  # the step's alignment metrics (a cross-tokenizer loss)
         self.teacher_tokenizers: dict[str, Any] = {}  # teacher name -> tokenizer, with a cross-tokenizer loss only
+        self._vocab_maps: dict[str, Any] = {}  # teacher name -> its vocabulary map onto the student's (xtok_full)
 
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self, resume_after: int | None) -> None:
@@ -358,13 +359,23 @@ class Runner:
                    for ep, name in zip(episodes, teacher_of)]  # fmt: skip
         with self.progress.phase("teacher", total=None):
             t_scores = score_episodes(self.backend, teacher_of, [al.teacher_stream for al in aligned], self.mode)
-        projected = [project(al, ep.tokens, sc) for al, ep, sc in zip(aligned, episodes, t_scores)]
+        maps = {name: self._vocab_map(name) for name in set(teacher_of)} if self.trainer_cfg.loss == "xtok_full" else {}
+        projected = [project(al, ep.tokens, sc, maps.get(name)) for al, ep, sc, name in zip(aligned, episodes, t_scores, teacher_of)]
         with self.store.batch():
             for p, ep, xs in zip(planned, episodes, projected):
                 ep.teacher_logprobs = xs.store
                 self.store.set_teacher_logprobs(p.spec.episode_id, xs.store, ep.tokens)
         self._cross_metrics = cross_metrics(aligned, projected)
         return [xs.train for xs in projected]
+
+    def _vocab_map(self, name: str) -> Any:
+        """Teacher id -> student id of the same bytes (xtok_full), built once per teacher."""
+        from agentopd.crosstok import token_bytes
+        from agentopd.losses.crosstok import vocab_map
+
+        if name not in self._vocab_maps:
+            self._vocab_maps[name] = vocab_map(token_bytes(self.tokenizer), token_bytes(self.teacher_tokenizers[name]))[0]
+        return self._vocab_maps[name]
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg

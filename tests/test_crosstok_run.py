@@ -99,12 +99,13 @@ def add_cross_teacher(home: Path, env: str = "sql_db", sharpness: float = 1.2) -
     return root / "teacher"
 
 
-def test_run_sql_db_with_builtin_cross_teacher(tiny_home, tmp_path):
+@pytest.mark.parametrize("loss", ["xtok_k1", "xtok_full"])
+def test_run_sql_db_with_builtin_cross_teacher(tiny_home, tmp_path, loss):
     add_cross_teacher(tiny_home)
-    run = tmp_path / "xtok"
+    run = tmp_path / loss
     env = {**os.environ, "AGENTOPD_HOME": str(tiny_home)}
     cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "teacher=builtin:cross",
-           "trainer.loss=xtok_k1", "steps=2", "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16",
+           f"trainer.loss={loss}", "steps=2", "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16",
            "rollout.max_turns=2", "eval.num_tasks=2", "eval.every=0", "run.checkpoint_every=0", "trainer.lr=1e-3"]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -114,6 +115,9 @@ def test_run_sql_db_with_builtin_cross_teacher(tiny_home, tmp_path):
     for r in steps:
         assert r["xtok/aligned_share"] == 1.0 and 0 < r["xtok/one_to_one_share"] < 1.0
         assert "xtok/kl_turn/0" in r and r["xtok/spans_per_token"] < 1.0
+        if loss == "xtok_full":  # span starts trained, the 1:1 ones with the mapped KL
+            assert 0 < r["xtok/mapped_share"] <= r["xtok/start_share"] == pytest.approx(r["xtok/spans_per_token"], abs=1e-6)
+            assert r["train/distill_loss"] > 0
 
 
 def test_check_pair_cross(tiny_home, monkeypatch):

@@ -118,3 +118,19 @@ def test_full_kind_none_trains_only_mapped_positions():
     assert loss[0].item() == 0.0 and loss[1].item() > 0
     with pytest.raises(ValueError):
         cross_full_per_token(logits, t_ids, t_lps, m, torch.tensor([0, 1]), full_kind="bogus")
+
+
+def test_encoded_rows_match_the_direct_terms():
+    """The trainer's row encoding (NOT_A_START / all -1 / mapped ids) gives KL_map, ULD and 0 where they belong."""
+    from agentopd.losses.crosstok import NOT_A_START, cross_full_from_rows
+
+    m, _ = vocab_map(S_VOCAB, T_VOCAB)
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, len(S_VOCAB), generator=g)
+    t_lps, t_ids = torch.log_softmax(torch.randn(3, len(T_VOCAB), generator=g), -1).topk(4, dim=-1)
+    rows = torch.stack([m[t_ids[0]], torch.full((4,), -1), torch.full((4,), NOT_A_START)])
+    for kind in ("uld", "none"):
+        loss, stats = cross_full_from_rows(logits, rows, t_lps, kind)
+        direct, _ = cross_full_per_token(logits[:2], t_ids[:2], t_lps[:2], m, torch.tensor([1, 0]), full_kind=kind)
+        torch.testing.assert_close(loss[:2], direct)
+        assert loss[2].item() == 0.0 and stats["starts"].item() == 2 and stats["mapped"].item() == 1

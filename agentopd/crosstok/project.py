@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from agentopd.crosstok.align import Alignment
+from agentopd.losses.crosstok import NOT_A_START
 from agentopd.teacher.base import TeacherScores
 from agentopd.types import TokenStream
 
@@ -31,8 +34,9 @@ class Projected:
     turn_kl: dict[int, float]
 
 
-def project(al: Alignment, stream: TokenStream, teacher_scores: TeacherScores) -> Projected:
-    """Span log-probabilities of both sides, and the student-side records built from them (module docstring)."""
+def project(al: Alignment, stream: TokenStream, teacher_scores: TeacherScores, map_W: Tensor | None = None) -> Projected:
+    """Span log-probabilities of both sides, and the student-side records built from them (module docstring); with
+    the teacher's top-k and the vocabulary map, `train` also carries xtok_full's rows (`topk_rows`)."""
     n = al.num_spans
     t_lp, s_lp, size = [0.0] * n, [0.0] * n, [0] * n
     for sid, lp in zip(al.teacher_span_R, teacher_scores.logprobs):
@@ -51,7 +55,35 @@ def project(al: Alignment, stream: TokenStream, teacher_scores: TeacherScores) -
     turn_kl: dict[int, float] = {}
     for k, kl in zip(al.span_turn, span_kl):
         turn_kl[k] = turn_kl.get(k, 0.0) + kl
-    return Projected(TeacherScores(train), store, span_kl, turn_kl)
+    scores = TeacherScores(train)
+    if teacher_scores.topk_ids is not None and map_W is not None:
+        scores.topk_ids, scores.topk_logprobs = topk_rows(al, teacher_scores, map_W, len(stream.response_mask))
+    return Projected(scores, store, span_kl, turn_kl)
+
+
+def topk_rows(al: Alignment, teacher_scores: TeacherScores, map_W: Tensor, num_response: int) -> tuple[list[list[int]], list[list[float]]]:
+    """xtok_full's rows per student response token (encoding: agentopd.losses.crosstok.NOT_A_START): at the first
+    student token of each exact span, the teacher's top-k at the span's first teacher token (both predict the
+    span's first token after the same text), ids mapped to the student's when the span is 1:1, all -1 when not
+    (ULD); NOT_A_START rows elsewhere."""
+    assert teacher_scores.topk_ids is not None and teacher_scores.topk_logprobs is not None
+    k = len(teacher_scores.topk_ids[0]) if teacher_scores.topk_ids else 1
+    ids = [[NOT_A_START] * k for _ in range(num_response)]
+    lps = [[0.0] * k for _ in range(num_response)]
+    first_t: dict[int, int] = {}
+    for j, sid in enumerate(al.teacher_span_R):
+        if sid >= 0:
+            first_t.setdefault(sid, j)
+    seen: set[int] = set()
+    for r, sid in enumerate(al.student_span_R):
+        if sid < 0 or sid in seen or not al.span_exact[sid]:
+            continue
+        seen.add(sid)
+        j = first_t[sid]
+        t_ids = teacher_scores.topk_ids[j]
+        ids[r] = [int(map_W[w]) for w in t_ids] if al.span_one_to_one[sid] else [-1] * k
+        lps[r] = list(teacher_scores.topk_logprobs[j])
+    return ids, lps
 
 
 def cross_metrics(aligned: list[Alignment], projected: list[Projected]) -> dict[str, float]:

@@ -79,11 +79,12 @@ def vocab_map(student_bytes: Sequence[bytes], teacher_bytes: Sequence[bytes]) ->
 
 
 def mapped_topk_kl_per_token(
-    student_logits_NV: Tensor, teacher_topk_ids_NK: Tensor, teacher_topk_logprobs_NK: Tensor, map_W: Tensor
+    student_logits_NV: Tensor, teacher_topk_ids_NK: Tensor, teacher_topk_logprobs_NK: Tensor, map_W: Tensor | None
 ) -> tuple[Tensor, Tensor]:
-    """(KL_map per token, mapped teacher mass per token): module doc (b), with autograd through the student."""
+    """(KL_map per token, mapped teacher mass per token): module doc (b), with autograd through the student.
+    map_W=None: the ids are student ids already (-1: no student spelling)."""
     lp_NV = torch.log_softmax(student_logits_NV.float(), dim=-1)
-    sid_NK = map_W[teacher_topk_ids_NK.long()]
+    sid_NK = map_W[teacher_topk_ids_NK.long()] if map_W is not None else teacher_topk_ids_NK.long()  # None: ids already mapped
     ok_NK = sid_NK >= 0
     safe_NK = sid_NK.clamp(min=0)
     q_lp_NK = teacher_topk_logprobs_NK.float().masked_fill(~ok_NK, NEG_INF)
@@ -132,4 +133,26 @@ def cross_full_per_token(
         "mapped_share": one_N.float().sum() / n,
         "mapped_mass": (mass_N * one_N).sum() / one_N.sum().clamp(min=1),
     }
+    return loss_N, stats
+
+
+# The trainer's encoding of xtok_full targets (agentopd.crosstok.project): per student token a row of K teacher top-k
+# entries whose ids are student ids (-1: no student token spells the teacher's); a 1:1 span start has its mapped ids,
+# another span start all -1 (ULD: only the sorted probabilities count), any other token all NOT_A_START.
+NOT_A_START = -2
+
+
+def cross_full_from_rows(
+    student_logits_NV: Tensor, ids_NK: Tensor, logprobs_NK: Tensor, full_kind: FullKind | str = FullKind.ULD
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """(loss_N, stats) from the encoded rows above: KL_map where a row has a mapped id, ULD (or 0: "none") at the
+    other span starts, 0 elsewhere. stats (sums): "starts", "mapped" (positions given KL_map), "mapped_mass"."""
+    full_kind = FullKind(full_kind)
+    start_N = (ids_NK != NOT_A_START).all(-1)
+    mapped_N = start_N & (ids_NK >= 0).any(-1)
+    lps_NK = torch.where(start_N[:, None], logprobs_NK.float(), 0.0)
+    kl_N, mass_N = mapped_topk_kl_per_token(student_logits_NV, ids_NK.clamp(min=-1), lps_NK, None)
+    uld_N = uld_per_token(student_logits_NV, lps_NK) if full_kind is FullKind.ULD else torch.zeros_like(kl_N)
+    loss_N = torch.where(mapped_N, kl_N, torch.where(start_N, uld_N, 0.0))
+    stats = {"starts": start_N.float().sum(), "mapped": mapped_N.float().sum(), "mapped_mass": (mass_N * mapped_N).sum()}
     return loss_N, stats
