@@ -137,3 +137,33 @@ def test_check_pair_cross(tiny_home, monkeypatch):
     from agentopd.pair import check_pair
 
     assert not check_pair(student, teacher, "sql_db", self_score=False).ok
+
+
+def test_qwen3_student_qwen35_teacher_random_weights(qwen3_dir, qwen35_dir, tmp_path):
+    """Real vocabularies: a Qwen3-vocab episode scored by a random Qwen3.5-vocab teacher (248,320 rows) through the
+    cross-tokenizer path (the issue's real-vocabulary pair, on CPU with a 1-layer model: the path runs)."""
+    import time
+
+    from _tiny import real_vocab_model
+    from transformers import AutoTokenizer
+
+    from agentopd.teacher import HFTeacher, TeacherMode
+
+    s_tok, t_tok = AutoTokenizer.from_pretrained(qwen3_dir), AutoTokenizer.from_pretrained(qwen35_dir)
+    real_vocab_model(rows=248_320).save_pretrained(tmp_path / "t")
+    t_tok.save_pretrained(tmp_path / "t")
+    ep = _episode(s_tok, TURNS, [True, True])
+    t0 = time.perf_counter()
+    al = align_episode(ep, s_tok, t_tok)
+    teacher = HFTeacher(tmp_path / "t", device="cpu", dtype=torch.float32, offload_after_score=False, top_k=4)
+    (sc,) = teacher.score([al.teacher_stream], mode=TeacherMode.TOPK)
+    from agentopd.crosstok import token_bytes
+    from agentopd.losses.crosstok import vocab_map
+
+    map_w, share = vocab_map(token_bytes(s_tok), token_bytes(t_tok))
+    xs = project(al, ep.tokens, sc, map_w)
+    assert al.shares()["aligned"] == 1.0 and 0.5 < share < 0.7  # Qwen3's 151k of Qwen3.5's 248k spellings
+    assert all(x != 0.0 for x, m in zip(xs.train.logprobs, ep.tokens.response_mask) if m)
+    starts = [row for row in xs.train.topk_ids if row[0] != -2]
+    assert len(starts) == al.num_spans and any(i >= 0 for row in starts for i in row)
+    print(f"qwen3 -> qwen3.5 random teacher: {al.num_spans} spans, vocab share {share:.3f}, {time.perf_counter() - t0:.2f} s")
