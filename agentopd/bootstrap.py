@@ -97,6 +97,7 @@ class BootstrapSpec:
     # held-out tasks, and distillation can go on at the lr it was trained with
     student: SFTSpec = SFTSpec(ModelSize(hidden=96, layers=2), max_steps=150, lr=3e-3, schedule="constant", seed=1)
     tokenizer_vocab: int = 1000
+    tokenizer_name: str = ""  # "": the shared tokenizer; else its own, cached apart (`tokenizer-<name>/`: builtin:cross)
     corpus_tasks_per_env: int = 1500
     demonstrations: int = 2000
     eval_tasks: int = 100
@@ -153,6 +154,16 @@ def vllm_spec(spec: BootstrapSpec) -> BootstrapSpec:
     return replace(spec, teacher=served(spec.teacher), student=served(spec.student))
 
 
+# the cross-tokenizer teacher (`teacher=builtin:cross`, issue 31): the default teacher's recipe over its own byte-level
+# BPE, trained on the same corpus with a vocabulary this many times larger (other merges, other ids, longer tokens)
+CROSS_VOCAB_FACTOR = 2
+
+
+def cross_spec(spec: BootstrapSpec) -> BootstrapSpec:
+    """`spec` with a tokenizer of CROSS_VOCAB_FACTOR x the vocabulary, cached apart: the teacher of `builtin:cross`."""
+    return replace(spec, tokenizer_vocab=spec.tokenizer_vocab * CROSS_VOCAB_FACTOR, tokenizer_name="cross")
+
+
 TINY_SPEC = BootstrapSpec(  # for tests: seconds, not minutes
     teacher=SFTSpec(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1), max_steps=6, batch_size=8, eval_every=3),
     student=SFTSpec(ModelSize(hidden=32, layers=1, heads=2, kv_heads=1), max_steps=2, batch_size=8, seed=1),
@@ -193,19 +204,21 @@ def env_set(env_name: str | Sequence[str] = ()) -> tuple[str, ...]:
     return (*BUILTIN_ENVS, *extra)
 
 
-def tokenizer_dir(envs: Sequence[str] = BUILTIN_ENVS, home: Path | None = None) -> Path:
+def tokenizer_dir(envs: Sequence[str] = BUILTIN_ENVS, home: Path | None = None, name: str = "") -> Path:
     """Where the tokenizer of an env set is cached: `tokenizer/` for the built-ins alone (what every
-    built-in model uses), `tokenizers/<env+env+...>/` for a set with other envs in it."""
+    built-in model uses), `tokenizers/<env+env+...>/` for a set with other envs in it; a named one
+    (`BootstrapSpec.tokenizer_name`) gets `-<name>` appended."""
     home = home or agentopd_home()
+    suffix = f"-{name}" if name else ""
     if tuple(envs) == BUILTIN_ENVS:
-        return home / "tokenizer"
-    return home / "tokenizers" / "+".join(envs)
+        return home / f"tokenizer{suffix}"
+    return home / "tokenizers" / ("+".join(envs) + suffix)
 
 
 def ensure_tokenizer(spec: BootstrapSpec = BootstrapSpec(), force: bool = False, home: Path | None = None,
                      envs: Sequence[str] = BUILTIN_ENVS) -> PreTrainedTokenizerBase:  # fmt: skip
     """The shared tokenizer of an env set (`env_set`), trained on the envs' own oracle episodes (built once)."""
-    path = tokenizer_dir(tuple(envs), home)
+    path = tokenizer_dir(tuple(envs), home, spec.tokenizer_name)
     if force or not (path / "tokenizer.json").exists():
         texts = env_corpus(envs, spec.corpus_tasks_per_env)
         tok = build_tokenizer(texts, vocab_size=spec.tokenizer_vocab)
@@ -337,6 +350,7 @@ def bootstrap(
     progress: Progress | None = None,
     env_kwargs: dict[str, Any] | None = None,
     for_vllm: bool = False,
+    cross: bool = False,
 ) -> BuiltinModels:
     """The embedded teacher and student of an env (built on first use, then cached under
     `$AGENTOPD_HOME/models/<env>/`, keyed by the recipe, the env's constructor arguments of its preset
@@ -352,7 +366,13 @@ def bootstrap(
 
     `for_vllm`: the pair of `vllm_spec(spec)` (a head size vLLM's CPU build serves), cached apart under
     `models/vllm/<preset>/`; where only the student changes, the default pair's teacher is built (or found) and
-    copied, and the student alone is trained. Where no model changes, the default pair itself."""
+    copied, and the student alone is trained. Where no model changes, the default pair itself.
+
+    `cross`: the default student with a teacher of `cross_spec(spec)` (its own, larger BPE over the same corpus:
+    another tokenizer, for the cross-tokenizer losses), cached under `models/cross/<preset>/teacher`."""
+    if cross:
+        base = bootstrap(env_name, force=force, spec=spec, home=home, progress=progress, env_kwargs=env_kwargs)
+        return _cross_teacher(base, env_name, spec, home or agentopd_home(), progress, env_kwargs, force)
     requested, requested_kwargs = env_name, env_kwargs
     if env_name in VARIANTS:  # `agentopd bootstrap --env sql_db_explore`: the variant preset's models
         env_name, preset = VARIANTS[env_name][0], env_name
@@ -394,10 +414,30 @@ def bootstrap(
                   keep_teacher=keep_teacher)
 
 
+def _cross_teacher(base: BuiltinModels, env_name: str, spec: BootstrapSpec | None, home: Path, progress: Progress | None,
+                   env_kwargs: dict[str, Any] | None, force: bool) -> BuiltinModels:  # fmt: skip
+    """The teacher of `bootstrap(..., cross=True)` beside `base`'s student (built once, cached like the pair)."""
+    preset = variant_of(env_name, env_kwargs) if env_name in BUILTIN_ENVS else env_name
+    spec = cross_spec(spec or default_spec(preset))
+    root = home / "models" / "cross" / preset
+    kwargs = without_split(base.report.get("env_kwargs", env_kwargs or {}))
+    report_path = root / "report.json"
+    if not force and report_path.exists() and (root / "teacher" / "config.json").exists():
+        report = json.loads(report_path.read_text())
+        if report.get("spec") == json.loads(json.dumps(asdict(spec))) and report.get("env_kwargs") == json.loads(json.dumps(kwargs)) \
+                and report.get("recipe") == RECIPE and report.get("env_version") == env_version(base.env):  # fmt: skip
+            return BuiltinModels(base.env, root / "teacher", base.student_dir, report)
+    torch.manual_seed(0)
+    built = _build(base.env, kwargs, spec, home, root, progress, roles=("teacher",))
+    return BuiltinModels(base.env, built.teacher_dir, base.student_dir, built.report)
+
+
 def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home: Path, root: Path, progress: Progress | None,
-           spec_version: int = 1, keep_teacher: dict[str, Any] | None = None) -> BuiltinModels:  # fmt: skip
-    """Build the tokenizer (if missing), the demonstrations, the teacher and the student; `keep_teacher`: the report of
-    a cache whose teacher is kept (its spec differs in the student's SFT spec only), so only the student is trained."""
+           spec_version: int = 1, keep_teacher: dict[str, Any] | None = None,
+           roles: tuple[str, ...] = ("teacher", "student")) -> BuiltinModels:  # fmt: skip
+    """Build the tokenizer (if missing), the demonstrations, the teacher and the student (those of `roles`); `keep_teacher`:
+    the report of a cache whose teacher is kept (its spec differs in the student's SFT spec only), so only the student
+    is trained."""
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
     t0 = time.perf_counter()
     tok = ensure_tokenizer(spec, home=home, envs=env_set(env_name))
@@ -421,8 +461,8 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
         report |= {k: keep_teacher[k] for k in ("teacher", "demonstrations_with_mistake") if k in keep_teacher}
     elif spec.mistakes > 0:  # how many of the teacher's demonstrations make (and recover from) a mistake
         report["demonstrations_with_mistake"] = sum(a.token_ids != b.token_ids for a, b in zip(demos, teacher_demos, strict=True))
-    roles = (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir))
-    for role, sft_spec, out in roles[1:] if keep_teacher else roles:
+    wanted = [r for r in (("teacher", spec.teacher, teacher_dir), ("student", spec.student, student_dir)) if r[0] in roles]
+    for role, sft_spec, out in wanted[1:] if keep_teacher else wanted:
         torch.manual_seed(sft_spec.seed)
         model = Qwen3ForCausalLM(sft_spec.size.config(tok, spec.max_context))
         train = sft(model, teacher_demos if role == "teacher" else demos, sft_spec, evaluate_fn=success_of if role == "teacher" else None,

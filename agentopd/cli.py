@@ -139,13 +139,22 @@ def check_pair_command(
     teacher: Annotated[str, typer.Option("--teacher", help="the teacher: a Hugging Face folder or hub id")],
     env: Annotated[str | None, typer.Option("--env", help="render this env's oracle conversation; check its preset's max_context")] = None,
     self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it twice)")] = True,
+    loss: Annotated[str | None, typer.Option("--loss", help="the run's trainer.loss: a cross-tokenizer one (xtok_k1) checks "
+                                                            "the pair for a teacher with another tokenizer")] = None,  # fmt: skip
 ) -> None:
     """Check that a teacher fits a student (vocabulary, special and stop tokens, chat template, context,
-    a self-scoring smoke test); exit 1 on a mismatch."""
+    a self-scoring smoke test); exit 1 on a mismatch. With `--loss xtok_k1`: the cross-tokenizer checks
+    (shared-vocabulary share, template differences, the alignment's 1:1 share, self-score through the alignment)."""
     _quiet_transformers()
     from agentopd.pair import check_pair
+    from agentopd.trainer.config import LossKind
 
-    report = check_pair(student, teacher, env, self_score=self_score)
+    if loss is not None and LossKind(loss).is_cross_tokenizer:
+        from agentopd.crosstok.pair import check_cross_pair
+
+        report = check_cross_pair(student, teacher, env, self_score=self_score)
+    else:
+        report = check_pair(student, teacher, env, self_score=self_score)
     _print_checks(f"check-pair: student {student}, teacher {teacher}", report.checks, "the pair fits: all checks passed")
 
 

@@ -6,7 +6,8 @@
 
 `builtin` (the default) means the embedded models of the env (agentopd.bootstrap); `builtin:vllm` the
 embedded student built with a head size vLLM's CPU build serves (32 instead of 24; its teacher is the
-default one: `bootstrap(..., for_vllm=True)`); anything else is a local Hugging Face folder or a hub
+default one: `bootstrap(..., for_vllm=True)`); `builtin:cross` a teacher of the default recipe over its own,
+larger BPE (another tokenizer: for the cross-tokenizer losses, trainer.loss=xtok_k1); anything else is a local Hugging Face folder or a hub
 id, loaded with AutoModelForCausalLM / AutoTokenizer.
 """
 
@@ -20,6 +21,7 @@ from agentopd.teacher.base import is_server
 
 BUILTIN = "builtin"
 FOR_VLLM = "vllm"  # `builtin:vllm`
+CROSS = "cross"  # `builtin:cross` (a teacher)
 
 
 def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
@@ -50,9 +52,13 @@ def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs
         from agentopd.bootstrap import bootstrap
 
         which = spec.split(":", 1)[1] if ":" in spec else role
-        if which not in ("student", "teacher", FOR_VLLM):
-            raise ValueError(f"{role}={spec!r}: say builtin, builtin:student, builtin:teacher or builtin:vllm")
-        models = bootstrap(env_name, progress=progress, env_kwargs=env_kwargs, for_vllm=which == FOR_VLLM)
+        if which not in ("student", "teacher", FOR_VLLM, CROSS):
+            raise ValueError(f"{role}={spec!r}: say builtin, builtin:student, builtin:teacher, builtin:vllm or builtin:cross")
+        if which == CROSS and role != "teacher":
+            raise ValueError(f"{role}={spec!r}: builtin:cross is a teacher (its student is the default builtin one)")
+        models = bootstrap(env_name, progress=progress, env_kwargs=env_kwargs, for_vllm=which == FOR_VLLM, cross=which == CROSS)
+        if which == CROSS:
+            return models.teacher_dir
         return models.student_dir if which in ("student", FOR_VLLM) else models.teacher_dir
     if is_server(spec):
         return spec

@@ -50,6 +50,6 @@ def teacher_mode(loss: LossKind) -> TeacherMode:
 
     if loss.is_full_vocab:
         return TeacherMode.HIDDEN
-    if loss == LossKind.TOPK_FORWARD_KL:
+    if loss in (LossKind.TOPK_FORWARD_KL, LossKind.XTOK_FULL):
         return TeacherMode.TOPK
     return TeacherMode.LOGPROBS

@@ -386,7 +386,8 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
         unknown = sorted(set(only) - {name for name, _ in steps})
         if unknown:
             raise ValueError(f"unknown pair checks {unknown}; choose from {[name for name, _ in steps]}")
-        steps = [step for step in steps if step[0] in only or step[0] == "vocabulary"]  # the others need its size
+        # self_score needs the shared size: vocabulary runs with it
+        steps = [step for step in steps if step[0] in only or (step[0] == "vocabulary" and "self_score" in only)]
     for name, run in steps:
         if report.failed and name == "self_score":
             report.checks.append(Check(name, Status.SKIP, "skipped: an earlier check failed"))
@@ -406,12 +407,13 @@ RUN_CHECKS = ("vocabulary", "chat_template", "max_context")
 
 
 def require_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
-                 checks: Sequence[str] = RUN_CHECKS) -> int:  # fmt: skip
+                 checks: Sequence[str] = RUN_CHECKS) -> int | None:  # fmt: skip
     """The cheap checks before a run (no model weights loaded; RUN_CHECKS by default): ValueError naming
-    each failure; returns the shared vocabulary size (as `check_compatible` does)."""
+    each failure; returns the shared vocabulary size (as `check_compatible` does) when `checks` has "vocabulary"
+    (a cross-tokenizer loss leaves it and chat_template out: agentopd.crosstok reads across both)."""
     report = check_pair(student, teacher, env, max_context=max_context, self_score=False, only=checks)
     if not report.ok:
         failures = "; ".join(f"{c.name}: {c.detail}" for c in report.failed)
         raise ValueError(f"teacher {teacher} does not fit student {student}: {failures} (agentopd check-pair --student ... --teacher ...)")
-    assert report.shared_vocab is not None
+    assert report.shared_vocab is not None or "vocabulary" not in checks
     return report.shared_vocab

@@ -95,9 +95,27 @@ def check_run(cfg: Config) -> None:
     _check_teacher_recipes(cfg)
     _check_intervene(cfg)
     trainer = trainer_config(cfg)  # the loss, its temperature and the teachers must fit together
+    if trainer.loss.is_cross_tokenizer:
+        _check_cross_tokenizer(cfg, trainer)
     servers = server_teachers(cfg)
     if servers:
         _check_server_teacher(cfg, servers[0], trainer)
+
+
+def _check_cross_tokenizer(cfg: Config, trainer: TrainerConfig) -> None:
+    """A cross-tokenizer loss: the teacher reads the student's episodes re-rendered in its own tokenizer; it never plays
+    in the student's engines (eval.teacher is skipped), and what reads its per-token logprobs directly is not wired."""
+    problems = []
+    if cfg.recipe.teacher_fraction > 0 or cfg.recipe.sft_steps > 0 or cfg.recipe.intervene_below is not None:
+        problems.append("recipe.teacher_fraction / sft_steps / intervene_below (the teacher would play with the student's tokenizer)")
+    if cfg.recipe.turn_support_below is not None:
+        problems.append("recipe.turn_support_below (reads per-token teacher logprobs; spans are not wired there yet)")
+    if server_teachers(cfg):
+        problems.append(f"teacher={server_teachers(cfg)[0]} (the server teacher is not wired for cross-tokenizer scoring yet)")
+    if cfg.run.backend != BackendKind.LOCAL:
+        problems.append(f"run.backend={cfg.run.backend} (only the local backend is wired and tested for it yet)")
+    if problems:
+        raise ValueError(f"trainer.loss={trainer.loss} cannot run with " + "; ".join(problems))
 
 
 def _check_teacher_recipes(cfg: Config) -> None:

@@ -18,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentopd.models import BUILTIN, resolve_model
+from agentopd.models import BUILTIN, CROSS, resolve_model
 from agentopd.plan import Mixture, Planned
 from agentopd.rollout import EpisodeSpec
 
@@ -88,7 +88,8 @@ class Router:
         out = {}
         for name, ref in self.refs.items():
             env = self._builtin_env(name, ref)
-            out[name] = resolve_model(BUILTIN if env else ref, env or "", "teacher", progress, env_kwargs=self._kwargs_of(env))
+            builtin = ref if ref == f"{BUILTIN}:{CROSS}" else BUILTIN  # builtin:cross: the env's cross-tokenizer teacher
+            out[name] = resolve_model(builtin if env else ref, env or "", "teacher", progress, env_kwargs=self._kwargs_of(env))
         return out
 
     def _kwargs_of(self, env: str | None) -> dict[str, Any] | None:
@@ -98,9 +99,9 @@ class Router:
 
     def _builtin_env(self, name: str, ref: str) -> str | None:
         """The env whose built-in teacher `ref` means: `builtin:<env>`, or `builtin` for the one env it scores."""
-        if ref.startswith(f"{BUILTIN}:") and ref.split(":", 1)[1] not in ("teacher", "student"):
+        if ref.startswith(f"{BUILTIN}:") and ref.split(":", 1)[1] not in ("teacher", "student", CROSS):
             return ref.split(":", 1)[1]
-        if ref not in (BUILTIN, f"{BUILTIN}:teacher"):
+        if ref not in (BUILTIN, f"{BUILTIN}:teacher", f"{BUILTIN}:{CROSS}"):
             return None
         envs = sorted(self.envs_of.get(name, ()))
         if len(envs) != 1:

@@ -46,11 +46,18 @@ from agentopd.config.schema import Stale
 from agentopd.diagnostics import phase_metrics, step_metrics, teacher_work
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
-from agentopd.memory_plan import MemoryPlan, OutOfMemory, Phase, cuda_gpus, plan_memory, shapes_of
+from agentopd.memory_plan import (
+    MemoryPlan,
+    OutOfMemory,
+    Phase,
+    cuda_gpus,
+    plan_memory,
+    shapes_of,
+)
 from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
-from agentopd.pair import require_pair
+from agentopd.pair import RUN_CHECKS, require_pair
 from agentopd.plan import Mixture, Planned
 from agentopd.policy import loss_temperature, rollout_config, trainer_config
 from agentopd.progress import RunProgress
@@ -66,6 +73,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from agentopd.config import Config
+    from agentopd.crosstok.score import CrossScorer
     from agentopd.teacher import TeacherScores
 
 
@@ -105,6 +113,8 @@ class Runner:
         self.phase = "setup"  # the phase running now (what a CUDA out-of-memory names)
         self.plan: MemoryPlan | None = None  # on CUDA: the memory plan (agentopd.memory_plan)
         self._mem: dict[str, float] = {}  # measured peaks per phase since the last step's metrics (_in_phase)
+        self._cross_metrics: dict[str, float] = {}  # the step's alignment metrics (a cross-tokenizer loss)
+        self.cross_scorer: CrossScorer | None = None  # a cross-tokenizer loss: teacher scoring through the alignment
 
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self, resume_after: int | None) -> None:
@@ -124,9 +134,17 @@ class Runner:
                                           progress=self.progress.bootstrap_callback, env_kwargs=kwargs)  # fmt: skip
             teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
+        cross = self.trainer_cfg.loss.is_cross_tokenizer
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
             if not is_server(ref):  # a server's tokenizer is the user's promise (its echo of the ids is checked)
-                require_pair(student_ref, ref)
+                require_pair(student_ref, ref, checks=("max_context",) if cross else RUN_CHECKS)
+        # a cross-tokenizer loss: each teacher reads the episodes re-rendered in its own template (agentopd.crosstok)
+        if cross:
+            from agentopd.crosstok.score import CrossScorer
+            from agentopd.trainer.config import LossKind
+
+            teacher_toks = {name: AutoTokenizer.from_pretrained(ref) for name, ref in teacher_refs.items()}
+            self.cross_scorer = CrossScorer(self.tokenizer, teacher_toks, full=self.trainer_cfg.loss == LossKind.XTOK_FULL)
         self.plan = self._memory_plan(student_ref, teacher_refs)  # a run that cannot fit stops here, before any model
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
@@ -170,7 +188,9 @@ class Runner:
         restore = self._catch_ctrl_c()
         try:
             if start == 0:
-                summary.before = self._eval(0, with_teacher=self.cfg.eval.teacher, summary=summary)
+                # a teacher with another tokenizer cannot play in the student's engines: it only scores
+                with_teacher = self.cfg.eval.teacher and not self.trainer_cfg.loss.is_cross_tokenizer
+                summary.before = self._eval(0, with_teacher=with_teacher, summary=summary)
                 summary.teacher = self._teacher_result
             step = start + 1
             while step <= self.cfg.run.steps:
@@ -410,6 +430,8 @@ class Runner:
         recipe.intervene_below replaced, each scored by its episode's teacher), episode by episode."""
         if not objective.scores or not episodes:
             return None
+        if self.cross_scorer is not None:
+            return self._score_cross(planned, episodes, teacher_of)
         streams = [e.tokens for e in episodes] + [b for e in episodes for b in e.branches]
         branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
         with self._in_phase("teacher"):
@@ -419,6 +441,16 @@ class Runner:
                 ep.teacher_logprobs = sc.logprobs
                 self.store.set_teacher_logprobs(p.spec.episode_id, sc.logprobs, ep.tokens)
         return scores
+
+    def _score_cross(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str]) -> list[TeacherScores]:
+        """A cross-tokenizer loss: scores through the alignment (agentopd.crosstok.score); the step's alignment metrics kept."""
+        with self._in_phase("teacher"):
+            projected, self._cross_metrics = self.cross_scorer.score(self.backend, episodes, teacher_of, self.mode)
+        with self.store.batch():
+            for p, ep, xs in zip(planned, episodes, projected):
+                ep.teacher_logprobs = xs.store
+                self.store.set_teacher_logprobs(p.spec.episode_id, xs.store, ep.tokens)
+        return [xs.train for xs in projected]
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
@@ -454,7 +486,8 @@ class Runner:
             self.backend.sync_weights()
         sync_s = time.perf_counter() - t
 
-        metrics = dict(train) | recipe_metrics
+        metrics = dict(train) | recipe_metrics | self._cross_metrics
+        self._cross_metrics = {}
         teacher_played = self._teacher_played.pop(step, set())
         if teacher_played:
             metrics["recipe/teacher_episodes"] = float(len(teacher_played))

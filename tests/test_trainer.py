@@ -48,6 +48,8 @@ LOSS_NEEDS = {
     LossKind.REVERSE_KL: ("chunked_divergence",),
     LossKind.JSD: ("chunked_divergence",),
     LossKind.TOPK_FORWARD_KL: ("topk_forward_kl_hidden",),
+    LossKind.XTOK_K1: ("opd_advantages", "policy_gradient_loss"),  # span advantages arrive as teacher logprobs
+    LossKind.XTOK_FULL: ("cross_full_per_token",),  # make_samples' top-k rows read as mapped 1:1 span starts
 }
 
 

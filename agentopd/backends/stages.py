@@ -214,8 +214,10 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
     ref = ctx.teacher_refs[name]
     if is_server(ref):
         return ServerTeacher(str(ref), top_k=ctx.cfg.teacher.top_k, temperature=temperature)
+    # a cross-tokenizer teacher scores its own stream (agentopd.crosstok) over its own vocabulary
+    vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
     return HFTeacher(ref, device=ctx.device, dtype=ctx.dtype, temperature=temperature, top_k=ctx.cfg.teacher.top_k,
-                     vocab_size=ctx.vocab_size)
+                     vocab_size=vocab_size)
 
 
 def score_routed(teachers: dict[str, HFTeacher], by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:

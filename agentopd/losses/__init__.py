@@ -20,6 +20,7 @@ Modules:
     topk        top-k forward KL with a tail bucket; TCAD support-symmetric truncation and coverage regulariser
     policy      sampled-token k1/k3 reverse KL as advantages; importance-sampling / PPO-clip losses
     weighting   reward_beta weights, GRPO advantages, TCAD teacher-confidence weights, global normalisation
+    crosstok    a teacher with another tokenizer: span k1 advantages, mapped top-k KL at 1:1 spans, ULD fallback
 """
 
 from agentopd.losses.chunked import (
@@ -30,6 +31,7 @@ from agentopd.losses.chunked import (
     coverage_regularizer_hidden,
     topk_forward_kl_hidden,
 )
+from agentopd.losses.crosstok import FullKind, cross_full_per_token, span_k1_advantages, vocab_map
 from agentopd.losses.divergence import Divergence, divergence
 from agentopd.losses.policy import (
     KLEstimator,
@@ -55,6 +57,7 @@ from agentopd.losses.weighting import (
 
 __all__ = [
     "Divergence",
+    "FullKind",
     "KLEstimator",
     "PGMode",
     "chunked_divergence",
@@ -64,6 +67,7 @@ __all__ = [
     "coverage_per_token",
     "coverage_regularizer",
     "coverage_regularizer_hidden",
+    "cross_full_per_token",
     "divergence",
     "global_token_count",
     "grpo_advantages",
@@ -72,9 +76,11 @@ __all__ = [
     "policy_gradient_loss",
     "reward_weights",
     "sampled_kl",
+    "span_k1_advantages",
     "support_union_topk",
     "teacher_confidence_weights",
     "topk_forward_kl",
     "topk_forward_kl_hidden",
     "topk_forward_kl_per_token",
+    "vocab_map",
 ]

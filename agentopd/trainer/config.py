@@ -22,12 +22,19 @@ class LossKind(StrEnum):
     REVERSE_KL = "reverse_kl"  # full vocabulary KL(student || teacher), chunked
     JSD = "jsd"  # generalized JSD(beta), chunked
     TOPK_FORWARD_KL = "topk_forward_kl"  # teacher top-k + tail bucket
+    XTOK_K1 = "xtok_k1"  # a teacher with another tokenizer: k1 on aligned span log-probs (agentopd.losses.crosstok)
+    XTOK_FULL = "xtok_full"  # a teacher with another tokenizer: mapped top-k KL at 1:1 span starts, ULD fallback
     SFT = "sft"  # cross-entropy on the student tokens (no teacher)
     GRPO = "grpo"  # task reward only: group-normalised advantage, policy gradient
 
     @property
     def is_sampled(self) -> bool:
-        return self in (LossKind.SAMPLED_K1, LossKind.SAMPLED_K3)
+        return self in (LossKind.SAMPLED_K1, LossKind.SAMPLED_K3, LossKind.XTOK_K1)
+
+    @property
+    def is_cross_tokenizer(self) -> bool:
+        """The teacher may have another tokenizer: it scores the episode re-rendered in its own (agentopd.crosstok)."""
+        return self in (LossKind.XTOK_K1, LossKind.XTOK_FULL)
 
     @property
     def is_full_vocab(self) -> bool:
@@ -66,6 +73,7 @@ class TrainerConfig:
     temperature: float = 1.0  # student / teacher logits are divided by it (agentopd run: runner.trainer_config)
     teacher_temperature: float | None = None  # full-vocabulary losses: the teacher's logits divided by this instead (< temperature sharpens its targets; ~0.1: its argmax)
     chunk_size: int = 1024  # tokens per chunk of the vocabulary-sized losses
+    xtok_fallback: str = "uld"  # xtok_full at span starts that are not 1:1: "uld" (sorted probabilities) or "none"
     pg_mode: PGMode = PGMode.IS
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
@@ -88,6 +96,8 @@ class TrainerConfig:
         for name, enum in (("loss", LossKind), ("schedule", Schedule), ("pg_mode", PGMode)):
             self._coerce(name, enum)
         self._coerce("mixed_precision", Precision)
+        if self.xtok_fallback not in ("uld", "none"):
+            raise ValueError(f"trainer.xtok_fallback={self.xtok_fallback!r} is not one of ['uld', 'none']")
         self.betas = tuple(self.betas)  # YAML gives lists
         positive = ("lr", "temperature", "chunk_size", "micro_batch_tokens", "total_steps", "checkpoint_every")
         for name in positive:

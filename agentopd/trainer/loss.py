@@ -11,10 +11,13 @@ loss tokens; the trainer divides by the global student-token count.
 
 Per loss kind (cfg.loss):
     sampled_k1/k3   advantage = -(reverse-KL estimate from sampled teacher/sampler logprobs)
+    xtok_k1         as sampled_k1; each token's teacher logprob is sampler logprob + its span's advantage
                     [+ task_reward_coef * GRPO advantage], IS or PPO-clip policy gradient
     forward_kl, reverse_kl, jsd   chunked full-vocabulary divergence to the teacher, whose logits
                     are recomputed per chunk from its cached hidden states and lm_head
     topk_forward_kl forward KL to the teacher's top-k with a tail bucket
+    xtok_full       a teacher with another tokenizer: mapped top-k KL at 1:1 span starts, ULD at the other span
+                    starts (trainer.xtok_fallback), from rows agentopd.crosstok.project encodes
     sft             -sum(weight * log p_student(token))
     grpo            policy gradient with the GRPO advantage only
 For every kind but the sampled ones and grpo, task_reward_coef > 0 adds a GRPO policy-gradient
@@ -79,6 +82,26 @@ def _teacher_hidden(mb: MicroBatch, cfg: TrainerConfig) -> torch.Tensor:
     return hidden_NH * (cfg.temperature / cfg.teacher_temperature)
 
 
+def _xtok_full(hidden_NH: torch.Tensor, head_VH: torch.Tensor, mb: MicroBatch, cfg: TrainerConfig) -> tuple[torch.Tensor, Stats]:
+    """xtok_full: the full-distribution term at span starts (agentopd.losses.crosstok.cross_full_from_rows), the
+    student's logits built chunk by chunk of tokens (the autograd graph keeps each chunk's logits: memory grows
+    with N x V, fine for the embedded vocabularies; a bounded-memory autograd function is what remains)."""
+    from agentopd.losses.crosstok import cross_full_from_rows
+
+    ids_NK = _need(mb.teacher_topk_ids_NK, "teacher_topk_ids", cfg.loss)
+    lps_NK = _need(mb.teacher_topk_logprobs_NK, "teacher_topk_logprobs", cfg.loss)
+    total = hidden_NH.new_zeros((), dtype=torch.float32)
+    sums: Stats = {}
+    for a in range(0, hidden_NH.shape[0], cfg.chunk_size):
+        b = a + cfg.chunk_size
+        logits_NV = (hidden_NH[a:b] @ head_VH.T).float() / cfg.temperature
+        loss_N, st = cross_full_from_rows(logits_NV, ids_NK[a:b], lps_NK[a:b], cfg.xtok_fallback)
+        total = total + (loss_N * mb.weights_N[a:b]).sum()
+        for k, name in (("starts", "xtok/start_share"), ("mapped", "xtok/mapped_share")):  # of the student tokens
+            sums[name] = sums.get(name, 0.0) + st[k].detach()
+    return total, sums
+
+
 def micro_batch_loss(
     hidden_NH: torch.Tensor,
     head_VH: torch.Tensor,
@@ -107,7 +130,8 @@ def micro_batch_loss(
         from agentopd import losses
 
         teacher_N = _need(mb.teacher_logprobs_N, "teacher_logprobs", kind)
-        estimator = "k1" if kind == LossKind.SAMPLED_K1 else "k3"
+        # xtok_k1: the runner put each token's span advantage into its teacher logprob (agentopd.crosstok.project)
+        estimator = "k3" if kind == LossKind.SAMPLED_K3 else "k1"
         adv_N = losses.opd_advantages(teacher_N, mb.old_logprobs_N, estimator=estimator)
         if cfg.task_reward_coef > 0:
             adv_N = adv_N + cfg.task_reward_coef * mb.advantages_N
@@ -146,6 +170,9 @@ def micro_batch_loss(
             weights_N=mb.weights_N,
             chunk_size=cfg.chunk_size,
         )
+    elif kind == LossKind.XTOK_FULL:
+        loss_sum, xstats = _xtok_full(hidden_NH, head_VH, mb, cfg)
+        stats |= xstats
     else:
         raise AssertionError(f"unhandled loss kind {kind}")
     if kind != LossKind.SFT:

@@ -1,0 +1,53 @@
+"""Teacher scoring through the alignment: the stage a cross-tokenizer loss runs instead of plain scoring.
+
+    scorer = CrossScorer(student_tok, {"teacher": teacher_tok}, full=False)
+    projected, metrics = scorer.score(backend, episodes, teacher_of, mode)
+    projected[i].train    # TeacherScores on the student's tokens (what the trainer takes)
+    projected[i].store    # per-token teacher log-probs for trajectories.db and the viewer
+
+Each episode is re-rendered in its teacher's chat template and aligned (align.py), the teacher scores its own
+stream through the backend, and the span scores come back onto the student's tokens (project.py). With the
+full-distribution loss (xtok_full) each teacher's vocabulary map onto the student's is built once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentopd.crosstok.align import align_episode, token_bytes
+from agentopd.crosstok.project import cross_metrics, project
+from agentopd.types import TEMPLATE_KWARGS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentopd.backends.base import Backend
+    from agentopd.teacher import TeacherMode
+    from agentopd.types import Episode
+
+
+class CrossScorer:
+    def __init__(self, student: PreTrainedTokenizerBase, teachers: dict[str, PreTrainedTokenizerBase], *, full: bool):
+        self.student, self.teachers, self.full = student, teachers, full
+        self._maps: dict[str, Any] = {}  # teacher name -> its vocabulary map onto the student's
+
+    def vocab_map(self, name: str) -> Any:
+        """Teacher id -> student id of the same bytes (xtok_full), built once per teacher."""
+        from agentopd.losses.crosstok import vocab_map
+
+        if name not in self._maps:
+            self._maps[name] = vocab_map(token_bytes(self.student), token_bytes(self.teachers[name]))[0]
+        return self._maps[name]
+
+    def score(self, backend: Backend, episodes: Sequence[Episode], teacher_of: Sequence[str],
+              mode: TeacherMode) -> tuple[list[Any], dict[str, float]]:  # fmt: skip
+        """The episodes' projected scores, in order, and the step's alignment metrics."""
+        from agentopd.backends.stages import score_episodes
+
+        aligned = [align_episode(ep, self.student, self.teachers[name], ep.info.get(TEMPLATE_KWARGS))
+                   for ep, name in zip(episodes, teacher_of)]  # fmt: skip
+        t_scores = score_episodes(backend, list(teacher_of), [al.teacher_stream for al in aligned], mode)
+        maps = {name: self.vocab_map(name) for name in set(teacher_of)} if self.full else {}
+        projected = [project(al, ep.tokens, sc, maps.get(name)) for al, ep, sc, name in zip(aligned, episodes, t_scores, teacher_of)]
+        return projected, cross_metrics(aligned, projected)
