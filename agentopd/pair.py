@@ -7,7 +7,7 @@
 
 Distillation compares the two models token id by token id over the same token stream, so (in order):
 - vocabulary: both tokenizers map every id to the same token string (the first differing id is
-  named); each model's embedding rows cover its tokenizer; rows past it are padding no id reaches,
+  named; different vocabularies would need cross-tokenizer distillation, not built); each model's embedding rows cover its tokenizer; rows past it are padding no id reaches,
   allowed and named ("teacher rows 600-663: padding") — full-vocabulary losses compare the shared rows;
 - special_tokens: the same special tokens at the same ids (added tokens marked special, and the
   eos / pad / bos / unk roles);
@@ -15,7 +15,8 @@ Distillation compares the two models token id by token id over the same token st
   chat template's `<|im_end|>` when it has one) are the same tokens;
 - chat_template: one conversation — with the env given, the oracle's solution of its first training
   task (system prompt, tool schemas, tool calls, tool results, answer); else a fixed one with a tool
-  call — renders to the same text byte for byte and the same token ids (the first difference shown);
+  call — and its generation prompt render to the same text byte for byte and the same token ids (the first
+  difference shown); templates that differ only in the reasoning block are named as such (agentopd.pair_template);
 - token_stream: that conversation played through the agent loop (agentopd.rollout, token-in/token-out, as a run
   plays episodes) with the student's tokenizer, each assistant turn the tokens a model speaking the template
   samples — with and without a reasoning block when the template has `<think>`, and with thinking off when it
@@ -99,7 +100,9 @@ def _vocabulary(student_tok, teacher_tok, student_cfg, teacher_cfg) -> tuple[str
         i = next(i for i in range(max(max(student), max(teacher)) + 1) if student.get(i) != teacher.get(i))
         raise _Fail(
             f"tokenizers differ: student {len(student):,} tokens, teacher {len(teacher):,}; first differing id {i}: "
-            f"student {student.get(i, '<none>')!r} vs teacher {teacher.get(i, '<none>')!r}"
+            f"student {student.get(i, '<none>')!r} vs teacher {teacher.get(i, '<none>')!r}. On-policy distillation compares the "
+            "two models id by id; a pair with different vocabularies needs cross-tokenizer distillation (aligning the two "
+            "tokenizations of the same text), which agentopd does not have yet"
         )
     size = max(student) + 1
     parts = [f"{size:,} tokens, identical"]
@@ -174,18 +177,12 @@ def conversation(env: str | None) -> tuple[list[dict[str, Any]], list[dict[str, 
 
 
 def _template(student_tok, teacher_tok, messages, tools, source: str) -> str:
-    s_text, t_text = (render(tok, messages, tools or None) for tok in (student_tok, teacher_tok))
-    if s_text != t_text:
-        i = next((i for i, (a, b) in enumerate(zip(s_text, t_text)) if a != b), min(len(s_text), len(t_text)))
-        raise _Fail(f"{source} renders differently at character {i}: student {s_text[max(0, i - 30) : i + 30]!r} "
-                    f"vs teacher {t_text[max(0, i - 30) : i + 30]!r}")  # fmt: skip
-    s_ids, t_ids = encode(student_tok, s_text), encode(teacher_tok, t_text)
-    if s_ids != t_ids:
-        i = next((i for i, (a, b) in enumerate(zip(s_ids, t_ids)) if a != b), min(len(s_ids), len(t_ids)))
-        raise _Fail(f"{source} tokenizes differently at token {i}: student {student_tok.convert_ids_to_tokens(s_ids[i : i + 4])} "
-                    f"vs teacher {teacher_tok.convert_ids_to_tokens(t_ids[i : i + 4])}")  # fmt: skip
-    calls = sum(len(m.get("tool_calls") or []) for m in messages)
-    return f"{source}: {len(s_text):,} characters, {len(s_ids):,} tokens, {calls} tool call(s), identical"
+    from agentopd.pair_template import TemplateDiffers, compare_templates
+
+    try:
+        return compare_templates(student_tok, teacher_tok, messages, tools, source)
+    except TemplateDiffers as e:
+        raise _Fail(str(e)) from None
 
 
 class _Replay:
@@ -242,6 +239,7 @@ def play_conversation(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any
     sample them (with `reasoning`, a reasoning block first when the template has `<think>`): an
     agentopd.types.Episode. With an `engine`, it samples the last turn instead (at T=1, up to 32 tokens)."""
     from agentopd.chat.drift import opened_reasoning
+    from agentopd.chat.formats import detect_format
     from agentopd.engines.scripted import ScriptedEngine, action_text
     from agentopd.rollout import Rollout, RolloutConfig
 
@@ -252,7 +250,7 @@ def play_conversation(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any
     for k, m in enumerate(m for m in messages if m["role"] == "assistant"):
         thought = f"Turn {k + 1}: I will {'call the tool' if m.get('tool_calls') else 'answer'}.\n</think>\n\n"
         prefix = "" if not think or opened.endswith("</think>\n\n") else thought if opened else "<think>\n" + thought
-        texts.append(prefix + action_text(m))
+        texts.append(prefix + action_text(m, detect_format(chat_template_of(tok))))
     scripted = ScriptedEngine(tok)
     player = _ScriptedThen(scripted, engine, len(texts) - 1 if engine is not None else len(texts))
     config = RolloutConfig(max_turns=len(texts), max_context=1 << 20, max_new_tokens=32 if engine is not None else 1 << 16,
