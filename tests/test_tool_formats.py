@@ -130,14 +130,14 @@ def test_fuzzed_calls_never_raise_and_broken_ones_are_errors(fmt):
     assert outcomes["error"] >= 100, outcomes
 
 
-def play(tok, n: int, seed: int, max_context: int, malformed: bool):
+def play(tok, n: int, seed: int, max_context: int, malformed: bool, kw: dict | None = None):
     """n HostileEnv episodes: 0-3 scripted turns in the template's format (some malformed), then a tiny random model
     with the real vocabulary's rows samples at T=1."""
     fmt = detect_format(chat_template_of(tok))
     model = real_vocab_model(rows=248_320 if len(tok) > 200_000 else 151_936, seed=seed)
     engine = ScriptedThenSampled(make_engine("hf", copy.deepcopy(model), device="cpu", vocab_size=len(tok), seed=seed), tok)
     config = RolloutConfig(max_turns=5, max_context=max_context, max_new_tokens=28, max_tool_tokens=48, temperature=1.0)
-    rollout = Rollout(HostileEnv, engine, tok, config)
+    rollout = Rollout(HostileEnv, engine, tok, config, template_kwargs=kw)
     assert rollout.tool_format is fmt
     specs = rollout.specs_for([str(i) for i in range(n)], seed=seed)
     rng = random.Random(seed)
@@ -147,7 +147,7 @@ def play(tok, n: int, seed: int, max_context: int, malformed: bool):
             text = turn_text(fmt, "", [{"name": "fetch", "arguments": {"key": rng.randint(0, 99)}}])
             if malformed and rng.random() < 0.4:
                 text = text[: rng.randint(1, len(text) - 2)]
-            elif fmt is not ToolFormat.LLAMA3_JSON and rng.random() < 0.3:
+            elif fmt is not ToolFormat.LLAMA3_JSON and not kw and rng.random() < 0.3:
                 text = f"<think>\n{rand_text(rng, 0, 3)}\n</think>\n\n" + text
             texts.append(text)
         engine.script(spec.episode_id, texts)
