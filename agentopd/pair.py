@@ -176,11 +176,11 @@ def conversation(env: str | None) -> tuple[list[dict[str, Any]], list[dict[str, 
     return [m if isinstance(m, dict) else dict(m) for m in messages], tools, f"the {env} oracle on task {task.id!r}"
 
 
-def _template(student_tok, teacher_tok, messages, tools, source: str) -> str:
+def _template(student_tok, teacher_tok, messages, tools, source: str, template_kwargs: dict[str, Any] | None = None) -> str:
     from agentopd.pair_template import TemplateDiffers, compare_templates
 
     try:
-        return compare_templates(student_tok, teacher_tok, messages, tools, source)
+        return compare_templates(student_tok, teacher_tok, messages, tools, source, template_kwargs)
     except TemplateDiffers as e:
         raise _Fail(str(e)) from None
 
@@ -273,8 +273,10 @@ def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, sha
 
 
 def check_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
-               self_score: bool = True, only: Sequence[str] | None = None) -> PairReport:  # fmt: skip
-    """Every pair check (module docstring), or `only` those named; `self_score=False` runs the cheap ones only."""
+               self_score: bool = True, only: Sequence[str] | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> PairReport:  # fmt: skip
+    """Every pair check (module docstring), or `only` those named; `self_score=False` runs the cheap ones only;
+    `template_kwargs` (the run's `rollout.enable_thinking`) go to the chat_template check's renders."""
     student, teacher = str(student), str(teacher)
     report = PairReport(student, teacher)
     student_tok, teacher_tok = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
@@ -295,7 +297,7 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
         ("vocabulary", vocabulary),
         ("special_tokens", lambda: _special_tokens(student_tok, teacher_tok)),
         ("stop_ids", lambda: _stops(student_tok, teacher_tok, student, teacher)),
-        ("chat_template", lambda: _template(student_tok, teacher_tok, messages, tools, source)),
+        ("chat_template", lambda: _template(student_tok, teacher_tok, messages, tools, source, template_kwargs)),
         ("token_stream", lambda: _token_stream(student_tok, messages, tools, source, student if self_score else None)),
         ("max_context", lambda: _context(student_cfg, teacher_cfg, max_context)),
     ]
@@ -325,10 +327,10 @@ RUN_CHECKS = ("vocabulary", "chat_template", "max_context")
 
 
 def require_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
-                 checks: Sequence[str] = RUN_CHECKS) -> int:  # fmt: skip
+                 checks: Sequence[str] = RUN_CHECKS, template_kwargs: dict[str, Any] | None = None) -> int:  # fmt: skip
     """The cheap checks before a run (no model weights loaded; RUN_CHECKS by default): ValueError naming
     each failure; returns the shared vocabulary size (as `check_compatible` does)."""
-    report = check_pair(student, teacher, env, max_context=max_context, self_score=False, only=checks)
+    report = check_pair(student, teacher, env, max_context=max_context, self_score=False, only=checks, template_kwargs=template_kwargs)
     if not report.ok:
         failures = "; ".join(f"{c.name}: {c.detail}" for c in report.failed)
         raise ValueError(f"teacher {teacher} does not fit student {student}: {failures} (agentopd check-pair --student ... --teacher ...)")

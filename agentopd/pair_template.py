@@ -48,9 +48,11 @@ def _thinking_off_agrees(student_tok, teacher_tok, messages, tools) -> bool:
 
 
 def compare_templates(student_tok: PreTrainedTokenizerBase, teacher_tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
-                      tools: list[dict[str, Any]], source: str) -> str:  # fmt: skip
-    """The check's detail when both templates agree; else TemplateDiffers (module docstring)."""
-    s_renders, t_renders = _renders(student_tok, messages, tools), _renders(teacher_tok, messages, tools)
+                      tools: list[dict[str, Any]], source: str, template_kwargs: dict[str, Any] | None = None) -> str:  # fmt: skip
+    """The check's detail when both templates agree, rendered with `template_kwargs` (the run's, e.g.
+    enable_thinking=False); else TemplateDiffers (module docstring)."""
+    kw = dict(template_kwargs or {})
+    s_renders, t_renders = _renders(student_tok, messages, tools, **kw), _renders(teacher_tok, messages, tools, **kw)
     for what in s_renders:
         s_text, t_text = s_renders[what], t_renders[what]
         if s_text == t_text:
@@ -59,7 +61,7 @@ def compare_templates(student_tok: PreTrainedTokenizerBase, teacher_tok: PreTrai
         where = f"{source}: {what} renders differently at character {i}: student {s_text[max(0, i - 30) : i + 30]!r} vs teacher {t_text[max(0, i - 30) : i + 30]!r}"
         if _without_reasoning(s_text) != _without_reasoning(t_text):
             raise TemplateDiffers(where)
-        remedy = ("; both agree with thinking off: run with rollout.enable_thinking=false" if _thinking_off_agrees(student_tok, teacher_tok, messages, tools)
+        remedy = ("; both agree with thinking off: run with rollout.enable_thinking=false" if not kw and _thinking_off_agrees(student_tok, teacher_tok, messages, tools)
                   else "; give both models the same chat template")  # fmt: skip
         raise TemplateDiffers(f"the templates differ only in the reasoning block ({where}): the teacher would score the student's "
                               f"turns with reasoning laid out as its own template never shows it{remedy}")  # fmt: skip
@@ -70,4 +72,5 @@ def compare_templates(student_tok: PreTrainedTokenizerBase, teacher_tok: PreTrai
         raise TemplateDiffers(f"{source} tokenizes differently at token {i}: student {student_tok.convert_ids_to_tokens(s_ids[i : i + 4])} "
                               f"vs teacher {teacher_tok.convert_ids_to_tokens(t_ids[i : i + 4])}")  # fmt: skip
     calls = sum(len(m.get("tool_calls") or []) for m in messages)
-    return f"{source}: {len(text):,} characters, {len(s_ids):,} tokens, {calls} tool call(s), and the generation prompt, identical"
+    rendered = f" (rendered with {kw})" if kw else ""
+    return f"{source}: {len(text):,} characters, {len(s_ids):,} tokens, {calls} tool call(s), and the generation prompt, identical{rendered}"

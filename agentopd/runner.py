@@ -115,7 +115,8 @@ class Runner:
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
             if not is_server(ref):  # a server's tokenizer is the user's promise (its echo of the ids is checked)
-                require_pair(student_ref, ref)
+                thinking = cfg.rollout.enable_thinking  # the run renders with it: so does the check
+                require_pair(student_ref, ref, template_kwargs=None if thinking is None else {"enable_thinking": thinking})
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = cfg.rollout.build()

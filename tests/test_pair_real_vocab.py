@@ -86,6 +86,10 @@ def test_templates_that_differ_only_in_the_reasoning_block_are_explained(make):
     status, detail = checks(report)["chat_template"]
     assert status == "fail" and "differ only in the reasoning block" in detail and "the generation prompt" in detail, detail
     assert "rollout.enable_thinking=false" in detail, detail
+    with pytest.raises(ValueError, match="reasoning block"):  # what `agentopd run` checks with the template defaults
+        require_pair(make("think", "qwen3.5", "qwen3_5_think"), make("nothink", "qwen3.5", "qwen3_5_nothink"))
+    # ... and with rollout.enable_thinking=false, as the run renders: the pair fits
+    require_pair(make("think", "qwen3.5", "qwen3_5_think"), make("nothink", "qwen3.5", "qwen3_5_nothink"), template_kwargs={"enable_thinking": False})
     report = check_pair(make("own", "qwen3", "qwen3"), make("ours", "qwen3", "agentopd"), self_score=False)
     status, detail = checks(report)["chat_template"]
     assert status == "fail" and "differ only in the reasoning block" in detail and "same chat template" in detail, detail
