@@ -7,7 +7,7 @@
 
 Distillation compares the two models token id by token id over the same token stream, so (in order):
 - vocabulary: both tokenizers map every id to the same token string (the first differing id is
-  named); each model's embedding rows cover its tokenizer; rows past it are padding no id reaches,
+  named; different vocabularies need a cross-tokenizer loss, trainer.loss=xtok_k1 | xtok_full: agentopd.crosstok); each model's embedding rows cover its tokenizer; rows past it are padding no id reaches,
   allowed and named ("teacher rows 600-663: padding") — full-vocabulary losses compare the shared rows;
 - special_tokens: the same special tokens at the same ids (added tokens marked special, and the
   eos / pad / bos / unk roles);
@@ -15,7 +15,8 @@ Distillation compares the two models token id by token id over the same token st
   chat template's `<|im_end|>` when it has one) are the same tokens;
 - chat_template: one conversation — with the env given, the oracle's solution of its first training
   task (system prompt, tool schemas, tool calls, tool results, answer); else a fixed one with a tool
-  call — renders to the same text byte for byte and the same token ids (the first difference shown);
+  call — and its generation prompt render to the same text byte for byte and the same token ids (the first
+  difference shown); templates that differ only in the reasoning block are named as such (agentopd.pair_template);
 - token_stream: that conversation played through the agent loop (agentopd.rollout, token-in/token-out, as a run
   plays episodes) with the student's tokenizer, each assistant turn the tokens a model speaking the template
   samples — with and without a reasoning block when the template has `<think>`, and with thinking off when it
@@ -99,7 +100,9 @@ def _vocabulary(student_tok, teacher_tok, student_cfg, teacher_cfg) -> tuple[str
         i = next(i for i in range(max(max(student), max(teacher)) + 1) if student.get(i) != teacher.get(i))
         raise _Fail(
             f"tokenizers differ: student {len(student):,} tokens, teacher {len(teacher):,}; first differing id {i}: "
-            f"student {student.get(i, '<none>')!r} vs teacher {teacher.get(i, '<none>')!r}"
+            f"student {student.get(i, '<none>')!r} vs teacher {teacher.get(i, '<none>')!r}. On-policy distillation compares the "
+            "two models id by id; a pair with different vocabularies needs cross-tokenizer distillation (aligning the two "
+            "tokenizations of the same text): trainer.loss=xtok_k1 or xtok_full (check it with check-pair --loss xtok_k1)"
         )
     size = max(student) + 1
     parts = [f"{size:,} tokens, identical"]
@@ -173,102 +176,18 @@ def conversation(env: str | None) -> tuple[list[dict[str, Any]], list[dict[str, 
     return [m if isinstance(m, dict) else dict(m) for m in messages], tools, f"the {env} oracle on task {task.id!r}"
 
 
-def _template(student_tok, teacher_tok, messages, tools, source: str) -> str:
-    s_text, t_text = (render(tok, messages, tools or None) for tok in (student_tok, teacher_tok))
-    if s_text != t_text:
-        i = next((i for i, (a, b) in enumerate(zip(s_text, t_text)) if a != b), min(len(s_text), len(t_text)))
-        raise _Fail(f"{source} renders differently at character {i}: student {s_text[max(0, i - 30) : i + 30]!r} "
-                    f"vs teacher {t_text[max(0, i - 30) : i + 30]!r}")  # fmt: skip
-    s_ids, t_ids = encode(student_tok, s_text), encode(teacher_tok, t_text)
-    if s_ids != t_ids:
-        i = next((i for i, (a, b) in enumerate(zip(s_ids, t_ids)) if a != b), min(len(s_ids), len(t_ids)))
-        raise _Fail(f"{source} tokenizes differently at token {i}: student {student_tok.convert_ids_to_tokens(s_ids[i : i + 4])} "
-                    f"vs teacher {teacher_tok.convert_ids_to_tokens(t_ids[i : i + 4])}")  # fmt: skip
-    calls = sum(len(m.get("tool_calls") or []) for m in messages)
-    return f"{source}: {len(s_text):,} characters, {len(s_ids):,} tokens, {calls} tool call(s), identical"
+def _template(student_tok, teacher_tok, messages, tools, source: str, template_kwargs: dict[str, Any] | None = None) -> str:
+    from agentopd.pair_template import TemplateDiffers, compare_templates
 
-
-class _Replay:
-    """A conversation as an environment: `reset` gives its messages before the first assistant turn, each `step`
-    the messages after the next one (tool results); the last assistant turn ends it."""
-
-    name = "replay"
-
-    def __init__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]):
-        first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        self.opening, self.tools = messages[:first], tools
-        self.after: list[list[dict[str, Any]]] = []  # per assistant turn: what follows it
-        for m in messages[first:]:
-            if m["role"] == "assistant":
-                self.after.append([])
-            else:
-                self.after[-1].append(m)
-        self.unwrapped, self.turn = self, 0
-
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[list[dict[str, Any]], dict]:
-        self.turn = 0
-        return [dict(m) for m in self.opening], {"tools": self.tools, "task_id": "replay"}
-
-    def step(self, action: dict[str, Any]) -> tuple[list[dict[str, Any]], float, bool, bool, dict]:
-        obs, self.turn = self.after[self.turn], self.turn + 1
-        done = self.turn == len(self.after)
-        return [dict(m) for m in obs], float(done), done, False, {"success": done}
-
-    def close(self) -> None:
-        pass
-
-
-class _ScriptedThen:
-    """Scripted turns first, then `engine` samples (the student's own tokens, as in a run)."""
-
-    def __init__(self, scripted: Any, engine: Any, scripted_turns: int):
-        self.scripted, self.engine, self.left = scripted, engine, scripted_turns
-
-    async def generate(self, request: Any) -> Any:
-        if self.left > 0 or self.engine is None:
-            self.left -= 1
-            return await self.scripted.generate(request)
-        return await self.engine.generate(request)
-
-    def release(self, episode_id: str) -> None:
-        self.scripted.release(episode_id)
-        if self.engine is not None:
-            self.engine.release(episode_id)
-
-
-def play_conversation(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                      template_kwargs: dict[str, Any] | None = None, *, reasoning: bool = True, engine: Any = None):  # fmt: skip
-    """The conversation's assistant turns played through the agent loop as a model speaking `tok`'s template would
-    sample them (with `reasoning`, a reasoning block first when the template has `<think>`): an
-    agentopd.types.Episode. With an `engine`, it samples the last turn instead (at T=1, up to 32 tokens)."""
-    from agentopd.chat.drift import opened_reasoning
-    from agentopd.engines.scripted import ScriptedEngine, action_text
-    from agentopd.rollout import Rollout, RolloutConfig
-
-    kw = dict(template_kwargs or {})
-    opened = opened_reasoning(tok, kw)  # what the generation prompt opens the turn with
-    think = reasoning and "<think>" in chat_template_of(tok)
-    texts = []
-    for k, m in enumerate(m for m in messages if m["role"] == "assistant"):
-        thought = f"Turn {k + 1}: I will {'call the tool' if m.get('tool_calls') else 'answer'}.\n</think>\n\n"
-        prefix = "" if not think or opened.endswith("</think>\n\n") else thought if opened else "<think>\n" + thought
-        texts.append(prefix + action_text(m))
-    scripted = ScriptedEngine(tok)
-    player = _ScriptedThen(scripted, engine, len(texts) - 1 if engine is not None else len(texts))
-    config = RolloutConfig(max_turns=len(texts), max_context=1 << 20, max_new_tokens=32 if engine is not None else 1 << 16,
-                           max_tool_tokens=1 << 16, temperature=1.0)  # fmt: skip
-    rollout = Rollout(lambda: _Replay(messages, tools), player, tok, config, template_kwargs=kw)
-    (spec,) = rollout.specs_for(["replay"])
-    scripted.script_texts(spec.episode_id, texts)
     try:
-        (episode,) = rollout.run_sync([spec])
-    finally:
-        rollout.close()
-    return episode
+        return compare_templates(student_tok, teacher_tok, messages, tools, source, template_kwargs)
+    except TemplateDiffers as e:
+        raise _Fail(str(e)) from None
 
 
 def _token_stream(tok: PreTrainedTokenizerBase, messages, tools, source: str, student: str | None = None) -> str:
     from agentopd.chat import check_stored_episode
+    from agentopd.pair_stream import play_conversation
 
     template = chat_template_of(tok)
     plays: list[tuple[str, dict[str, Any], bool]] = [("reasoning sampled", {}, True)] if "<think>" in template else []
@@ -354,8 +273,10 @@ def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, sha
 
 
 def check_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
-               self_score: bool = True, only: Sequence[str] | None = None) -> PairReport:  # fmt: skip
-    """Every pair check (module docstring), or `only` those named; `self_score=False` runs the cheap ones only."""
+               self_score: bool = True, only: Sequence[str] | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> PairReport:  # fmt: skip
+    """Every pair check (module docstring), or `only` those named; `self_score=False` runs the cheap ones only;
+    `template_kwargs` (the run's `rollout.enable_thinking`) go to the chat_template check's renders."""
     student, teacher = str(student), str(teacher)
     report = PairReport(student, teacher)
     student_tok, teacher_tok = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
@@ -376,7 +297,7 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
         ("vocabulary", vocabulary),
         ("special_tokens", lambda: _special_tokens(student_tok, teacher_tok)),
         ("stop_ids", lambda: _stops(student_tok, teacher_tok, student, teacher)),
-        ("chat_template", lambda: _template(student_tok, teacher_tok, messages, tools, source)),
+        ("chat_template", lambda: _template(student_tok, teacher_tok, messages, tools, source, template_kwargs)),
         ("token_stream", lambda: _token_stream(student_tok, messages, tools, source, student if self_score else None)),
         ("max_context", lambda: _context(student_cfg, teacher_cfg, max_context)),
     ]
@@ -407,11 +328,11 @@ RUN_CHECKS = ("vocabulary", "chat_template", "max_context")
 
 
 def require_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
-                 checks: Sequence[str] = RUN_CHECKS) -> int | None:  # fmt: skip
+                 checks: Sequence[str] = RUN_CHECKS, template_kwargs: dict[str, Any] | None = None) -> int | None:  # fmt: skip
     """The cheap checks before a run (no model weights loaded; RUN_CHECKS by default): ValueError naming
     each failure; returns the shared vocabulary size (as `check_compatible` does) when `checks` has "vocabulary"
     (a cross-tokenizer loss leaves it and chat_template out: agentopd.crosstok reads across both)."""
-    report = check_pair(student, teacher, env, max_context=max_context, self_score=False, only=checks)
+    report = check_pair(student, teacher, env, max_context=max_context, self_score=False, only=checks, template_kwargs=template_kwargs)
     if not report.ok:
         failures = "; ".join(f"{c.name}: {c.detail}" for c in report.failed)
         raise ValueError(f"teacher {teacher} does not fit student {student}: {failures} (agentopd check-pair --student ... --teacher ...)")

@@ -6,11 +6,12 @@
     episodes = rollout.run_sync(specs, on_episode=lambda spec, ep: store.add(ep, spec.episode_id))
 
 One episode: reset the env; render the prompt (StreamBuilder); then per turn: generate from
-the stream's token ids (token-in/token-out), append the sampled ids verbatim, parse tool calls;
+the stream's token ids (token-in/token-out), append the sampled ids verbatim, parse tool calls (in the
+format of the model's family, `rollout.tool_format`, agentopd.chat.formats);
 a malformed call becomes a parse-error observation the model sees (`Turn.parse_error`); valid
 calls (or the final answer) go to `env.step` in a worker thread so other episodes keep
 generating; observations are appended as template deltas with tool output capped in tokens.
-`template_kwargs` (e.g. `enable_thinking=False`) go to every chat-template render of the episode and into
+`template_kwargs` (e.g. `enable_thinking=False`, also `rollout.enable_thinking=false`) go to every chat-template render of the episode and into
 `info["template_kwargs"]`, so `agentopd check-tokens` re-renders it the same way.
 An episode stops on an answer (`answer`), the turn limit (`max_turns`), the context or a
 turn without room to generate (`length`), its wall-clock budget (`timeout`), or an engine/env
@@ -33,7 +34,8 @@ from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
-from agentopd.chat import ContextFull, StreamBuilder, parse_assistant
+from agentopd.chat import ContextFull, StreamBuilder, chat_template_of
+from agentopd.chat.formats import ToolFormat, error_hint, parse_turn, resolve_format
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from agentopd.env import EnvError, ToolEnv
 from agentopd.types import INTERVENED, INTERVENED_TOKENS, TEMPLATE_KWARGS, Episode, Message, StopReason, TokenStream, Turn
@@ -52,6 +54,8 @@ class RolloutConfig:
     top_k: int = 0
     episode_timeout_s: float = 300.0
     concurrency: int = 64  # episodes in flight at once
+    tool_format: ToolFormat = ToolFormat.AUTO  # how the model writes tool calls; auto: from the chat template (agentopd.chat.formats)
+    enable_thinking: bool | None = None  # passed to the chat template when set (false: Qwen3/3.5 without reasoning)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_context", "max_new_tokens", "max_tool_tokens", "concurrency"):
@@ -180,6 +184,9 @@ class Rollout:
         self.env_name = ""
         self.guide = guide
         self.template_kwargs = dict(template_kwargs or {})  # chat-template options (enable_thinking=False), kept in info
+        if config.enable_thinking is not None:
+            self.template_kwargs.setdefault("enable_thinking", config.enable_thinking)
+        self.tool_format = resolve_format(config.tool_format, chat_template_of(tokenizer))
 
     # ---- planning ---------------------------------------------------------------------
     @staticmethod
@@ -275,7 +282,7 @@ class Rollout:
                 raise RuntimeError("the engine aborted the request")
             result, student = await self._guided(live, request, result)
             raw = b.add_assistant(result.token_ids, result.logprobs, result.finish_reason == FinishReason.STOP, student=student)
-            parsed = parse_assistant(raw)
+            parsed = parse_turn(raw, self.tool_format)
             assistant = Message("assistant", parsed.content, list(parsed.tool_calls))
             turn = Turn(assistant, [], raw_text=raw)
             live.turns.append(turn)
@@ -283,7 +290,7 @@ class Rollout:
             out_of_room = result.finish_reason == FinishReason.LENGTH and budget < cfg.max_new_tokens
             if parsed.errors and not parsed.tool_calls:
                 turn.parse_error = True
-                observation = [_parse_error_message(parsed.errors)]
+                observation = [_parse_error_message(parsed.errors, self.tool_format)]
             else:
                 action = {"role": "assistant", "content": parsed.content, "tool_calls": [c.to_dict() for c in parsed.tool_calls]}
                 if out_of_room:  # the turn was cut by the context, not finished: don't grade it
@@ -300,7 +307,7 @@ class Rollout:
                 observation = list(obs)
                 if parsed.errors:
                     turn.parse_error = True
-                    observation.append(_parse_error_message(parsed.errors))
+                    observation.append(_parse_error_message(parsed.errors, self.tool_format))
                 if truncated:
                     return StopReason.MAX_TURNS
             if out_of_room:
@@ -331,11 +338,6 @@ class Rollout:
         self._pool.shutdown(wait=True)
 
 
-def _parse_error_message(errors: Sequence[str]) -> dict[str, Any]:
+def _parse_error_message(errors: Sequence[str], fmt: ToolFormat = ToolFormat.HERMES) -> dict[str, Any]:
     text = "; ".join(errors)
-    return {
-        "role": "tool",
-        "name": PARSE_ERROR_TOOL,
-        "content": f"Error: could not parse your tool call: {text}. Use "
-        '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
-    }
+    return {"role": "tool", "name": PARSE_ERROR_TOOL, "content": f"Error: could not parse your tool call: {text}. {error_hint(fmt)}"}

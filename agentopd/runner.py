@@ -137,7 +137,9 @@ class Runner:
         cross = self.trainer_cfg.loss.is_cross_tokenizer
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
             if not is_server(ref):  # a server's tokenizer is the user's promise (its echo of the ids is checked)
-                require_pair(student_ref, ref, checks=("max_context",) if cross else RUN_CHECKS)
+                thinking = cfg.rollout.enable_thinking  # the run renders with it: so does the check
+                require_pair(student_ref, ref, checks=("max_context",) if cross else RUN_CHECKS,
+                             template_kwargs=None if thinking is None else {"enable_thinking": thinking})
         # a cross-tokenizer loss: each teacher reads the episodes re-rendered in its own template (agentopd.crosstok)
         if cross:
             from agentopd.crosstok.score import CrossScorer

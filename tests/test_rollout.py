@@ -167,3 +167,28 @@ def test_specs_are_stable_and_distinct():
     a = Rollout.specs_for(["t1", "t2"], n=2, step=3, seed=7)
     b = Rollout.specs_for(["t1", "t2"], n=2, step=3, seed=7)
     assert a == b and len({s.episode_id for s in a}) == 4 and len({s.seed for s in a}) == 4
+
+
+def test_tool_format_and_enable_thinking_are_config_keys(tok):
+    """rollout.enable_thinking=false reaches every render and the episode's info (check-tokens re-renders with it);
+    rollout.tool_format overrides the format detected from the template: hermes calls read as qwen_xml are parse
+    errors, answered with the XML format's hint; a format that does not exist is refused naming the choices."""
+    from agentopd.chat.formats import ToolFormat
+    from agentopd.config import load_config
+
+    cfg = load_config("sql_db", overrides=["rollout.enable_thinking=false", "rollout.tool_format=qwen_xml"]).rollout.build()
+    assert cfg.enable_thinking is False and cfg.tool_format is ToolFormat.QWEN_XML
+    env = make_env("sql_db")
+    task = env.tasks[0]
+    engine = ScriptedEngine(tok)
+    rollout = Rollout(lambda: make_env("sql_db"), engine, tok, RolloutConfig(**{**cfg.__dict__, "max_context": 4096, "max_turns": 2}))
+    assert rollout.template_kwargs == {"enable_thinking": False}
+    (spec,) = rollout.specs_for([task.id])
+    engine.script(spec.episode_id, env.oracle(task)[:1] * 2)
+    (ep,) = rollout.run_sync([spec])
+    assert ep.info["template_kwargs"] == {"enable_thinking": False}
+    assert ep.turns[0].parse_error and "<function=NAME>" in ep.turns[0].observation[0].content
+    assert check_stored_episode(tok, ep).ok
+    assert Rollout(lambda: make_env("sql_db"), engine, tok).tool_format is ToolFormat.HERMES  # detected from the template
+    with pytest.raises(ValueError, match="tool_format"):
+        load_config("sql_db", overrides=["rollout.tool_format=harmony"])

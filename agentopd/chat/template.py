@@ -34,18 +34,27 @@ MessageLike = Message | dict[str, Any]
 
 
 def to_template_messages(messages: Sequence[MessageLike]) -> list[dict[str, Any]]:
-    """Messages as the plain dicts a chat template reads (`Message` objects converted)."""
+    """Messages as the plain dicts a chat template reads (`Message` objects converted). Each tool call carries its
+    name and arguments both flat and under `function` (OpenAI's shape): templates read one or the other (Llama 3.x's
+    only `tool_call.function`)."""
     out = []
     for m in messages:
         if isinstance(m, Message):
-            out.append(m.to_dict())
-        elif isinstance(m, dict):
-            if "role" not in m:
-                raise ValueError(f"message without a 'role': {m!r}")
-            out.append(m)
-        else:
+            m = m.to_dict()
+        elif not isinstance(m, dict):
             raise ValueError(f"a message must be a dict or agentopd.types.Message, got {type(m).__name__}")
+        if "role" not in m:
+            raise ValueError(f"message without a 'role': {m!r}")
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [_with_function(c) for c in m["tool_calls"]]}
+        out.append(m)
     return out
+
+
+def _with_function(call: Any) -> Any:
+    if not isinstance(call, dict) or "function" in call or "name" not in call:
+        return call
+    return {"type": "function", "function": {"name": call["name"], "arguments": call.get("arguments", {})}, **call}
 
 
 def chat_template_of(tokenizer: PreTrainedTokenizerBase) -> str:

@@ -3,7 +3,7 @@
 Demonstrations for supervised fine-tuning (the embedded default's bootstrap, `objective=sft`
 on reference solutions) go through the very same agent loop and token-stream assembly as
 sampled episodes: this engine answers each request of an episode with that episode's next
-scripted turn, tokenized as the canonical hermes text plus the stop token, logprob 0.0.
+scripted turn, tokenized as the canonical text (in the template's tool-call format) plus the stop token, logprob 0.0.
 
     engine = ScriptedEngine(tokenizer)
     engine.script("train-000000-00000", oracle_actions)      # list of assistant action dicts
@@ -18,20 +18,26 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from agentopd.chat import assistant_turn_text, encode
+from agentopd.chat import chat_template_of, encode
+from agentopd.chat.formats import ToolFormat, detect_format, turn_text
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
 
 
-def action_text(action: dict[str, Any]) -> str:
-    """The canonical hermes text of an assistant action (content, then one block per tool call)."""
-    return assistant_turn_text(action.get("content") or "", action.get("tool_calls") or [])
+def action_text(action: dict[str, Any], fmt: ToolFormat = ToolFormat.HERMES) -> str:
+    """The canonical text of an assistant action in tool-call format `fmt` (hermes: content, then one block per call)."""
+    return turn_text(fmt, action.get("content") or "", action.get("tool_calls") or [])
 
 
 class ScriptedEngine:
-    """Returns pre-set turns per episode id; an episode without a script is an error."""
+    """Returns pre-set turns per episode id; an episode without a script is an error. Turns are written in the tool-call
+    format of the tokenizer's template and ended by its stop token (`<|im_end|>` where the template has it, else eos)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_token: str = "<|im_end|>"):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_token: str | None = None):
         self.tokenizer = tokenizer
+        template = chat_template_of(tokenizer)
+        self.tool_format = detect_format(template)
+        if stop_token is None:
+            stop_token = "<|im_end|>" if "<|im_end|>" in template or tokenizer.eos_token is None else tokenizer.eos_token
         stop = tokenizer.convert_tokens_to_ids(stop_token)
         if not isinstance(stop, int) or stop == tokenizer.unk_token_id:
             raise ValueError(f"the tokenizer has no stop token {stop_token!r}")
@@ -40,7 +46,7 @@ class ScriptedEngine:
 
     def script(self, episode_id: str, actions: Sequence[dict[str, Any]]) -> None:
         """Script assistant actions (dicts) as canonical text, each ended by the stop token."""
-        self._scripts[episode_id] = deque(encode(self.tokenizer, action_text(a)) + [self.stop_id] for a in actions)
+        self._scripts[episode_id] = deque(encode(self.tokenizer, action_text(a, self.tool_format)) + [self.stop_id] for a in actions)
 
     def script_texts(self, episode_id: str, texts: Sequence[str], stop: bool = True) -> None:
         """Script raw sampled texts (malformed ones included); `stop=False` leaves turns unterminated."""

@@ -1,0 +1,214 @@
+"""Tool-call formats by model family: which one a chat template speaks, a parser for each, and its inverse.
+
+    fmt = detect_format(chat_template_of(tokenizer))   # ToolFormat.HERMES / LLAMA3_JSON / QWEN_XML
+    turn = parse_turn(text, fmt)                        # ParsedTurn(content, tool_calls, errors, thinking); never raises
+    text = turn_text(fmt, content, tool_calls)          # what a model speaking the format samples (parse_turn reads it back)
+    config: rollout.tool_format=auto|hermes|llama3_json|qwen_xml   (auto: detected from the template)
+
+- `hermes` (Qwen2.5/Qwen3, NousResearch hermes; agentopd's own template): `<tool_call>\\n{"name": ..., "arguments":
+  {...}}\\n</tool_call>` blocks after the text (agentopd.chat.parser).
+- `llama3_json` (Llama 3.1/3.2/3.3 with JSON tool calling): the whole turn is one JSON object `{"name": ...,
+  "parameters": {...}}` (Meta's templates render it so, one call per turn; `"arguments"` is read too), optionally
+  after `<|python_tag|>`. A turn whose text is not an object with a "name" is an answer. Text that starts with
+  `{"name"` or `<|python_tag|>` but does not parse is an error, not an answer; so is text after the call (the call
+  is kept). No reasoning block: Llama 3.x has none.
+- `qwen_xml` (Qwen3.5/3.6, Qwen3-Coder): `<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n
+  </function>\\n</tool_call>`. A VALUE that is valid JSON (a number, true, null, an object or array) is read as
+  that JSON value, anything else as the string itself: without the tool's schema, a string argument "42" comes back
+  as the number 42 (the template renders both alike).
+Thinking (`<think>` blocks, or only `</think>` when the prompt opened the block) is read as in hermes; a trailing
+stop token is ignored. Errors are lines for the model to read; the agent loop sends them back as an
+`Error:` tool message with `error_hint(fmt)`.
+Not built: gpt-oss (harmony channels) and Mistral `[TOOL_CALLS]`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any
+
+from agentopd.chat.parser import _STOP_SUFFIXES, CALL_CLOSE, CALL_OPEN, ParsedTurn, _parse_call, _split_thinking, assistant_turn_text, parse_assistant
+from agentopd.types import ToolCall
+
+
+class ToolFormat(StrEnum):
+    AUTO = "auto"  # config only: detect from the chat template
+    HERMES = "hermes"
+    LLAMA3_JSON = "llama3_json"
+    QWEN_XML = "qwen_xml"
+
+
+PYTHON_TAG = "<|python_tag|>"
+LLAMA_STOPS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+# Llama 3.x's template tokens (Meta's tokenizer has them as special tokens)
+LLAMA_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                        "<|eom_id|>", PYTHON_TAG)  # fmt: skip
+
+
+def detect_format(template: str) -> ToolFormat:
+    """The tool-call format a chat template renders assistant tool calls in."""
+    if "<function=" in template:
+        return ToolFormat.QWEN_XML
+    if "<|start_header_id|>" in template and '"parameters": ' in template:
+        return ToolFormat.LLAMA3_JSON
+    return ToolFormat.HERMES
+
+
+def resolve_format(name: str | ToolFormat, template: str) -> ToolFormat:
+    """The config's `rollout.tool_format` made concrete (`auto` = detected from the template); ValueError if unknown."""
+    try:
+        fmt = ToolFormat(name)
+    except ValueError:
+        raise ValueError(f"unknown rollout.tool_format {name!r}: choose one of {[f.value for f in ToolFormat]}") from None
+    return detect_format(template) if fmt is ToolFormat.AUTO else fmt
+
+
+def error_hint(fmt: ToolFormat) -> str:
+    """How a call is written in `fmt`, for the parse-error message the model reads."""
+    if fmt is ToolFormat.LLAMA3_JSON:
+        return 'Use {"name": ..., "parameters": {...}} as the whole reply.'
+    if fmt is ToolFormat.QWEN_XML:
+        return "Use <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>."
+    return 'Use <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+
+
+def parse_turn(text: str, fmt: ToolFormat = ToolFormat.HERMES) -> ParsedTurn:
+    """Sampled assistant text in `fmt` -> ParsedTurn; never raises."""
+    if fmt is ToolFormat.LLAMA3_JSON:
+        return _parse_llama(text)
+    if fmt is ToolFormat.QWEN_XML:
+        return _parse_xml(text)
+    return parse_assistant(text)
+
+
+def turn_text(fmt: ToolFormat, content: str, tool_calls: Sequence[ToolCall | dict] = ()) -> str:
+    """The canonical text of an assistant turn in `fmt`, as the family's template renders it (`parse_turn` reads it back)."""
+    calls = [c.to_dict() if isinstance(c, ToolCall) else c for c in tool_calls]
+    if fmt is ToolFormat.LLAMA3_JSON:
+        if len(calls) > 1:
+            raise ValueError(f"llama3_json has one tool call per turn, got {len(calls)}")
+        return json.dumps({"name": calls[0]["name"], "parameters": calls[0]["arguments"]}, ensure_ascii=False) if calls else content
+    if fmt is ToolFormat.QWEN_XML:
+        blocks = []
+        for c in calls:
+            params = "".join(f"<parameter={k}>\n{_xml_value(v)}\n</parameter>\n" for k, v in c["arguments"].items())
+            blocks.append(f"{CALL_OPEN}\n<function={c['name']}>\n{params}</function>\n{CALL_CLOSE}")
+        return "\n\n".join(p for p in (content.strip(), "\n".join(blocks)) if p)
+    return assistant_turn_text(content, calls)
+
+
+_PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
+def _xml_value(v: Any) -> str:
+    """As Qwen3.5's template writes a parameter: objects and arrays as JSON, anything else as Python's str()."""
+    return json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list | tuple) else str(v)
+
+
+def _strip_stop(text: str, stops: Sequence[str]) -> str:
+    for suffix in stops:
+        if text.endswith(suffix):
+            return text[: -len(suffix)]
+    return text
+
+
+# ---- llama3_json ------------------------------------------------------------------------------------------------
+
+
+def _parse_llama(text: str) -> ParsedTurn:
+    text = _strip_stop(text, (*LLAMA_STOPS, *_STOP_SUFFIXES))
+    body = text.strip()
+    if not body:
+        return ParsedTurn(content="", errors=["empty output: no answer and no tool call"])
+    tagged = body.startswith(PYTHON_TAG)
+    if tagged:
+        body = body[len(PYTHON_TAG) :].strip()
+    looks_like_call = tagged or re.match(r'\{\s*"name"\s*:', body) is not None
+    try:
+        obj, end = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError as e:
+        if not looks_like_call:
+            return ParsedTurn(content=body)  # an answer
+        return ParsedTurn(content="", errors=[f"tool call 1: invalid JSON ({e.msg} at column {e.colno})"])
+    if not looks_like_call and not (isinstance(obj, dict) and "name" in obj):
+        return ParsedTurn(content=body)  # an answer that happens to start with JSON
+    if isinstance(obj, dict) and "parameters" in obj and "arguments" not in obj:
+        obj = {**obj, "arguments": obj["parameters"]}
+    result = _parse_call(json.dumps(obj), 1)
+    if isinstance(result, str):
+        return ParsedTurn(content="", errors=[result.replace('"arguments"', '"parameters"')])
+    errors = []
+    if body[end:].strip():  # Meta's templates render one call per turn
+        errors.append(f"text after the tool call: {body[end:].strip()[:40]!r} (one call per turn, nothing after it)")
+    return ParsedTurn(content="", tool_calls=[result], errors=errors)
+
+
+# ---- qwen_xml -----------------------------------------------------------------------------------------------------
+
+_FUNCTION = re.compile(r"\s*<function=([^>\n]*)>(.*?)</function>\s*", re.S)
+_PARAM = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.S)
+
+
+def _xml_call(body: str, index: int) -> ToolCall | str:
+    where = f"tool call {index}"
+    m = _FUNCTION.fullmatch(body)
+    if m is None:
+        return f"{where}: expected <function=NAME> ... </function> inside {CALL_OPEN}"
+    name, inner = m.group(1).strip(), m.group(2)
+    if not name:
+        return f"{where}: missing the function name in <function=NAME>"
+    args: dict[str, Any] = {}
+    pos = 0
+    for p in _PARAM.finditer(inner):
+        if inner[pos : p.start()].strip():
+            return f"{where} ({name}): unexpected text {inner[pos : p.start()].strip()[:40]!r} between parameters"
+        key, raw = p.group(1).strip(), p.group(2)
+        if not key:
+            return f"{where} ({name}): a <parameter=KEY> without a key"
+        value = raw[1:] if raw.startswith("\n") else raw
+        value = value[:-1] if value.endswith("\n") else value
+        try:
+            args[key] = _PY_LITERALS[value] if value in _PY_LITERALS else json.loads(value)
+        except json.JSONDecodeError:
+            args[key] = value
+        pos = p.end()
+    if inner[pos:].strip():
+        return f"{where} ({name}): unclosed or stray text in the parameters: {inner[pos:].strip()[:40]!r}"
+    return ToolCall(name=name, arguments=args)
+
+
+def _parse_xml(text: str) -> ParsedTurn:
+    errors: list[str] = []
+    text = _strip_stop(text, _STOP_SUFFIXES)
+    if not text.strip():
+        return ParsedTurn(content="", errors=["empty output"])
+    text, thinking = _split_thinking(text, errors)
+    content_parts: list[str] = []
+    calls: list[ToolCall] = []
+    pos, index = 0, 0
+    while True:
+        start, stray = text.find(CALL_OPEN, pos), text.find(CALL_CLOSE, pos)
+        if stray >= 0 and (start < 0 or stray < start):
+            errors.append(f"stray {CALL_CLOSE} without a matching {CALL_OPEN}")
+            content_parts.append(text[pos:stray])
+            pos = stray + len(CALL_CLOSE)
+            continue
+        if start < 0:
+            content_parts.append(text[pos:])
+            break
+        content_parts.append(text[pos:start])
+        index += 1
+        end = text.find(CALL_CLOSE, start + len(CALL_OPEN))
+        if end < 0:
+            errors.append(f"tool call {index}: unclosed {CALL_OPEN} (the output ended before {CALL_CLOSE})")
+            break
+        result = _xml_call(text[start + len(CALL_OPEN) : end], index)
+        (errors.append if isinstance(result, str) else calls.append)(result)  # type: ignore[operator]
+        pos = end + len(CALL_CLOSE)
+    content = "".join(content_parts).strip()
+    if not content and not calls and not errors:
+        errors.append("empty output: no answer and no tool call")
+    return ParsedTurn(content=content, tool_calls=calls, errors=errors, thinking=thinking)
