@@ -59,7 +59,6 @@ modelled: `trainer.cpu_offload`, async overlap, the teacher's eval engine under 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path

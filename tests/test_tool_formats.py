@@ -19,7 +19,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from _tiny import real_vocab_model
-from agentopd.chat import chat_template_of, encode, render
+from agentopd.chat import chat_template_of, render
 from agentopd.chat.formats import ToolFormat, detect_format, parse_turn, turn_text
 from agentopd.engines import make_engine
 from agentopd.rollout import PARSE_ERROR_TOOL, Rollout, RolloutConfig
