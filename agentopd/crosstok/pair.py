@@ -23,14 +23,8 @@ from transformers import AutoConfig, AutoTokenizer
 
 from agentopd.chat import render
 from agentopd.checker import Check, Status
-from agentopd.pair import (
-    SELF_SCORE_TOL,
-    PairReport,
-    _context,
-    _Fail,
-    conversation,
-    play_conversation,
-)
+from agentopd.pair import SELF_SCORE_TOL, PairReport, _context, _Fail, conversation
+from agentopd.pair_stream import play_conversation
 
 
 def _vocabulary(student_tok, teacher_tok) -> str:
