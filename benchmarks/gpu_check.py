@@ -1,12 +1,18 @@
 """The headline GPU figures in one run, each as a ratio against its recorded baseline.
 
-    python benchmarks/gpu_check.py --commit $(git rev-parse --short HEAD) --out DIR   # ~5-6 min on an H100
+    python benchmarks/gpu_check.py --commit $(git rev-parse --short HEAD) --out DIR   # ~6.5 min on an H100
     python benchmarks/gpu_check.py --only engine,loss --out DIR                      # some parts
     python benchmarks/gpu_check.py --out DIR --record                                # + DIR/gpu_baseline.json
 
 CI has no GPU, so nothing else notices when a change slows the GPU path (one line once cut the trainer's
 throughput 42% and every test passed). Run this before resolving any change to `engines/`, `trainer/`, `losses/`,
 `teacher/`, `batch.py`, `prefix.py` or `backends/`, and put its table in the closing note.
+
+On our GPU machines (torch, transformers, Triton present; agentopd's own requirements not): carry wheels of
+liger-kernel, pydantic (+ pydantic-core, annotated-types, typing-inspection), sqlite-utils (+ sqlite-fts4,
+click-default-group), gymnasium (+ farama-notifications), install them with `pip install --no-index --no-deps
+--target`, put that folder on PYTHONPATH, and `python -m pip install --no-deps --no-build-isolation -e .` (the
+envs register through entry points; the machine's bare `pip` is not its Python's). About 6.5 minutes on an H100.
 
 Parts, each in a process of its own (its own CUDA context and inductor cache), one after the other:
     engine   benchmarks/engine_gpu.py --check-json: the fast engine's multi-turn arms at 128 and 256 episodes
