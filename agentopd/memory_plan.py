@@ -372,3 +372,30 @@ def shapes_of(refs: dict[str, Path | str]) -> dict[str, ModelShape]:
 
             out[role] = ModelShape.from_hf_config(AutoConfig.from_pretrained(str(ref)).to_dict())
     return out
+
+
+def run_plan(cfg: Config, device: Any, student_ref: Path | str, teacher_refs: dict[str, Path | str]) -> MemoryPlan | None:
+    """A run's memory plan on CUDA `device` (None elsewhere), checked: MemoryPlanError when it cannot fit. The GPUs
+    are the run's own one (run.backend=local) or the cluster's; of several teachers the largest counts (one is on a
+    GPU at a time); a teacher behind a server holds nothing here."""
+    import torch
+
+    from agentopd.backends.base import BackendKind
+    from agentopd.teacher.base import is_server
+
+    if device.type != "cuda":
+        return None
+    if cfg.run.backend == BackendKind.LOCAL:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        gpus = [torch.cuda.mem_get_info(index)[1] / 2**30]
+    else:
+        gpus = cuda_gpus()
+    local = {name: ref for name, ref in teacher_refs.items() if not is_server(ref)}
+    shapes = shapes_of({"student": student_ref, **local})
+    teachers = [shapes.pop(name) for name in local]
+    if teachers:
+        shapes["teacher"] = max(teachers, key=lambda t: t.params)
+    plan = plan_memory(cfg, shapes, gpus)
+    plan.check()
+    return plan
+

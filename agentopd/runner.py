@@ -46,14 +46,7 @@ from agentopd.config.schema import Stale
 from agentopd.diagnostics import phase_metrics, step_metrics, teacher_work
 from agentopd.evaluate import EvalResult, summarise
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
-from agentopd.memory_plan import (
-    MemoryPlan,
-    OutOfMemory,
-    Phase,
-    cuda_gpus,
-    plan_memory,
-    shapes_of,
-)
+from agentopd.memory_plan import MemoryPlan, OutOfMemory, Phase, run_plan
 from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device, resolve_student
 from agentopd.objectives import Objective, teacher_mode
@@ -147,7 +140,7 @@ class Runner:
 
             teacher_toks = {name: AutoTokenizer.from_pretrained(ref) for name, ref in teacher_refs.items()}
             self.cross_scorer = CrossScorer(self.tokenizer, teacher_toks, full=self.trainer_cfg.loss == LossKind.XTOK_FULL)
-        self.plan = self._memory_plan(student_ref, teacher_refs)  # a run that cannot fit stops here, before any model
+        self.plan = run_plan(cfg, self.device, student_ref, teacher_refs)  # a run that cannot fit stops here, before any model
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = rollout_config(cfg)
@@ -243,24 +236,6 @@ class Runner:
         if oom is not None:
             raise oom
         return summary
-
-    def _memory_plan(self, student_ref: Path | str, teacher_refs: dict[str, Path | str]) -> MemoryPlan | None:
-        """The run's memory plan on CUDA (None on CPU), checked: MemoryPlanError when it cannot fit."""
-        if self.device.type != "cuda":
-            return None
-        if self.cfg.run.backend == BackendKind.LOCAL:
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            gpus = [torch.cuda.mem_get_info(index)[1] / 2**30]
-        else:
-            gpus = cuda_gpus()
-        local = {name: ref for name, ref in teacher_refs.items() if not is_server(ref)}
-        shapes = shapes_of({"student": student_ref, **local})
-        teachers = [shapes.pop(name) for name in local]
-        if teachers:  # the largest teacher: one is on a GPU at a time
-            shapes["teacher"] = max(teachers, key=lambda t: t.params)
-        plan = plan_memory(self.cfg, shapes, gpus)
-        plan.check()
-        return plan
 
     @contextmanager
     def _in_phase(self, name: str, total: int | None = None) -> Iterator[Callable[[], None]]:

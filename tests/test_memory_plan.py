@@ -145,7 +145,7 @@ def test_out_of_memory_in_the_train_phase_names_it_and_checkpoints(tiny_home, tm
         "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16", "rollout.max_turns=2", "eval.num_tasks=2",
         "eval.every=0", "eval.teacher=false", "steps=3", "run.checkpoint_every=0"])  # fmt: skip
     s = ModelShape.from_hf_config(Q06)
-    monkeypatch.setattr(Runner, "_memory_plan", lambda self, *a: plan_memory(cfg, {"student": s}, [80.0]))
+    monkeypatch.setattr("agentopd.runner.run_plan", lambda *a: plan_memory(cfg, {"student": s}, [80.0]))
     with pytest.raises(OutOfMemory) as err:
         Runner(cfg, tmp_path / "run").run()
     first, *table = str(err.value).splitlines()
@@ -182,16 +182,15 @@ def test_run_refused_by_its_plan_loads_no_model_and_leaves_no_run_directory(cli,
     """`agentopd run` with a plan that cannot fit (as on CUDA; the plan is patched in here): exit 2, the error line
     and the table, before the backend loads a model."""
     from agentopd.backends.local import LocalBackend
-    from agentopd.runner import Runner
 
-    def refuse(self, student_ref, teacher_refs):
-        plan = plan_memory(self.cfg, {"student": ModelShape.from_hf_config(Q8), "teacher": ModelShape.from_hf_config(Q32)}, [80.0])
+    def refuse(cfg, device, student_ref, teacher_refs):
+        plan = plan_memory(cfg, {"student": ModelShape.from_hf_config(Q8), "teacher": ModelShape.from_hf_config(Q32)}, [80.0])
         plan.check()
 
     def no_models(self, *args):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(Runner, "_memory_plan", refuse)
+    monkeypatch.setattr("agentopd.runner.run_plan", refuse)
     monkeypatch.setattr(LocalBackend, "setup", no_models)
     t0 = time.perf_counter()
     result = cli("run", "--env", "sql_db", "--run-dir", tmp_path / "run", "steps=1")
