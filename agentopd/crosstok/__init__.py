@@ -10,13 +10,6 @@ pair.py    check-pair's report for a cross-tokenizer pair
 The losses over spans are pure functions in agentopd.losses.crosstok.
 """
 
-from agentopd.crosstok.align import (
-    Alignment,
-    Span,
-    align_bytes,
-    align_episode,
-    encode_exact,
-    token_bytes,
-)
+from agentopd.crosstok.align import Alignment, Span, align_bytes, align_episode, encode_exact, token_bytes
 
 __all__ = ["Alignment", "Span", "align_bytes", "align_episode", "encode_exact", "token_bytes"]

@@ -82,12 +82,7 @@ from typing import Any
 
 import torch
 
-from agentopd.engines.base import (
-    FinishReason,
-    GenerateRequest,
-    GenerateResult,
-    SamplingParams,
-)
+from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "vLLM is not installed: pip install 'agentopd[vllm]' (on CPU: the README's vLLM-on-CPU lines)"
