@@ -37,7 +37,7 @@ A check that cannot run because an earlier one failed is skipped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,13 +279,9 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
     `template_kwargs` (the run's `rollout.enable_thinking`) go to the chat_template check's renders."""
     student, teacher = str(student), str(teacher)
     report = PairReport(student, teacher)
-    student_tok, teacher_tok = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
-    student_cfg, teacher_cfg = AutoConfig.from_pretrained(student), AutoConfig.from_pretrained(teacher)
-    if env is not None and max_context is None:
-        from agentopd.config import load_config
-
-        max_context = load_config(env).rollout.max_context
-    messages, tools, source = conversation(env)
+    p = load_pair(student, teacher, env, max_context)
+    student_tok, teacher_tok, student_cfg, teacher_cfg = p.student_tok, p.teacher_tok, p.student_cfg, p.teacher_cfg
+    messages, tools, source, max_context = p.messages, p.tools, p.source, p.max_context
     shared: list[int] = []
 
     def vocabulary() -> str:
@@ -309,16 +305,48 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
             raise ValueError(f"unknown pair checks {unknown}; choose from {[name for name, _ in steps]}")
         # self_score needs the shared size: vocabulary runs with it
         steps = [step for step in steps if step[0] in only or (step[0] == "vocabulary" and "self_score" in only)]
+    run_checks(report, steps, after_a_pass=("self_score",))
+    report.shared_vocab = shared[0] if shared else None
+    return report
+
+
+@dataclass
+class PairInputs:
+    """What every pair check reads: both tokenizers and configs, the context to check against, the conversation."""
+
+    student_tok: PreTrainedTokenizerBase
+    teacher_tok: PreTrainedTokenizerBase
+    student_cfg: Any
+    teacher_cfg: Any
+    max_context: int | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    source: str
+
+
+def load_pair(student: str, teacher: str, env: str | None, max_context: int | None) -> PairInputs:
+    """The pair's tokenizers and configs (no weights), `max_context` (the env's rollout.max_context when None) and
+    the env's oracle conversation (`conversation`)."""
+    if env is not None and max_context is None:
+        from agentopd.config import load_config
+
+        max_context = load_config(env).rollout.max_context
+    return PairInputs(AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher),
+                      AutoConfig.from_pretrained(student), AutoConfig.from_pretrained(teacher), max_context,
+                      *conversation(env))  # fmt: skip
+
+
+def run_checks(report: PairReport, steps: Sequence[tuple[str, Callable[[], str]]], after_a_pass: Sequence[str]) -> None:
+    """Run each named check into `report` (a `_Fail` is its failure); the checks named in `after_a_pass` are skipped
+    once an earlier one failed (they load models or build on what the others checked)."""
     for name, run in steps:
-        if report.failed and name == "self_score":
+        if report.failed and name in after_a_pass:
             report.checks.append(Check(name, Status.SKIP, "skipped: an earlier check failed"))
             continue
         try:
             report.checks.append(Check(name, Status.PASS, run()))
         except _Fail as e:
             report.checks.append(Check(name, Status.FAIL, str(e)))
-    report.shared_vocab = shared[0] if shared else None
-    return report
 
 
 # what `agentopd run` refuses to start with: ids that mean other tokens, a teacher shown a chat format it was not

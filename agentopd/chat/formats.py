@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from agentopd.chat.parser import _STOP_SUFFIXES, CALL_CLOSE, CALL_OPEN, ParsedTurn, _parse_call, _split_thinking, assistant_turn_text, parse_assistant
+from agentopd.chat.parser import _STOP_SUFFIXES, CALL_CLOSE, CALL_OPEN, ParsedTurn, _parse_call, assistant_turn_text, parse_assistant
 from agentopd.types import ToolCall
 
 
@@ -181,34 +181,5 @@ def _xml_call(body: str, index: int) -> ToolCall | str:
 
 
 def _parse_xml(text: str) -> ParsedTurn:
-    errors: list[str] = []
-    text = _strip_stop(text, _STOP_SUFFIXES)
-    if not text.strip():
-        return ParsedTurn(content="", errors=["empty output"])
-    text, thinking = _split_thinking(text, errors)
-    content_parts: list[str] = []
-    calls: list[ToolCall] = []
-    pos, index = 0, 0
-    while True:
-        start, stray = text.find(CALL_OPEN, pos), text.find(CALL_CLOSE, pos)
-        if stray >= 0 and (start < 0 or stray < start):
-            errors.append(f"stray {CALL_CLOSE} without a matching {CALL_OPEN}")
-            content_parts.append(text[pos:stray])
-            pos = stray + len(CALL_CLOSE)
-            continue
-        if start < 0:
-            content_parts.append(text[pos:])
-            break
-        content_parts.append(text[pos:start])
-        index += 1
-        end = text.find(CALL_CLOSE, start + len(CALL_OPEN))
-        if end < 0:
-            errors.append(f"tool call {index}: unclosed {CALL_OPEN} (the output ended before {CALL_CLOSE})")
-            break
-        result = _xml_call(text[start + len(CALL_OPEN) : end], index)
-        (errors.append if isinstance(result, str) else calls.append)(result)  # type: ignore[operator]
-        pos = end + len(CALL_CLOSE)
-    content = "".join(content_parts).strip()
-    if not content and not calls and not errors:
-        errors.append("empty output: no answer and no tool call")
-    return ParsedTurn(content=content, tool_calls=calls, errors=errors, thinking=thinking)
+    """Qwen3.5's turns: `<tool_call>` blocks as in hermes, each body `<function=NAME>` with `<parameter=KEY>`s."""
+    return parse_assistant(text, _xml_call)

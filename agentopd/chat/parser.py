@@ -22,7 +22,7 @@ A trailing `<|im_end|>` / `<|endoftext|>` (the stop token, when decoded with the
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from agentopd.types import ToolCall
@@ -95,8 +95,11 @@ def _parse_call(body: str, index: int) -> ToolCall | str:
     return ToolCall(name=name.strip(), arguments=args)
 
 
-def parse_assistant(text: str) -> ParsedTurn:
-    """Split sampled assistant text into content, tool calls, thinking and errors. Never raises."""
+def parse_assistant(text: str, parse_call: Callable[[str, int], ToolCall | str] | None = None) -> ParsedTurn:
+    """Split sampled assistant text into content, tool calls, thinking and errors. Never raises. Each
+    `<tool_call>...</tool_call>` body goes to `parse_call(body, index)` (a ToolCall, or an error message): the hermes
+    JSON body by default; agentopd.chat.formats passes Qwen3.5's XML body parser."""
+    parse_call = parse_call or _parse_call
     errors: list[str] = []
     for suffix in _STOP_SUFFIXES:
         if text.endswith(suffix):
@@ -125,7 +128,7 @@ def parse_assistant(text: str) -> ParsedTurn:
         if end < 0:
             errors.append(f"tool call {index}: unclosed {CALL_OPEN} (the output ended before {CALL_CLOSE})")
             break
-        result = _parse_call(text[start + len(CALL_OPEN) : end], index)
+        result = parse_call(text[start + len(CALL_OPEN) : end], index)
         if isinstance(result, str):
             errors.append(result)
         else:

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import AutoConfig, AutoTokenizer
-
 from agentopd.chat import render
-from agentopd.checker import Check, Status
-from agentopd.pair import SELF_SCORE_TOL, PairReport, _context, _Fail, conversation
+from agentopd.pair import SELF_SCORE_TOL, PairReport, _context, _Fail, load_pair, run_checks
 from agentopd.pair_stream import play_conversation
 
 
@@ -95,27 +92,15 @@ def check_cross_pair(student: str | Path, teacher: str | Path, env: str | None =
     """Every cross-tokenizer pair check (module docstring)."""
     student, teacher = str(student), str(teacher)
     report = PairReport(student, teacher)
-    student_tok, teacher_tok = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
-    student_cfg, teacher_cfg = AutoConfig.from_pretrained(student), AutoConfig.from_pretrained(teacher)
-    if env is not None and max_context is None:
-        from agentopd.config import load_config
-
-        max_context = load_config(env).rollout.max_context
-    messages, tools, source = conversation(env)
+    p = load_pair(student, teacher, env, max_context)
+    student_tok, teacher_tok, messages, tools, source = p.student_tok, p.teacher_tok, p.messages, p.tools, p.source
     steps = [
         ("vocabulary", lambda: _vocabulary(student_tok, teacher_tok)),
         ("chat_template", lambda: _template(student_tok, teacher_tok, messages, tools, source)),
         ("alignment", lambda: _alignment(student_tok, teacher_tok, messages, tools, source)),
-        ("max_context", lambda: _context(student_cfg, teacher_cfg, max_context)),
+        ("max_context", lambda: _context(p.student_cfg, p.teacher_cfg, p.max_context)),
     ]
     if self_score:
         steps.append(("self_score", lambda: _self_score(teacher, teacher_tok, messages, tools)))
-    for name, run in steps:
-        if report.failed and name in ("alignment", "self_score"):
-            report.checks.append(Check(name, Status.SKIP, "skipped: an earlier check failed"))
-            continue
-        try:
-            report.checks.append(Check(name, Status.PASS, run()))
-        except _Fail as e:
-            report.checks.append(Check(name, Status.FAIL, str(e)))
+    run_checks(report, steps, after_a_pass=("alignment", "self_score"))
     return report
