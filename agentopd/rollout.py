@@ -27,6 +27,7 @@ index goes to `info["intervened_turns"]`, the length of the guide's span to `inf
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -107,6 +108,33 @@ def turn_seed(episode_seed: int, turn: int) -> int:
     return (episode_seed * 1_000_003 + turn) % (1 << 63)
 
 
+class EnvPool:
+    """Idle instances of one env factory, reused across episodes — and across phases when the caller keeps the pool
+    (agentopd.backends.stages.Players keeps one per source and split): an env per episode cost up to 42 ms of host
+    time each (the math env drew its 1,000 problems), during which no other episode's prompt reached the engine."""
+
+    def __init__(self, factory: Callable[[], ToolEnv]) -> None:
+        self.factory = factory
+        self._idle: list[ToolEnv] = []
+        self._lock = threading.Lock()  # taken from the env worker threads
+
+    def take(self) -> ToolEnv:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self.factory()
+
+    def give(self, env: ToolEnv) -> None:
+        with self._lock:
+            self._idle.append(env)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for env in idle:
+            env.close()
+
+
 class Guide(Protocol):
     """May replace a sampled turn with another policy's (see the module docstring)."""
 
@@ -162,7 +190,7 @@ class Rollout:
 
     def __init__(
         self,
-        env_factory: Callable[[], ToolEnv],
+        env_factory: Callable[[], ToolEnv] | EnvPool,
         engine: Engine,
         tokenizer: PreTrainedTokenizerBase,
         config: RolloutConfig = RolloutConfig(),
@@ -172,14 +200,14 @@ class Rollout:
         guide: Guide | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ):
-        self.env_factory = env_factory
+        self._owns_envs = not isinstance(env_factory, EnvPool)  # a pool the caller passed outlives this rollout
+        self.envs = EnvPool(env_factory) if self._owns_envs else env_factory
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
         self.stop_ids = tuple(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
         if not self.stop_ids:
             raise ValueError("the tokenizer has no <|im_end|> or eos token: pass stop_ids")
-        self._envs: list[ToolEnv] = []  # idle env instances, reused across episodes
         self._pool = ThreadPoolExecutor(max_workers=env_workers, thread_name_prefix="env")
         self.env_name = ""
         self.guide = guide
@@ -231,7 +259,7 @@ class Rollout:
         return list(await asyncio.gather(*(one(s) for s in specs)))
 
     async def play(self, spec: EpisodeSpec) -> Episode:
-        env = self._envs.pop() if self._envs else self.env_factory()
+        env = await asyncio.get_running_loop().run_in_executor(self._pool, self.envs.take)  # a new env's set-up off the loop
         self.env_name = getattr(env, "name", type(env).__name__)
         live = _Live(spec, self.env_name)
         try:
@@ -247,7 +275,7 @@ class Rollout:
         finally:
             self.engine.release(spec.episode_id)
         if env is not None:
-            self._envs.append(env)
+            self.envs.give(env)
         return live.finish(stop)
 
     async def _step(self, env: ToolEnv, action: dict[str, Any]) -> tuple:
@@ -332,9 +360,8 @@ class Rollout:
         return taken, False
 
     def close(self) -> None:
-        for env in self._envs:
-            env.close()
-        self._envs.clear()
+        if self._owns_envs:
+            self.envs.close()
         self._pool.shutdown(wait=True)
 
 

@@ -10,8 +10,9 @@ tokenizer folder's `agentopd_vocab.json`, or the embedded tokenizer's):
    loop sends the engine is recorded.
 2. **engine**: the recorded requests replayed straight into the same engine, each episode's turns in order (as the
    loop sends them: the same token ids, seeds and limits, so the engine samples the same tokens), nothing else.
-Before each timed arm the engine drops its cached pages (`sleep()` + `wake()`), so both start cold. Each arm runs
-`--reps` times alternating; the table keeps the fastest. Ratio = engine tok/s / loop tok/s (1.0: the loop costs
+Before each timed arm the engine drops its cached pages (`sleep()` + `wake()`), so both start cold. The envs are kept
+across arms (`EnvPool`, as a run keeps them across steps); each rep plays tasks no earlier arm played (as a run's steps
+do: no prompt rendered before). `--reps` pairs; the table keeps the pair with the fastest loop. Ratio = engine tok/s / loop tok/s (1.0: the loop costs
 nothing on top). `--profile` adds a cProfile of the loop's host threads (the event loop and the engine's worker)
 and, on CUDA, torch.profiler's top kernels, into DIR.
 """
@@ -35,7 +36,7 @@ from gpu_opd import SHAPES  # noqa: E402
 from agentopd.engines import GenerateRequest  # noqa: E402
 from agentopd.engines.fast import FastEngine  # noqa: E402
 from agentopd.registry import make_env  # noqa: E402
-from agentopd.rollout import Rollout, RolloutConfig  # noqa: E402
+from agentopd.rollout import EnvPool, Rollout, RolloutConfig  # noqa: E402
 
 SHAPES = {**SHAPES, "cpu-s": (64, 2, 4, 2, 16, 192)}
 
@@ -95,17 +96,20 @@ def cold(engine: FastEngine) -> None:
     asyncio.run(both())
 
 
-def run_loop(engine: FastEngine, tok, env: str, specs, cfg: RolloutConfig, device: str, profile: bool = False):
+def run_loop(engine: FastEngine, tok, envs: EnvPool, specs, cfg: RolloutConfig, device: str, profile: bool = False):
     rec = Recorder(engine)
-    ro = Rollout(lambda: make_env(env), rec, tok, cfg)
+    ro = Rollout(envs, rec, tok, cfg)
     profs = []
     if profile:
         work = engine._work  # the worker thread's loop: profiled on its own thread
 
         def profiled_work():
             p = cProfile.Profile()
+            try:
+                p.enable()
+            except ValueError:  # Python >= 3.12: one profiler at a time, and the event loop's sees every thread
+                return work()
             profs.append(p)
-            p.enable()
             try:
                 work()
             finally:
@@ -160,10 +164,16 @@ def same_turns(loop: dict, engine: dict) -> tuple[int, int]:
 
 def host_profile(profs: list[cProfile.Profile], top: int = 25) -> str:
     """Top functions by own time: the engine's worker thread (its `_work` calls merged), then the event loop's."""
-    worker = pstats.Stats(*profs[:-1], stream=io.StringIO()) if len(profs) > 1 else None
     loop = pstats.Stats(profs[-1], stream=io.StringIO())
+    if len(profs) == 1:  # Python >= 3.12
+        sections = [("every thread (one profiler: Python >= 3.12)", loop)]
+    else:
+        worker = pstats.Stats(profs[0], stream=io.StringIO())
+        for p in profs[1:-1]:
+            worker.add(p)
+        sections = [("engine worker thread", worker), ("event loop thread (the loop, env, templates, parsing)", loop)]
     parts = []
-    for name, stats in [("engine worker thread", worker), ("event loop thread (the loop, env, templates, parsing)", loop)]:
+    for name, stats in sections:
         if stats is None:
             continue
         buf = io.StringIO()
@@ -243,33 +253,36 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     profile_text = []
     for env in args.envs.split(","):
-        tasks = make_env(env).tasks[: args.tasks]
-        specs = Rollout.specs_for([t.id for t in tasks], n=args.n, seed=1)
-        run_loop(engine, tok, env, specs, cfg, args.device)  # warm-up: Triton compiles, first captures
-        loops, engines = [], []
-        for _ in range(args.reps):
+        tasks = [t.id for t in make_env(env).tasks]
+
+        def specs_of(k: int):  # a run's step k: tasks no step before played (prompts not rendered before)
+            return Rollout.specs_for(tasks[k * args.tasks : (k + 1) * args.tasks], n=args.n, seed=1, step=k)
+
+        envs = EnvPool(lambda: make_env(env))  # kept across arms, as a run keeps its envs across steps
+        run_loop(engine, tok, envs, specs_of(0), cfg, args.device)  # warm-up: Triton compiles, first captures, the envs made
+        pairs = []
+        for k in range(1, args.reps + 1):
             cold(engine)
-            loops.append(run_loop(engine, tok, env, specs, cfg, args.device))
+            loop = run_loop(engine, tok, envs, specs_of(k), cfg, args.device)
             cold(engine)
-            engines.append(run_engine(engine, loops[-1]["requests"], args.device))
-        lo = min(loops, key=lambda r: r["seconds"])
-        en = min(engines, key=lambda r: r["seconds"])
-        same, total = same_turns(loops[-1], engines[-1])
+            pairs.append((loop, run_engine(engine, loop["requests"], args.device)))
+        lo, en = min(pairs, key=lambda p: p[0]["seconds"])  # the fastest loop arm and the engine on its requests
+        same, total = same_turns(lo, en)
         lines.append(f"| {env} | {lo['turns']} | {lo['tokens']:,} | {lo['seconds']:.3f} | {lo['tokens'] / lo['seconds']:,.0f} | "
                      f"{en['seconds']:.3f} | {en['tokens'] / en['seconds']:,.0f} | "
                      f"{(en['tokens'] / en['seconds']) / (lo['tokens'] / lo['seconds']):.2f} | {same}/{total} |")
-        print(lines[-1], f"(loop s: {[round(r['seconds'], 3) for r in loops]}, engine s: {[round(r['seconds'], 3) for r in engines]})",
+        print(lines[-1], f"(loop s / engine s per rep: {[(round(a['seconds'], 3), round(b['seconds'], 3)) for a, b in pairs]})",
               flush=True)
         if args.profile:
             cold(engine)
-            prof = run_loop(engine, tok, env, specs, cfg, args.device, profile=True)
+            prof = run_loop(engine, tok, envs, specs_of(args.reps + 1), cfg, args.device, profile=True)
             profile_text.append(f"# {env}: host profile of one loop arm ({prof['seconds']:.3f} s under cProfile)\n")
             profile_text.append(host_profile(prof["profiles"]))
             if args.device == "cuda":
                 cold(engine)
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                         torch.profiler.ProfilerActivity.CUDA]) as tp:
-                    r = run_loop(engine, tok, env, specs, cfg, args.device)
+                    r = run_loop(engine, tok, envs, specs_of(args.reps + 2), cfg, args.device)
                 table = tp.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60)
                 profile_text.append(f"## {env}: torch.profiler, one loop arm ({r['seconds']:.3f} s under the profiler)\n\n"
                                     f"```\n{table}\n```\n")

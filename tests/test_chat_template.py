@@ -6,6 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentopd.chat import DEFAULT_CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer, encode, render
+from agentopd.chat.template import prompt_ids
 from agentopd.types import Message, ToolCall
 
 TOOLS = [
@@ -118,6 +119,21 @@ def test_tokenizers_own_template_wins(tok):
     assert render(other, [{"role": "user", "content": "hi"}]) == "[user]hi"
     other.chat_template = None
     assert render(other, [{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_cached_prompt_ids_are_the_rendered_prompt_and_follow_template_changes(tok):
+    """prompt_ids caches per tokenizer (an episode's start waits for it): a hit equals a fresh render + encode, the
+    caller may edit its copy, and a template changed on the same tokenizer object renders anew."""
+    other = build_tokenizer(corpus(20), vocab_size=400)
+    messages = [Message("system", "You are terse."), {"role": "user", "content": "What is 2+3?"}]
+    fresh = encode(other, render(other, messages, TOOLS, add_generation_prompt=True))
+    first = prompt_ids(other, messages, TOOLS)
+    first.append(-1)
+    assert prompt_ids(other, messages, TOOLS) == fresh
+    assert prompt_ids(other, messages, TOOLS, enable_thinking=False) == encode(
+        other, render(other, messages, TOOLS, add_generation_prompt=True, enable_thinking=False))
+    other.chat_template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    assert prompt_ids(other, messages, TOOLS) == encode(other, "[system]You are terse.[user]What is 2+3?")
 
 
 def test_bad_message_is_a_value_error(tok):

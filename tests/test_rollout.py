@@ -17,7 +17,7 @@ from agentopd.chat import build_tokenizer
 from agentopd.engines import make_engine
 from agentopd.engines.hf import HFEngine
 from agentopd.engines.scripted import ScriptedEngine
-from agentopd.rollout import PARSE_ERROR_TOOL, Rollout, RolloutConfig
+from agentopd.rollout import PARSE_ERROR_TOOL, EnvPool, Rollout, RolloutConfig
 from agentopd.types import StopReason
 
 
@@ -192,3 +192,27 @@ def test_tool_format_and_enable_thinking_are_config_keys(tok):
     assert Rollout(lambda: make_env("sql_db"), engine, tok).tool_format is ToolFormat.HERMES  # detected from the template
     with pytest.raises(ValueError, match="tool_format"):
         load_config("sql_db", overrides=["rollout.tool_format=harmony"])
+
+
+def test_an_env_pool_outlives_its_rollouts(tok):
+    """Players keeps one EnvPool per source across phases: the second phase makes no env, and closing a rollout
+    leaves the pool's envs open (the rollout does not own them)."""
+    made = []
+
+    def factory():
+        made.append(make_env("calculator"))
+        return made[-1]
+
+    pool = EnvPool(factory)
+    env = make_env("calculator")
+    specs = Rollout.specs_for([t.id for t in env.tasks[:8]], n=1)
+    for phase in range(2):
+        engine = ScriptedEngine(tok)
+        for spec in specs:
+            engine.script(spec.episode_id, env.oracle(env.tasks[env._by_id[spec.task_id]]))
+        rollout = Rollout(pool, engine, tok, RolloutConfig(max_context=4096, concurrency=4))
+        assert all(e.success for e in rollout.run_sync(specs))
+        rollout.close()
+        assert 1 <= len(made) <= 4, f"phase {phase}: {len(made)} envs made for 4 episodes in flight"
+    assert pool.take() in made  # still idle in the pool, open
+    pool.close()

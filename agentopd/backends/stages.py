@@ -27,7 +27,7 @@ from agentopd.backends.base import BackendKind
 from agentopd.engines.base import Engine, logprob_temperature
 from agentopd.engines.loop import LoopEngine
 from agentopd.plan import Mixture, Planned
-from agentopd.rollout import Guide, Rollout, RolloutConfig
+from agentopd.rollout import EnvPool, Guide, Rollout, RolloutConfig
 from agentopd.types import Episode, TokenStream
 
 if TYPE_CHECKING:
@@ -121,6 +121,7 @@ class Players:
         self.ctx = ctx
         self.tokenizer = tokenizer
         self.engines: dict[str, Engine] = {}
+        self.env_pools: dict[tuple[str, str], EnvPool] = {}  # (source, split): envs kept across phases (rollout.EnvPool)
         self.loop = asyncio.Runner()  # the one event loop of every phase and engine (module docstring)
         if student_engine is not None:
             self.engines[STUDENT] = student_engine
@@ -144,7 +145,9 @@ class Players:
         rollouts = []
 
         async def run(source: str, split: str, idx: list[int]) -> None:
-            ro = Rollout(self.ctx.mixture.sources[source].factory(split), engine, self.tokenizer, config, guide=guide)
+            if (source, split) not in self.env_pools:
+                self.env_pools[source, split] = EnvPool(self.ctx.mixture.sources[source].factory(split))
+            ro = Rollout(self.env_pools[source, split], engine, self.tokenizer, config, guide=guide)
             rollouts.append(ro)
             by_id = {planned[i].spec.episode_id: i for i in idx}
 
@@ -200,6 +203,9 @@ class Players:
         finally:
             self.engines.clear()
             self.loop.close()
+            for pool in self.env_pools.values():
+                pool.close()
+            self.env_pools.clear()
 
 
 def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:

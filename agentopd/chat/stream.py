@@ -51,7 +51,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from agentopd.chat.template import MessageLike, chat_template_of, encode, render, to_template_messages
+from agentopd.chat.template import MessageLike, chat_template_of, encode, prompt_ids, render, to_template_messages
 from agentopd.types import TokenStream
 
 TRUNCATION_MARKER = "\n[truncated: {kept}/{total} tokens]"
@@ -172,8 +172,7 @@ class StreamBuilder:
         self.min_turn_tokens = min_turn_tokens
         self.template_kwargs = dict(template_kwargs or {})
         self.junctions = template_junctions(tokenizer, **self.template_kwargs)
-        prompt_text = render(tokenizer, messages, self.tools, add_generation_prompt=True, **self.template_kwargs)
-        self._ids: list[int] = encode(tokenizer, prompt_text)
+        self._ids: list[int] = prompt_ids(tokenizer, messages, self.tools, **self.template_kwargs)
         self.prompt_len = len(self._ids)
         self._mask: list[int] = []
         self._logprobs: list[float] = []

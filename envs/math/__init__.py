@@ -31,6 +31,7 @@ format: the first of a few standard phrasings, e.g. "Answer: 5", that the format
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 
 from agentopd.env import Action, Task, ToolEnv
@@ -70,12 +71,7 @@ class MathEnv(ToolEnv):
             n = DEFAULT_NUM_TASKS[self.split] if num_tasks is None else int(num_tasks)
             if n < 1:
                 raise ValueError(f"math: num_tasks must be >= 1, got {num_tasks!r}")
-            counters: dict[str, int] = {}
-            task_list = []
-            for p in generate(int(seed), self.split, n):
-                i = counters[p.split] = counters.get(p.split, -1) + 1
-                data = {"solution": p.solution, "template": p.template, "split": str(p.split), "data_source": "generated"}
-                task_list.append(Task(id=f"math-{p.split}-{i:05d}", question=p.problem, answer=p.answer, data=data))
+            task_list = list(_generated_tasks(int(seed), self.split, n))
         super().__init__(task_list, max_turns=int(max_turns))
 
     def tools(self) -> list[Tool]:
@@ -105,3 +101,17 @@ def _compile(answer_format: str) -> re.Pattern[str]:
     if pattern.groups != 1:
         raise ValueError(f"math: answer_format {answer_format!r} must have exactly one group, has {pattern.groups}")
     return pattern
+
+
+@lru_cache(maxsize=8)  # a few (seed, split, size) sets per process
+def _generated_tasks(seed: int, split: Split, num: int) -> tuple[Task, ...]:
+    """Generated problems, drawn once per process: a rollout makes an env per episode, and drawing 1,000 problems
+    took 8-42 ms of every one (benchmarks/results/rollout_loop.md)."""
+    counters: dict[str, int] = {}
+    tasks = []
+    for p in generate(seed, split, num):
+        i = counters[p.split] = counters.get(p.split, -1) + 1
+        data = {"solution": p.solution, "template": p.template, "split": str(p.split), "data_source": "generated"}
+        tasks.append(Task(id=f"math-{p.split}-{i:05d}", question=p.problem, answer=p.answer, data=data))
+    return tuple(tasks)
+
