@@ -55,7 +55,7 @@ def one_run(env: str, arm: str, seed: int, steps: int, overrides: list[str], out
 
 
 def table(results: dict[str, list[dict]], teachers: dict[str, float], steps: int) -> str:
-    lines = [f"| arm | teacher success | seed | before | after | gain | gap closed | teacher s/step | aligned | 1:1 | run s |",
+    lines = ["| arm | teacher success | seed | before | after | gain | gap closed | teacher s/step | aligned | 1:1 | run s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, runs in results.items():
         for r in runs:

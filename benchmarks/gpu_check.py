@@ -1,6 +1,6 @@
 """The headline GPU figures in one run, each as a ratio against its recorded baseline.
 
-    python benchmarks/gpu_check.py --commit $(git rev-parse --short HEAD) --out DIR   # ~6.5 min on an H100
+    python benchmarks/gpu_check.py --commit $(git rev-parse --short HEAD) --out DIR   # ~7.5 min on an H100
     python benchmarks/gpu_check.py --only engine,loss --out DIR                      # some parts
     python benchmarks/gpu_check.py --out DIR --record                                # + DIR/gpu_baseline.json
 
@@ -12,7 +12,7 @@ On our GPU machines (torch, transformers, Triton present; agentopd's own require
 liger-kernel, pydantic (+ pydantic-core, annotated-types, typing-inspection), sqlite-utils (+ sqlite-fts4,
 click-default-group), gymnasium (+ farama-notifications), install them with `pip install --no-index --no-deps
 --target`, put that folder on PYTHONPATH, and `python -m pip install --no-deps --no-build-isolation -e .` (the
-envs register through entry points; the machine's bare `pip` is not its Python's). About 6.5 minutes on an H100.
+envs register through entry points; the machine's bare `pip` is not its Python's). About 7.5 minutes on an H100.
 
 Parts, each in a process of its own (its own CUDA context and inductor cache), one after the other:
     engine   benchmarks/engine_gpu.py --check-json: the fast engine's multi-turn arms at 128 and 256 episodes
@@ -23,6 +23,9 @@ Parts, each in a process of its own (its own CUDA context and inductor cache), o
              LigerFusedLinearJSDLoss at 4,096 and 16,384 tokens (needs `liger_kernel` importable)
     opd      benchmarks/gpu_opd.py: three OPD steps (0.6B / 1.7B shapes, fast engine, compiled trainer);
              seconds per phase, medians of steps 2-3
+    loop     benchmarks/rollout_loop.py: the agent loop against the engine alone on the same requests (math and
+             sql_db, 64 episodes, 0.6B shape, the embedded tokenizer): the loop's tok/s and its share of the
+             engine's (1.0: the loop costs nothing on top)
     tests    pytest -m gpu: every GPU-marked test
 
 Baselines: benchmarks/results/gpu_baseline.json, per figure and card kind (H100, H200, ...): value, which way is
@@ -48,7 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "benchmarks" / "results" / "gpu_baseline.json"
-PARTS = ("engine", "trainer", "loss", "opd", "tests")
+PARTS = ("engine", "trainer", "loss", "opd", "loop", "tests")
 TOLERANCE = 0.10
 LOSS_SHAPE = "x151936x2048x4096"  # N x V x H_s x H_t: the 1.7B student's head against an 8B-wide teacher
 
@@ -132,6 +135,13 @@ def opd(out: Path, log: Path) -> dict[str, float]:
     names = {"perf/rollout_tokens_per_s": "opd/rollout_tok_s", "perf/rollout_s": "opd/rollout_s",
              "perf/teacher_s": "opd/teacher_s", "perf/train_step_s": "opd/train_s", "perf/weight_sync_s": "opd/weight_sync_s"}
     return {ours: statistics.median(r[k] for r in steps) for k, ours in names.items() if all(k in r for r in steps)}
+
+
+def loop(out: Path, log: Path) -> dict[str, float]:
+    path = out / "loop.json"
+    run([sys.executable, "benchmarks/rollout_loop.py", "--device", "cuda", "--envs", "math,sql_db", "--out",
+         str(out / "loop"), "--json", str(path)], log, 300)  # fmt: skip
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def tests(out: Path, log: Path) -> dict[str, float]:

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import json
 import pstats
 import sys
 import time
@@ -190,7 +191,6 @@ ISSUE_RUN = ["run.steps=4", "rollout.tasks_per_step=16", "rollout.n=4", "rollout
 def opd_run(tokenizer: Path, out: Path) -> list[str]:
     """`agentopd run --env math` as issue 36 ran it (Qwen3-0.6B / 1.7B shapes, random weights, `tokenizer`): the
     rollout phase's tokens/s per step, from the run's metrics."""
-    import json
     import subprocess
 
     from gpu_opd import build
@@ -232,6 +232,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--opd-run", action="store_true", help="also `agentopd run --env math` as issue 36 ran it (needs --tokenizer)")
+    ap.add_argument("--json", type=Path, default=None, help="write figures for benchmarks/gpu_check.py here")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -251,7 +252,7 @@ def main() -> None:
              f"<= {args.max_new_tokens} tokens a turn, <= {args.max_turns} turns, T=1.", "",
              "| env | turns | tokens | loop s | loop tok/s | engine s | engine tok/s | engine / loop | same turns |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    profile_text = []
+    profile_text, figures = [], {}
     for env in args.envs.split(","):
         tasks = [t.id for t in make_env(env).tasks]
 
@@ -268,6 +269,8 @@ def main() -> None:
             pairs.append((loop, run_engine(engine, loop["requests"], args.device)))
         lo, en = min(pairs, key=lambda p: p[0]["seconds"])  # the fastest loop arm and the engine on its requests
         same, total = same_turns(lo, en)
+        loop_tok_s, engine_tok_s = lo["tokens"] / lo["seconds"], en["tokens"] / en["seconds"]
+        figures |= {f"loop/{env}_loop_tok_s": loop_tok_s, f"loop/{env}_loop_over_engine": loop_tok_s / engine_tok_s}
         lines.append(f"| {env} | {lo['turns']} | {lo['tokens']:,} | {lo['seconds']:.3f} | {lo['tokens'] / lo['seconds']:,.0f} | "
                      f"{en['seconds']:.3f} | {en['tokens'] / en['seconds']:,.0f} | "
                      f"{(en['tokens'] / en['seconds']) / (lo['tokens'] / lo['seconds']):.2f} | {same}/{total} |")
@@ -286,6 +289,8 @@ def main() -> None:
                 table = tp.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60)
                 profile_text.append(f"## {env}: torch.profiler, one loop arm ({r['seconds']:.3f} s under the profiler)\n\n"
                                     f"```\n{table}\n```\n")
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=1))
     if args.opd_run:
         lines += ["", "## agentopd run", "", *opd_run(args.tokenizer, args.out)]
     text = "\n".join(lines)
