@@ -103,17 +103,17 @@ def check_run(cfg: Config) -> None:
 
 
 def _check_cross_tokenizer(cfg: Config, trainer: TrainerConfig) -> None:
-    """A cross-tokenizer loss: the teacher reads the student's episodes re-rendered in its own tokenizer; it never plays
-    in the student's engines (eval.teacher is skipped), and what reads its per-token logprobs directly is not wired."""
+    """A cross-tokenizer loss: the teacher reads the student's episodes re-rendered in its own tokenizer (a server teacher's:
+    teacher.tokenizer); it never plays in the student's engines (eval.teacher is skipped), and what reads its per-token
+    logprobs directly is not wired."""
     problems = []
     if cfg.recipe.teacher_fraction > 0 or cfg.recipe.sft_steps > 0 or cfg.recipe.intervene_below is not None:
         problems.append("recipe.teacher_fraction / sft_steps / intervene_below (the teacher would play with the student's tokenizer)")
     if cfg.recipe.turn_support_below is not None:
         problems.append("recipe.turn_support_below (reads per-token teacher logprobs; spans are not wired there yet)")
-    if server_teachers(cfg):
-        problems.append(f"teacher={server_teachers(cfg)[0]} (the server teacher is not wired for cross-tokenizer scoring yet)")
-    if cfg.run.backend != BackendKind.LOCAL:
-        problems.append(f"run.backend={cfg.run.backend} (only the local backend is wired and tested for it yet)")
+    if server_teachers(cfg) and cfg.teacher.tokenizer is None:
+        problems.append(f"teacher={server_teachers(cfg)[0]} without teacher.tokenizer (a server's tokenizer: the folder or hub "
+                        "id of the model it serves, to re-render the episodes in)")
     if problems:
         raise ValueError(f"trainer.loss={trainer.loss} cannot run with " + "; ".join(problems))
 

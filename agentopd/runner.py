@@ -138,7 +138,8 @@ class Runner:
             from agentopd.crosstok.score import CrossScorer
             from agentopd.trainer.config import LossKind
 
-            teacher_toks = {name: AutoTokenizer.from_pretrained(ref) for name, ref in teacher_refs.items()}
+            teacher_toks = {name: AutoTokenizer.from_pretrained(cfg.teacher.tokenizer if is_server(ref) else ref)
+                            for name, ref in teacher_refs.items()}  # a server's: teacher.tokenizer (policy.check_run)
             self.cross_scorer = CrossScorer(self.tokenizer, teacher_toks, full=self.trainer_cfg.loss == LossKind.XTOK_FULL)
         self.plan = run_plan(cfg, self.device, student_ref, teacher_refs)  # a run that cannot fit stops here, before any model
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind

@@ -5,6 +5,7 @@ training tokens/s of a few OPD steps, bf16, transformers engine (issue 5's GPU c
     python benchmarks/gpu_opd.py --tiny --out /tmp/x          # the same path at toy sizes (CPU smoke test)
     python benchmarks/gpu_opd.py --out DIR engine.kind=hf     # extra key=value overrides go to the run
     agentopd make-tokenizer qwen3 TOK && python benchmarks/gpu_opd.py --out DIR --tokenizer TOK   # Qwen3's vocabulary
+    python benchmarks/gpu_opd.py --out DIR --tokenizer TOK --teacher-tokenizer TOK35 trainer.loss=xtok_k1   # a Qwen3.5 teacher
 
 Models are built locally from Qwen3 configs (no hub): layers, widths and heads are the real ones. The vocabulary
 is the embedded tokenizer's (~1k rows) by default, or with `--tokenizer` a tokenizer folder's (e.g. Qwen3's real
@@ -57,6 +58,8 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tokenizer", type=Path, default=None, help="a tokenizer folder (agentopd make-tokenizer) instead of the embedded one")
+    ap.add_argument("--teacher-tokenizer", type=Path, default=None,
+                    help="the teacher's own tokenizer folder (a cross-tokenizer pair: pass trainer.loss=xtok_k1 or xtok_full)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run, e.g. engine.kind=fast")
     args = ap.parse_args()
     import torch
@@ -79,11 +82,20 @@ def main() -> None:
     dtype = torch.float32 if args.tiny else torch.bfloat16
     s_shape, t_shape = ("tiny-s", "tiny-t") if args.tiny else ("qwen3-0.6b", "qwen3-1.7b")
     n_s = build(s_shape, tok, work / "student", dtype, rows)
-    n_t = build(t_shape, tok, work / "teacher", dtype, rows)
+    t_tok, t_rows, t_dir = tok, rows, work / "teacher"
+    if args.teacher_tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        from agentopd.vocab import read_vocab_info
+
+        t_tok = AutoTokenizer.from_pretrained(args.teacher_tokenizer)
+        t_rows = read_vocab_info(args.teacher_tokenizer).get("model_rows", len(t_tok))
+        t_dir = work / f"teacher-{args.teacher_tokenizer.name}"
+    n_t = build(t_shape, t_tok, t_dir, dtype, t_rows)
     run = work / "run"
     subprocess.run(["rm", "-rf", str(run)], check=True)
     cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run),
-           f"student={work / 'student'}", f"teacher={work / 'teacher'}", f"steps={args.steps}",
+           f"student={work / 'student'}", f"teacher={t_dir}", f"steps={args.steps}",
            "rollout.tasks_per_step=16", "rollout.n=4", "rollout.max_new_tokens=128", "rollout.max_turns=3",
            "rollout.max_context=2048", "eval.num_tasks=32", "eval.every=0", "log.tensorboard=false",
            "trainer.loss=reverse_kl", "trainer.lr=1e-5", "trainer.activation_checkpointing=true",

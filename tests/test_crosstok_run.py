@@ -71,8 +71,6 @@ def test_config_accepts_xtok_and_refuses_what_is_not_wired():
     assert cfg.trainer.loss == "xtok_k1"
     with pytest.raises(ValueError, match="teacher_fraction"):
         load_config("sql_db", overrides=["trainer.loss=xtok_k1", "recipe.teacher_fraction=0.5"])
-    with pytest.raises(ValueError, match="server teacher"):
-        load_config("sql_db", overrides=["trainer.loss=xtok_k1", "teacher=http://localhost:8000", "eval.teacher=false"])
 
 
 def add_cross_teacher(home: Path, env: str = "sql_db", sharpness: float = 1.2) -> Path:
@@ -167,3 +165,58 @@ def test_qwen3_student_qwen35_teacher_random_weights(qwen3_dir, qwen35_dir, tmp_
     starts = [row for row in xs.train.topk_ids if row[0] != -2]
     assert len(starts) == al.num_spans and any(i >= 0 for row in starts for i in row)
     print(f"qwen3 -> qwen3.5 random teacher: {al.num_spans} spans, vocab share {share:.3f}, {time.perf_counter() - t0:.2f} s")
+
+
+def test_server_teacher_of_another_tokenizer(tiny_home, tmp_path):
+    """teacher=<a vLLM server> with teacher.tokenizer and trainer.loss=xtok_k1: the run re-renders each episode in the
+    teacher's tokenizer and the server scores those ids. The server is the FAKE of vLLM's /v1/completions from
+    test_server_teacher (no vLLM server runs in the main suite), over real HTTP, serving the builtin:cross teacher;
+    the scores it gives equal the local teacher's on the same first step (same seed: the same episodes)."""
+    import sqlite3
+    import threading
+    import time
+
+    import uvicorn
+    from test_server_teacher import fake_vllm, free_port
+    from transformers import AutoModelForCausalLM
+
+    teacher_dir = add_cross_teacher(tiny_home)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(fake_vllm(AutoModelForCausalLM.from_pretrained(teacher_dir).eval()),
+                                          host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    env = {**os.environ, "AGENTOPD_HOME": str(tiny_home)}
+    common = ["steps=1", "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16", "rollout.max_turns=2",
+              "eval.num_tasks=2", "eval.every=0", "eval.teacher=false", "run.checkpoint_every=0", "trainer.loss=xtok_k1",
+              "rollout.temperature=1.0"]  # a server scores at temperature 1
+    try:
+        deadline = time.time() + 20
+        while not server.started:
+            assert time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        scored = {}
+        for name, teacher in [("server", [f"teacher=http://127.0.0.1:{port}", f"teacher.tokenizer={teacher_dir}"]),
+                              ("local", ["teacher=builtin:cross"])]:
+            cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(tmp_path / name),
+                   *common, *teacher]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            db = sqlite3.connect(tmp_path / name / "trajectories.db")
+            scored[name] = dict(db.execute("select id, teacher_logprobs from episodes where split='train'").fetchall())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert scored["server"].keys() == scored["local"].keys() and len(scored["local"]) == 4
+    for eid, local in scored["local"].items():
+        assert json.loads(scored["server"][eid]) == pytest.approx(json.loads(local), abs=1e-4)
+
+
+def test_a_server_teacher_needs_its_tokenizer_for_a_cross_loss():
+    from agentopd.config import load_config
+
+    with pytest.raises(ValueError, match="teacher.tokenizer"):
+        load_config("sql_db", overrides=["trainer.loss=xtok_k1", "teacher=http://localhost:8000", "eval.teacher=false"])
+    cfg = load_config("sql_db", overrides=["trainer.loss=xtok_k1", "teacher=http://localhost:8000", "eval.teacher=false",
+                                           "teacher.tokenizer=some/folder"])
+    assert cfg.teacher.tokenizer == "some/folder"

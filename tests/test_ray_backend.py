@@ -112,3 +112,23 @@ def test_weight_version_is_the_trainer_step_a_skipped_step_included(ray_cluster,
         assert {ep.policy_version for _, ep in runner.store.iter_episodes(step=1)} == {0}  # sampled by step 0's weights
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("loss", ["xtok_k1", "xtok_full"])
+def test_cross_tokenizer_teacher_on_ray(ray_cluster, home, tmp_path, loss):
+    """trainer.loss=xtok_k1 / xtok_full with a teacher of another tokenizer on the Ray backend: the driver aligns each episode and
+    the teacher actor scores the teacher-side stream (agentopd.crosstok.score), as on the local backend."""
+    from test_crosstok_run import add_cross_teacher
+
+    add_cross_teacher(home)
+    run = tmp_path / loss
+    result = CliRunner().invoke(app, ["run", "--env", "sql_db", "--run-dir", str(run), *SHORT, *RAY, "steps=2",
+                                      "teacher=builtin:cross", f"trainer.loss={loss}", "trainer.lr=1e-3"])
+    assert result.exit_code == 0, result.output
+    steps = [r for r in _records(run) if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["xtok/aligned_share"] == 1.0 and 0 < r["xtok/one_to_one_share"] < 1.0 and "xtok/kl_turn/0" in r
+        if loss == "xtok_full":
+            assert 0 < r["xtok/mapped_share"] and r["train/distill_loss"] > 0
+    assert len(_train_ids(run)) == 2 * TASKS * N

@@ -113,6 +113,10 @@ class TeacherConfig(Section):
 
     path: str = "builtin"
     top_k: int = Field(20, ge=1, description="teacher top-k for trainer.loss=topk_forward_kl (a server: <= its --max-logprobs)")
+    tokenizer: str | None = Field(
+        None, description="a server teacher's tokenizer (a folder or hub id) for a cross-tokenizer loss (trainer.loss=xtok_*): "
+        "the run re-renders and aligns each episode in it and the server scores those ids; a local teacher's is its own",
+    )
 
 
 class VLLMOptions(Section):
