@@ -45,6 +45,7 @@ from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episo
 from agentopd.config.schema import Stale
 from agentopd.diagnostics import phase_metrics, step_metrics, teacher_work
 from agentopd.evaluate import EvalResult, summarise
+from agentopd.flops import ModelShape, played_flops, step_flops
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.memory_plan import MemoryPlan, OutOfMemory, Phase, run_plan
 from agentopd.metrics_log import MetricsLog
@@ -108,6 +109,9 @@ class Runner:
         self._mem: dict[str, float] = {}  # measured peaks per phase since the last step's metrics (_in_phase)
         self._cross_metrics: dict[str, float] = {}  # the step's alignment metrics (a cross-tokenizer loss)
         self.cross_scorer: CrossScorer | None = None  # a cross-tokenizer loss: teacher scoring through the alignment
+        self.shapes: dict[str, ModelShape | None] = {}  # student and teachers by name: their FLOPs per token (None: a server)
+        self._scored: list[tuple[str, int]] = []  # the step's scored streams: (teacher, length), for flops/teacher_score
+        self._flops_cum = {"teacher": 0.0, "student": 0.0}  # flops/teacher_cum, flops/student_cum so far
 
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self, resume_after: int | None) -> None:
@@ -141,6 +145,8 @@ class Runner:
             teacher_toks = {name: AutoTokenizer.from_pretrained(ref) for name, ref in teacher_refs.items()}
             self.cross_scorer = CrossScorer(self.tokenizer, teacher_toks, full=self.trainer_cfg.loss == LossKind.XTOK_FULL)
         self.plan = run_plan(cfg, self.device, student_ref, teacher_refs)  # a run that cannot fit stops here, before any model
+        self.shapes = {STUDENT: ModelShape.from_ref(student_ref)} | {
+            name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in teacher_refs.items()}
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = rollout_config(cfg)
@@ -298,8 +304,16 @@ class Runner:
                 restart = again
 
     def _open_log(self, resume_after: int | None) -> MetricsLog:
+        """The metrics log, after `resume_after` when resuming (later steps forgotten); the cumulative FLOPs of the
+        steps it keeps are read back from it."""
         log = self.cfg.log
-        return MetricsLog(self.rd, tensorboard=log.tensorboard, wandb=log.wandb, mlflow=log.mlflow, resume_after=resume_after)
+        metrics = MetricsLog(self.rd, tensorboard=log.tensorboard, wandb=log.wandb, mlflow=log.mlflow, resume_after=resume_after)
+        self._flops_cum = {"teacher": 0.0, "student": 0.0}
+        if resume_after is not None:
+            for record in metrics.read():
+                for who in self._flops_cum:
+                    self._flops_cum[who] += record.get(f"flops/{who}", 0.0)
+        return metrics
 
     def _write(self, step: int, metrics: dict[str, Any]) -> None:
         self.log.write(step, metrics)
@@ -411,6 +425,7 @@ class Runner:
             return self._score_cross(planned, episodes, teacher_of)
         streams = [e.tokens for e in episodes] + [b for e in episodes for b in e.branches]
         branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
+        self._scored = [(name, len(s.token_ids)) for name, s in zip([*teacher_of, *branch_teachers], streams)]
         with self._in_phase("teacher"):
             scores = score_episodes(self.backend, [*teacher_of, *branch_teachers], streams, self.mode)
         with self.store.batch():  # one transaction: the scores arrive together
@@ -421,6 +436,8 @@ class Runner:
 
     def _score_cross(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str]) -> list[TeacherScores]:
         """A cross-tokenizer loss: scores through the alignment (agentopd.crosstok.score); the step's alignment metrics kept."""
+        # the teacher's own streams differ in length: counted at the student's (an approximation, flops.py)
+        self._scored = [(name, len(e.tokens.token_ids)) for name, e in zip(teacher_of, episodes)]
         with self._in_phase("teacher"):
             projected, self._cross_metrics = self.cross_scorer.score(self.backend, episodes, teacher_of, self.mode)
         with self.store.batch():
@@ -481,9 +498,27 @@ class Runner:
                         metrics[f"success_rate/{source}"] = sum(e.success for e in of_source) / len(of_source)
         metrics |= phase_metrics(episodes, rollout_s=rollout_s, teacher_s=teacher_s, sync_s=sync_s)
         metrics |= async_stats | self.backend.stats() | self._mem
+        metrics |= self._step_flops(planned, episodes, teacher_of, objective, teacher_played, samples,
+                                    guide_score=metrics.get("flops/teacher_guide_score", 0.0))  # fmt: skip
         self._mem = {}
         self._unlogged = (step, metrics)
         return metrics
+
+    def _step_flops(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str], objective: Objective,
+                    teacher_played: set[str], samples: list, guide_score: float) -> dict[str, float]:  # fmt: skip
+        """The step's `flops/*` (agentopd.flops), the run's cumulative ones updated."""
+        by_teacher = [objective.teacher_plays or p.spec.episode_id in teacher_played for p in planned]
+        players = [self.shapes[name] if t else self.shapes[STUDENT] for name, t in zip(teacher_of, by_teacher)]
+        guides = [self.shapes[name] if self.cfg.recipe.intervene_below is not None else None for name in teacher_of]
+        scored, self._scored = [(self.shapes[name], n) for name, n in self._scored], []
+        out = step_flops(episodes, players, by_teacher, guides, student=self.shapes[STUDENT], scored=scored,
+                         train_lengths=[len(s.token_ids) for s in samples])  # fmt: skip
+        out["flops/teacher_score"] += guide_score
+        out["flops/teacher"] += guide_score
+        for who in self._flops_cum:
+            self._flops_cum[who] += out[f"flops/{who}"]
+            out[f"flops/{who}_cum"] = self._flops_cum[who]
+        return out
 
     # ---- eval and checkpoints -------------------------------------------------------------
     def _play_eval(self, step: int, teachers_play: bool, on_episode: OnEpisode | None = None) -> tuple[list[Planned], list[Episode]]:
@@ -515,15 +550,19 @@ class Runner:
         with self._in_phase("eval"):
             planned, episodes = self._play_eval(step, False, store_eval)
             result, per_source = self._summarise(planned, episodes, "eval")
+            flops = {"flops/eval_student": played_flops(episodes, self.shapes[STUDENT])}
             teacher_per_source: dict[str, float] = {}
             if with_teacher:
                 t_planned, t_episodes = self._play_eval(step, True)
                 self._teacher_result, teacher_per_source = self._summarise(t_planned, t_episodes, "eval/teacher")
+                flops["flops/eval_teacher"] = sum(played_flops([e], self.shapes[self.router.teacher_of(p, "eval")])
+                                                  for p, e in zip(t_planned, t_episodes))  # fmt: skip
         record = {"step": step, "eval/success_rate": result.success_rate, "eval/mean_turns": result.mean_turns,
                   "eval/tool_error_rate": result.tool_error_rate, "eval/parse_error_rate": result.parse_error_rate, **per_source}  # fmt: skip
         if with_teacher and self._teacher_result is not None:
             record["eval/teacher_success_rate"] = self._teacher_result.success_rate
             record |= teacher_per_source
+        record |= flops
         summary.evals.append(record)
         if metrics is not None:
             metrics.update({k: v for k, v in record.items() if k != "step"} | self._mem)
