@@ -54,6 +54,7 @@ from agentopd.objectives import Objective, teacher_mode
 from agentopd.pair import RUN_CHECKS, require_pair
 from agentopd.plan import Mixture, Planned
 from agentopd.policy import loss_temperature, rollout_config, trainer_config
+from agentopd.privileged import PrivilegedView
 from agentopd.progress import RunProgress
 from agentopd.recipes.turn_weights import step_turn_weights
 from agentopd.routing import Router
@@ -109,6 +110,7 @@ class Runner:
         self._mem: dict[str, float] = {}  # measured peaks per phase since the last step's metrics (_in_phase)
         self._cross_metrics: dict[str, float] = {}  # the step's alignment metrics (a cross-tokenizer loss)
         self.cross_scorer: CrossScorer | None = None  # a cross-tokenizer loss: teacher scoring through the alignment
+        self.privileged: PrivilegedView | None = None  # teacher.privileged: the streams the teacher scores instead
         self.shapes: dict[str, ModelShape | None] = {}  # student and teachers by name: their FLOPs per token (None: a server)
         self._scored: list[tuple[str, int]] = []  # the step's scored streams: (teacher, length), for flops/teacher_score
         self._flops_cum = {"teacher": 0.0, "student": 0.0}  # flops/teacher_cum, flops/student_cum so far
@@ -129,7 +131,7 @@ class Runner:
             kwargs = next(iter(self.mixture.sources.values())).kwargs if not self.mixture.mixed else None
             student_ref = resolve_student(cfg.student.path, self.mixture.env_names, mixed=self.mixture.mixed,
                                           progress=self.progress.bootstrap_callback, env_kwargs=kwargs)  # fmt: skip
-            teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
+            teacher_refs = self.router.resolve(self.progress.bootstrap_callback, student=student_ref)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
         cross = self.trainer_cfg.loss.is_cross_tokenizer
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
@@ -144,6 +146,9 @@ class Runner:
 
             teacher_toks = {name: AutoTokenizer.from_pretrained(ref) for name, ref in teacher_refs.items()}
             self.cross_scorer = CrossScorer(self.tokenizer, teacher_toks, full=self.trainer_cfg.loss == LossKind.XTOK_FULL)
+        if cfg.teacher.privileged is not None:  # every env must give the context: checked here, before any model
+            self.privileged = PrivilegedView(self.mixture, self.tokenizer, cfg.teacher.privileged)
+            self.privileged.check()
         self.plan = run_plan(cfg, self.device, student_ref, teacher_refs)  # a run that cannot fit stops here, before any model
         self.shapes = {STUDENT: ModelShape.from_ref(student_ref)} | {
             name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in teacher_refs.items()}
@@ -239,6 +244,8 @@ class Runner:
             summary.seconds = time.perf_counter() - t0
             self.progress.close()
             self.backend.close()
+            if self.privileged is not None:
+                self.privileged.close()
         if oom is not None:
             raise oom
         return summary
@@ -423,7 +430,9 @@ class Runner:
             return None
         if self.cross_scorer is not None:
             return self._score_cross(planned, episodes, teacher_of)
-        streams = [e.tokens for e in episodes] + [b for e in episodes for b in e.branches]
+        # teacher.privileged: the same response tokens after the privileged prompt (agentopd.privileged); no branches then
+        own = self.privileged.streams(planned, episodes) if self.privileged is not None else [e.tokens for e in episodes]
+        streams = own + [b for e in episodes for b in e.branches]
         branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
         self._scored = [(name, len(s.token_ids)) for name, s in zip([*teacher_of, *branch_teachers], streams)]
         with self._in_phase("teacher"):

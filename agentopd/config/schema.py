@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from agentopd.backends.base import BackendKind
 from agentopd.config.envargs import resolve_kwargs
+from agentopd.env import Privileged
 from agentopd.objectives import Objective
 
 KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")  # a config key, a source name
@@ -108,11 +109,16 @@ class StudentConfig(Section):
 
 
 class TeacherConfig(Section):
-    """`teacher`: the model that scores the student's tokens (`builtin` = the env's embedded teacher;
-    an http(s) URL = a vLLM server's prompt logprobs, agentopd.teacher.ServerTeacher)."""
+    """`teacher`: the model that scores the student's tokens (`builtin` = the env's embedded teacher; `self` = a
+    frozen copy of the student's starting weights; an http(s) URL = a vLLM server's prompt logprobs,
+    agentopd.teacher.ServerTeacher). `privileged` (solution | schema): the teacher reads each episode with that
+    context from the env in its prompt, which the student lacks (privileged self-distillation, agentopd.privileged)."""
 
     path: str = "builtin"
     top_k: int = Field(20, ge=1, description="teacher top-k for trainer.loss=topk_forward_kl (a server: <= its --max-logprobs)")
+    privileged: Privileged | None = Field(
+        None, description="context the teacher reads and the student does not: solution (the oracle's) or schema (the hidden one)"
+    )
 
 
 class VLLMOptions(Section):
