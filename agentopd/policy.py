@@ -94,6 +94,9 @@ def check_run(cfg: Config) -> None:
         )
     _check_teacher_recipes(cfg)
     _check_intervene(cfg)
+    if cfg.recipe.horizon_turns is not None and cfg.recipe.horizon_turns[1] > cfg.rollout.max_turns:
+        raise ValueError(f"recipe.horizon_turns={list(cfg.recipe.horizon_turns)} ends past rollout.max_turns={cfg.rollout.max_turns}: "
+                         "the episodes stop there anyway; end it at rollout.max_turns or below")  # fmt: skip
     trainer = trainer_config(cfg)  # the loss, its temperature and the teachers must fit together
     if cfg.teacher.privileged is not None:
         _check_privileged(cfg, trainer)

@@ -56,6 +56,7 @@ from agentopd.plan import Mixture, Planned
 from agentopd.policy import loss_temperature, rollout_config, trainer_config
 from agentopd.privileged import PrivilegedView
 from agentopd.progress import RunProgress
+from agentopd.recipes.horizon import horizon, horizon_rollout
 from agentopd.recipes.turn_weights import step_turn_weights
 from agentopd.routing import Router
 from agentopd.rundir import DONE, RunDir
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
 
     from agentopd.config import Config
     from agentopd.crosstok.score import CrossScorer
+    from agentopd.rollout import RolloutConfig
     from agentopd.teacher import TeacherScores
 
 
@@ -341,12 +343,23 @@ class Runner:
         """The objective in force at `step`: SFT during the warm start (recipe.sft_steps), then the run's."""
         return Objective.SFT if step <= self.cfg.recipe.sft_steps else self.objective
 
+    def _horizon(self, step: int) -> int | None:
+        """The turn horizon of `step` (recipe.horizon_turns), else None."""
+        r = self.cfg.recipe
+        return None if r.horizon_turns is None else horizon(step, steps=self.cfg.run.steps, start=r.horizon_turns[0], end=r.horizon_turns[1])
+
+    def _train_rollout(self, step: int) -> RolloutConfig:
+        """The rollout settings of `step`'s training episodes: at most k turns under recipe.horizon_turns."""
+        k = self._horizon(step)
+        return self.rollout_cfg if k is None else horizon_rollout(self.rollout_cfg, k)
+
     def _submit(self, step: int) -> list[RolloutHandle]:
         cfg = self.cfg
         planned = self.mixture.plan(step, tasks_per_step=cfg.rollout.tasks_per_step, n=cfg.rollout.n, seed=cfg.run.seed,
                                     policy_version=self.backend.policy_version)  # fmt: skip
+        config = self._train_rollout(step)
         if self._objective(step).teacher_plays:  # each task's teacher plays it
-            return self._teachers_play(planned)
+            return self._teachers_play(planned, config)
         if self._engine_stale:  # the warm start is over: the student plays with the weights it trained
             self.backend.sync_weights()
             self._engine_stale = False
@@ -354,10 +367,10 @@ class Runner:
         k = cfg.rollout.n * round(cfg.recipe.teacher_fraction * (len(planned) // cfg.rollout.n))
         self._teacher_played[step] = {p.spec.episode_id for p in planned[:k]}
         student = planned[k:]
-        return self._teachers_play(planned[:k]) + [self.backend.submit_rollout(student, self.rollout_cfg, STUDENT)]
+        return self._teachers_play(planned[:k], config) + [self.backend.submit_rollout(student, config, STUDENT)]
 
-    def _teachers_play(self, planned: Sequence[Planned]) -> list[RolloutHandle]:
-        return [self.backend.submit_rollout(group, self.rollout_cfg, who) for who, group in self._by_teacher(planned).items()]
+    def _teachers_play(self, planned: Sequence[Planned], config: RolloutConfig) -> list[RolloutHandle]:
+        return [self.backend.submit_rollout(group, config, who) for who, group in self._by_teacher(planned).items()]
 
     def _by_teacher(self, planned: Sequence[Planned], split: str = "train") -> dict[str, list[Planned]]:
         out: dict[str, list[Planned]] = {}
@@ -407,7 +420,8 @@ class Runner:
             return planned, episodes, stats
         if cfg.stale == Stale.REGENERATE:
             redo = [Planned(planned[i].source, replace(planned[i].spec, policy_version=version)) for i in stale]
-            fresh = self._collect([self.backend.submit_rollout(redo, self.rollout_cfg, STUDENT)], on_episode)[1]
+            config = self._train_rollout(redo[0].spec.step)  # one step's episodes
+            fresh = self._collect([self.backend.submit_rollout(redo, config, STUDENT)], on_episode)[1]
             for i, ep in zip(stale, fresh):
                 episodes[i] = ep
             stats["async/regenerated"] = float(len(stale))
@@ -494,6 +508,8 @@ class Runner:
         teacher_played = self._teacher_played.pop(step, set())
         if teacher_played:
             metrics["recipe/teacher_episodes"] = float(len(teacher_played))
+        if (k := self._horizon(step)) is not None:
+            metrics["horizon/turns"] = float(k)
         metrics |= teacher_work(episodes, scored=scores is not None, teacher_plays=objective.teacher_plays)
         own = [i for i, p in enumerate(planned) if p.spec.episode_id not in teacher_played]  # what the diagnostics describe
         if own:

@@ -280,6 +280,8 @@ class RecipeConfig(Section):
     - `turn_support_below`: per-turn reliability weights: a student turn whose support (mean teacher
       probability of the student's tokens) is below this has its loss weight scaled by support / threshold
       (never under `turn_weight_floor`): turns where the student left the teacher's support count less.
+    - `horizon_turns: [start, end]`: truncated-horizon OPD: training episodes are played to at most k assistant
+      turns, k stepping from `start` to `end` in equal shares of the run (agentopd.recipes.horizon).
     """
 
     teacher_fraction: float = Field(0.0, ge=0, le=1, description="share of each step's tasks the teacher plays (GKD lambda)")
@@ -288,6 +290,16 @@ class RecipeConfig(Section):
     intervene_steps: int | None = Field(None, ge=1, description="steps over which the intervention probability decays from 1 to 0 (null = run.steps)")
     turn_support_below: float | None = Field(None, gt=0, le=1, description="turn support under which its loss weight is scaled down")
     turn_weight_floor: float = Field(0.1, ge=0, le=1, description="the smallest weight a down-weighted turn gets")
+    horizon_turns: tuple[int, int] | None = Field(
+        None, description="[start, end]: training episodes play at most k turns, k growing from start to end over the run"
+    )
+
+    @field_validator("horizon_turns")
+    @classmethod
+    def _horizon(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[0] <= value[1]:
+            raise ValueError(f"recipe.horizon_turns must be [start, end] with 1 <= start <= end, got {list(value)}")
+        return value
 
 
 class MixConfig(Section):
