@@ -13,6 +13,10 @@ steps and seeds, so each trains on about the same number of tokens (its student-
     opd_turn_weights  turns outside the teacher's support count less (recipe.turn_support_below)
     sft               cross-entropy on the teacher's episodes of the same tasks (sequence-level KD)
     grpo              the env reward alone: groups of 4 episodes per task, a quarter of the tasks
+    opd_self_privileged  privileged self-distillation: the teacher is a frozen copy of the student that reads the
+                      env's privileged context (--privileged: solution | schema) in its prompt (teacher=self)
+    opd_privileged    the built-in teacher, reading the same privileged context
+    opd_horizon       truncated horizon: training episodes played to k turns, k from 2 to rollout.max_turns
 
 Reported per env and method, as mean +- std over the seeds: held-out success at every eval point,
 the student tokens trained on, the teacher tokens scored and generated, the teacher's and the student's
@@ -40,10 +44,12 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-METHODS = ("opd", "opd_mixed", "sft_then_opd", "opd_intervene", "opd_turn_weights", "sft", "grpo")
+METHODS = ("opd", "opd_mixed", "sft_then_opd", "opd_intervene", "opd_turn_weights", "sft", "grpo", "opd_self_privileged",
+           "opd_privileged", "opd_horizon")  # fmt: skip
 
 
-def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_below: float, support_below: float) -> list[str]:
+def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_below: float, support_below: float,
+                     privileged: str = "solution", max_turns: int = 4) -> list[str]:  # fmt: skip
     return {
         "opd": ["objective=opd"],
         "opd_mixed": ["objective=opd", "recipe.teacher_fraction=0.5"],
@@ -52,6 +58,9 @@ def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_bel
         "opd_turn_weights": ["objective=opd", f"recipe.turn_support_below={support_below}"],
         "sft": ["objective=sft"],
         "grpo": ["objective=grpo", "rollout.n=4", f"rollout.tasks_per_step={max(1, tasks_per_step // 4)}"],
+        "opd_self_privileged": ["objective=opd", "teacher=self", f"teacher.privileged={privileged}"],
+        "opd_privileged": ["objective=opd", f"teacher.privileged={privileged}"],
+        "opd_horizon": ["objective=opd", f"recipe.horizon_turns=[{min(2, max_turns)},{max_turns}]"],
     }[method]
 
 
@@ -139,12 +148,14 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         tasks = base.rollout.tasks_per_step
         for method in args.methods:
             for seed in range(args.seeds):
-                name = f"{env}-{method}-s{seed}-{args.steps}steps"  # a result is reused only for the same run
+                kind = f"-{args.privileged}" if "privileged" in method else ""  # a result is reused only for the same run
+                name = f"{env}-{method}{kind}-s{seed}-{args.steps}steps"
                 # the teacher's greedy eval is the same in every run: played once per env (opd, seed 0)
                 teacher_eval = f"eval.teacher={str(method == 'opd' and seed == 0).lower()}"
                 overrides = [f"steps={args.steps}", f"eval.every={args.eval_every}", f"run.seed={seed}", "log.tensorboard=false",
                              "run.checkpoint_every=0", teacher_eval, *args.overrides,
-                             *method_overrides(method, args.steps, tasks, args.intervene_below, args.support_below)]  # fmt: skip
+                             *method_overrides(method, args.steps, tasks, args.intervene_below, args.support_below,
+                                               args.privileged, base.rollout.max_turns)]  # fmt: skip
                 specs.append({"env": env, "method": method, "seed": seed, "overrides": overrides,
                               "run_dir": str(work / "runs" / name), "result": str(work / "results" / f"{name}.json")})  # fmt: skip
 
@@ -326,6 +337,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--intervene-below", type=float, default=-1.0, help="recipe.intervene_below of opd_intervene")
     ap.add_argument("--support-below", type=float, default=0.3, help="recipe.turn_support_below of opd_turn_weights")
+    ap.add_argument("--privileged", default="solution", choices=("solution", "schema"),
+                    help="teacher.privileged of opd_self_privileged and opd_privileged")
     ap.add_argument("--work", type=Path, default=Path("runs/quality"), help="run directories and per-run results")
     ap.add_argument("--out", type=Path, help="the markdown report (a PNG is written next to it)")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the results already under --work")
@@ -349,7 +362,8 @@ def main() -> None:
 
     command = " ".join(["python benchmarks/quality.py", *(f"--env {e}" for e in args.env), f"--methods {','.join(args.methods)}",
                         f"--seeds {args.seeds}", f"--steps {args.steps}", f"--eval-every {args.eval_every}",
-                        f"--intervene-below {args.intervene_below}", f"--support-below {args.support_below}", *args.overrides])  # fmt: skip
+                        f"--intervene-below {args.intervene_below}", f"--support-below {args.support_below}", f"--privileged {args.privileged}",
+                        *args.overrides])  # fmt: skip
     head = (f"# Quality: OPD recipes vs SFT vs GRPO at equal student tokens and equal teacher FLOPs\n\n`{command}`\n\n"
             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
             f"{len(results)} runs, {args.jobs} at a time, {time.perf_counter() - t0:.0f} s.\n\n")  # fmt: skip
