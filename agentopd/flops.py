@@ -25,6 +25,8 @@ How a run spends them (agentopd.runner, the `flops/*` metrics of docs/design.md 
     flops/student_train        3 x forward over every training sample
     flops/teacher, flops/student   the step's sums; flops/teacher_cum, flops/student_cum the run's so far
     flops/eval_student, flops/eval_teacher   the eval episodes (not part of the training budgets above)
+A server teacher (no config here) costs 0 in these; a cross-tokenizer teacher's streams are counted at the student's
+lengths (its own re-rendering of an episode is close to it, not equal); a privileged teacher's at its own (longer).
 """
 
 from __future__ import annotations
