@@ -87,6 +87,9 @@ class PrivilegedView:
 
     def text(self, source: str, task_id: str) -> str:
         env = self._env(source)
+        if not isinstance(env, ToolEnv):
+            raise ValueError(f"teacher.privileged={self.kind}: env {type(env).__name__} (source {source!r}) is not an "
+                             "agentopd ToolEnv: it has no privileged_context(task, kind)")  # fmt: skip
         task = env.tasks[env.task_index(options={"task_id": task_id})]
         text = env.privileged_context(task, self.kind)
         if text is None:
