@@ -2,7 +2,7 @@
 env's plain prompt and with the privileged one (agentopd.privileged: the env's `privileged_context` appended to the
 user message), the prompt a `teacher.privileged` teacher scores the student's tokens after.
 
-    python benchmarks/privileged_context.py --env sql_db --kind solution --num-tasks 100
+    python benchmarks/privileged_context.py --env sql_db --kind solution --num-tasks 100 [--model DIR ...]
 
 Privileged self-distillation can only help where the context makes the teacher better at the task: the column
 "privileged" must beat "plain" for the model that plays the teacher (`teacher=self`: the student).
@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--env", default="sql_db")
     ap.add_argument("--kind", default="solution", choices=("solution", "schema"))
     ap.add_argument("--num-tasks", type=int, default=100)
+    ap.add_argument("--model", action="append", default=[], help="a model folder to check as well (repeatable)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = load_config(args.env)
@@ -64,11 +65,12 @@ def main() -> None:
     rollout = replace(rollout_config(cfg), temperature=0.0)
     print(f"{args.env}, teacher.privileged={args.kind}, {args.num_tasks} held-out tasks, greedy\n")
     print("| model | plain prompt | privileged prompt |\n|---|---|---|")
-    for role in ("student", "teacher"):
-        ref = resolve_model("builtin", cfg.env.name, role, env_kwargs=cfg.env.kwargs)
+    models = [(f"builtin {role}", resolve_model("builtin", cfg.env.name, role, env_kwargs=cfg.env.kwargs))
+              for role in ("student", "teacher")] + [(path, path) for path in args.model]  # fmt: skip
+    for label, ref in models:
         plain = success(ref, cfg.env.name, kwargs, None, args.num_tasks, rollout)
         privileged = success(ref, cfg.env.name, kwargs, args.kind, args.num_tasks, rollout)
-        print(f"| builtin {role} | {plain:.0%} | {privileged:.0%} |", flush=True)
+        print(f"| {label} | {plain:.0%} | {privileged:.0%} |", flush=True)
 
 
 if __name__ == "__main__":
