@@ -22,6 +22,8 @@ Checks, in order (each one a named `Check` with pass / fail / skip and a detail 
                        control and non-ASCII characters, ...) as each string argument of each
                        tool, correctly typed: nothing raises, each reply is a tool message,
                        none slower than `max_step_s` (whether it is an error is the env's call)
+    privileged         `privileged_context(task, kind)` gives a non-empty str or None for every kind
+                       (agentopd.env.Privileged), never raises; skipped for an env without the method
     close_twice        `close()` twice raises nothing
 
 An env instance passed in is closed at the end.
@@ -111,6 +113,7 @@ def check_env(
         ("oracle", lambda: _oracle(env, oracle_tasks)),
         ("fuzz", lambda: _fuzz(env, fuzz_steps, max_step_s)),
         ("hostile_values", lambda: _hostile_values(env, max_step_s)),
+        ("privileged", lambda: _privileged(env)),
         ("close_twice", lambda: _close_twice(env)),
     ]
     if isinstance(name_or_env, str):
@@ -290,6 +293,22 @@ def _oracle(env: gymnasium.Env, n: int) -> str:
             failures.append(f"{task_id} (reward {reward}, terminated {ended})")
     _expect(not failures, f"{len(failures)}/{len(resets)} oracle solutions failed: {', '.join(map(str, failures[:5]))}")
     return f"{len(resets)} tasks, all reward 1.0"
+
+
+def _privileged(env: gymnasium.Env) -> str:
+    from agentopd.env import Privileged
+
+    u = env.unwrapped
+    if not hasattr(u, "privileged_context"):
+        raise _Skip("the env has no privileged_context(task, kind)")
+    env.reset(seed=0)
+    given = []
+    for kind in Privileged:
+        text = u.privileged_context(u.task, kind)
+        _expect(text is None or (isinstance(text, str) and text.strip() != ""),
+                f"privileged_context(task, {kind.value!r}) must be a non-empty str or None, got {text!r:.200}")  # fmt: skip
+        given.append(f"{kind.value}: {'none' if text is None else f'{len(text)} chars'}")
+    return "; ".join(given)
 
 
 # --- fuzzing --------------------------------------------------------------------------------------

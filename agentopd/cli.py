@@ -247,7 +247,7 @@ def plan_memory_command(
     from agentopd.backends.base import BackendKind
     from agentopd.config import load_config
     from agentopd.memory_plan import cuda_gpus, plan_memory, shapes_of
-    from agentopd.models import resolve_model, resolve_student
+    from agentopd.models import SELF, resolve_model, resolve_student
     from agentopd.teacher.base import is_server
 
     cfg = load_config(env, config_file=config, overrides=overrides or [])
@@ -265,7 +265,7 @@ def plan_memory_command(
     names = cfg.env.name.split(",")
     refs = {"student": resolve_student(cfg.student.path, names, mixed=len(names) > 1)}
     if cfg.run.objective != "grpo" and not is_server(cfg.teacher.path):
-        refs["teacher"] = resolve_model(cfg.teacher.path, names[0], "teacher")
+        refs["teacher"] = refs["student"] if cfg.teacher.path == SELF else resolve_model(cfg.teacher.path, names[0], "teacher")
     plan = plan_memory(cfg, shapes_of(refs), sizes)
     console.print(plan.table(), markup=False, highlight=False)
     if not plan.fits:  # the table is above: the error is its one line

@@ -61,6 +61,14 @@ class Split(StrEnum):
             raise ValueError(f"{env_name}: split must be one of {[s.value for s in cls]}, got {value!r}") from None
 
 
+class Privileged(StrEnum):
+    """Kinds of privileged context an env can give a teacher about a task (`teacher.privileged`; agentopd.privileged):
+    text the student's prompt lacks."""
+
+    SOLUTION = "solution"  # the task's reference solution (the oracle's actions, a worked solution, the gold SQL)
+    SCHEMA = "schema"  # what the student must look up first (the hidden database schema of sql_db_explore)
+
+
 @dataclass(frozen=True)
 class Task:
     """One task. `answer` is the expected final answer (as text); `data` holds env extras
@@ -180,6 +188,12 @@ class ToolEnv(gymnasium.Env):
         """Assistant actions that solve `task` (the last one answers without tool calls)."""
         raise NotImplementedError
 
+    def privileged_context(self, task: Task, kind: Privileged) -> str | None:
+        """Text about `task` of that kind that the student's prompt lacks, for a teacher to read (privileged
+        self-distillation, agentopd.privileged); None where the env has none (the default: a run that asks fails
+        before it starts, naming the env and `teacher.privileged`)."""
+        return None
+
     def restrict_tasks(self, tasks: Sequence[Task]) -> None:
         """Serve only `tasks` (a subset of this env's), e.g. the train or eval share agentopd.splits holds out."""
         if not tasks:
@@ -273,6 +287,19 @@ class ToolEnv(gymnasium.Env):
 
     def close(self) -> None:
         self._done = True
+
+
+def actions_text(actions: Sequence[Action]) -> str:
+    """Assistant actions (an oracle's) as numbered text: each tool call as `name({json arguments})`, a final
+    answer as `answer: ...` (what privileged_context(task, SOLUTION) gives for a tool env)."""
+    lines = []
+    for action in actions:
+        calls = action.get("tool_calls") or []
+        for call in calls:
+            lines.append(f"{call['name']}({json.dumps(call.get('arguments', {}), sort_keys=True)})")
+        if not calls:
+            lines.append(f"answer: {action.get('content', '')}")
+    return "\n".join(f"{i}. {line}" for i, line in enumerate(lines, 1))
 
 
 def _copy_json(x: Any) -> Any:

@@ -7,8 +7,9 @@
 `builtin` (the default) means the embedded models of the env (agentopd.bootstrap); `builtin:vllm` the
 embedded student built with a head size vLLM's CPU build serves (32 instead of 24; its teacher is the
 default one: `bootstrap(..., for_vllm=True)`); `builtin:cross` a teacher of the default recipe over its own,
-larger BPE (another tokenizer: for the cross-tokenizer losses, trainer.loss=xtok_k1); anything else is a local Hugging Face folder or a hub
-id, loaded with AutoModelForCausalLM / AutoTokenizer.
+larger BPE (another tokenizer: for the cross-tokenizer losses, trainer.loss=xtok_k1); `teacher=self` the student's
+own reference (routing.Router.resolve: a frozen copy of its starting weights); anything else is a local Hugging Face
+folder or a hub id, loaded with AutoModelForCausalLM / AutoTokenizer.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from agentopd.teacher.base import is_server
 BUILTIN = "builtin"
 FOR_VLLM = "vllm"  # `builtin:vllm`
 CROSS = "cross"  # `builtin:cross` (a teacher)
+SELF = "self"  # `teacher=self`: a frozen copy of the student's starting weights (privileged self-distillation)
 
 
 def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:

@@ -94,7 +94,12 @@ def check_run(cfg: Config) -> None:
         )
     _check_teacher_recipes(cfg)
     _check_intervene(cfg)
+    if cfg.recipe.horizon_turns is not None and cfg.recipe.horizon_turns[1] > cfg.rollout.max_turns:
+        raise ValueError(f"recipe.horizon_turns={list(cfg.recipe.horizon_turns)} ends past rollout.max_turns={cfg.rollout.max_turns}: "
+                         "the episodes stop there anyway; end it at rollout.max_turns or below")  # fmt: skip
     trainer = trainer_config(cfg)  # the loss, its temperature and the teachers must fit together
+    if cfg.teacher.privileged is not None:
+        _check_privileged(cfg, trainer)
     if trainer.loss.is_cross_tokenizer:
         _check_cross_tokenizer(cfg, trainer)
     servers = server_teachers(cfg)
@@ -116,6 +121,20 @@ def _check_cross_tokenizer(cfg: Config, trainer: TrainerConfig) -> None:
                         "id of the model it serves, to re-render the episodes in)")
     if problems:
         raise ValueError(f"trainer.loss={trainer.loss} cannot run with " + "; ".join(problems))
+
+
+def _check_privileged(cfg: Config, trainer: TrainerConfig) -> None:
+    """teacher.privileged: the teacher scores the student's tokens after a privileged prompt (agentopd.privileged); it
+    must not play (its own turns would need the context too) and must read the student's tokens."""
+    r, problems = cfg.recipe, []
+    if cfg.run.objective != Objective.OPD:
+        problems.append(f"objective={cfg.run.objective} (needs objective=opd: the teacher scores, never plays)")
+    if r.teacher_fraction > 0 or r.sft_steps > 0 or r.intervene_below is not None:
+        problems.append("recipe.teacher_fraction / sft_steps / intervene_below (the teacher would play without its context)")
+    if trainer.loss.is_cross_tokenizer:
+        problems.append(f"trainer.loss={trainer.loss} (another tokenizer reads its own rendering, not the student's tokens)")
+    if problems:
+        raise ValueError(f"teacher.privileged={cfg.teacher.privileged} cannot run with " + "; ".join(problems))
 
 
 def _check_teacher_recipes(cfg: Config) -> None:

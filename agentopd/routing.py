@@ -18,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentopd.models import BUILTIN, CROSS, resolve_model
+from agentopd.models import BUILTIN, CROSS, SELF, resolve_model
 from agentopd.plan import Mixture, Planned
 from agentopd.rollout import EpisodeSpec
 
@@ -83,10 +83,16 @@ class Router:
                     )
                 self.envs_of[name].add(source.env_name)
 
-    def resolve(self, progress: Any = None) -> dict[str, Path | str]:
-        """Teacher name -> something from_pretrained takes (built-in teachers bootstrapped on demand)."""
+    def resolve(self, progress: Any = None, student: Path | str | None = None) -> dict[str, Path | str]:
+        """Teacher name -> something from_pretrained takes (built-in teachers bootstrapped on demand; `self` is the
+        student's reference `student`, loaded again as a frozen copy)."""
         out = {}
         for name, ref in self.refs.items():
+            if ref == SELF:
+                if student is None:
+                    raise ValueError(f"teachers.{name}=self: a copy of the student needs the student's reference")
+                out[name] = student
+                continue
             env = self._builtin_env(name, ref)
             builtin = ref if ref == f"{BUILTIN}:{CROSS}" else BUILTIN  # builtin:cross: the env's cross-tokenizer teacher
             out[name] = resolve_model(builtin if env else ref, env or "", "teacher", progress, env_kwargs=self._kwargs_of(env))

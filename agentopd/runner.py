@@ -45,6 +45,7 @@ from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, score_episo
 from agentopd.config.schema import Stale
 from agentopd.diagnostics import phase_metrics, step_metrics, teacher_work
 from agentopd.evaluate import EvalResult, summarise
+from agentopd.flops import ModelShape, played_flops, step_flops
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.memory_plan import MemoryPlan, OutOfMemory, Phase, run_plan
 from agentopd.metrics_log import MetricsLog
@@ -53,7 +54,9 @@ from agentopd.objectives import Objective, teacher_mode
 from agentopd.pair import RUN_CHECKS, require_pair
 from agentopd.plan import Mixture, Planned
 from agentopd.policy import loss_temperature, rollout_config, trainer_config
+from agentopd.privileged import PrivilegedView
 from agentopd.progress import RunProgress
+from agentopd.recipes.horizon import horizon, horizon_rollout
 from agentopd.recipes.turn_weights import step_turn_weights
 from agentopd.routing import Router
 from agentopd.rundir import DONE, RunDir
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
 
     from agentopd.config import Config
     from agentopd.crosstok.score import CrossScorer
+    from agentopd.rollout import RolloutConfig
     from agentopd.teacher import TeacherScores
 
 
@@ -108,6 +112,10 @@ class Runner:
         self._mem: dict[str, float] = {}  # measured peaks per phase since the last step's metrics (_in_phase)
         self._cross_metrics: dict[str, float] = {}  # the step's alignment metrics (a cross-tokenizer loss)
         self.cross_scorer: CrossScorer | None = None  # a cross-tokenizer loss: teacher scoring through the alignment
+        self.privileged: PrivilegedView | None = None  # teacher.privileged: the streams the teacher scores instead
+        self.shapes: dict[str, ModelShape | None] = {}  # student and teachers by name: their FLOPs per token (None: a server)
+        self._scored: list[tuple[str, int]] = []  # the step's scored streams: (teacher, length), for flops/teacher_score
+        self._flops_cum = {"teacher": 0.0, "student": 0.0}  # flops/teacher_cum, flops/student_cum so far
 
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self, resume_after: int | None) -> None:
@@ -125,7 +133,7 @@ class Runner:
             kwargs = next(iter(self.mixture.sources.values())).kwargs if not self.mixture.mixed else None
             student_ref = resolve_student(cfg.student.path, self.mixture.env_names, mixed=self.mixture.mixed,
                                           progress=self.progress.bootstrap_callback, env_kwargs=kwargs)  # fmt: skip
-            teacher_refs = self.router.resolve(self.progress.bootstrap_callback)
+            teacher_refs = self.router.resolve(self.progress.bootstrap_callback, student=student_ref)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
         cross = self.trainer_cfg.loss.is_cross_tokenizer
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template
@@ -141,7 +149,12 @@ class Runner:
             teacher_toks = {name: AutoTokenizer.from_pretrained(cfg.teacher.tokenizer if is_server(ref) else ref)
                             for name, ref in teacher_refs.items()}  # a server's: teacher.tokenizer (policy.check_run)
             self.cross_scorer = CrossScorer(self.tokenizer, teacher_toks, full=self.trainer_cfg.loss == LossKind.XTOK_FULL)
+        if cfg.teacher.privileged is not None:  # every env must give the context: checked here, before any model
+            self.privileged = PrivilegedView(self.mixture, self.tokenizer, cfg.teacher.privileged)
+            self.privileged.check()
         self.plan = run_plan(cfg, self.device, student_ref, teacher_refs)  # a run that cannot fit stops here, before any model
+        self.shapes = {STUDENT: ModelShape.from_ref(student_ref)} | {
+            name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in teacher_refs.items()}
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = rollout_config(cfg)
@@ -234,6 +247,8 @@ class Runner:
             summary.seconds = time.perf_counter() - t0
             self.progress.close()
             self.backend.close()
+            if self.privileged is not None:
+                self.privileged.close()
         if oom is not None:
             raise oom
         return summary
@@ -299,8 +314,16 @@ class Runner:
                 restart = again
 
     def _open_log(self, resume_after: int | None) -> MetricsLog:
+        """The metrics log, after `resume_after` when resuming (later steps forgotten); the cumulative FLOPs of the
+        steps it keeps are read back from it."""
         log = self.cfg.log
-        return MetricsLog(self.rd, tensorboard=log.tensorboard, wandb=log.wandb, mlflow=log.mlflow, resume_after=resume_after)
+        metrics = MetricsLog(self.rd, tensorboard=log.tensorboard, wandb=log.wandb, mlflow=log.mlflow, resume_after=resume_after)
+        self._flops_cum = {"teacher": 0.0, "student": 0.0}
+        if resume_after is not None:
+            for record in metrics.read():
+                for who in self._flops_cum:
+                    self._flops_cum[who] += record.get(f"flops/{who}", 0.0)
+        return metrics
 
     def _write(self, step: int, metrics: dict[str, Any]) -> None:
         self.log.write(step, metrics)
@@ -321,12 +344,23 @@ class Runner:
         """The objective in force at `step`: SFT during the warm start (recipe.sft_steps), then the run's."""
         return Objective.SFT if step <= self.cfg.recipe.sft_steps else self.objective
 
+    def _horizon(self, step: int) -> int | None:
+        """The turn horizon of `step` (recipe.horizon_turns), else None."""
+        r = self.cfg.recipe
+        return None if r.horizon_turns is None else horizon(step, steps=self.cfg.run.steps, start=r.horizon_turns[0], end=r.horizon_turns[1])
+
+    def _train_rollout(self, step: int) -> RolloutConfig:
+        """The rollout settings of `step`'s training episodes: at most k turns under recipe.horizon_turns."""
+        k = self._horizon(step)
+        return self.rollout_cfg if k is None else horizon_rollout(self.rollout_cfg, k)
+
     def _submit(self, step: int) -> list[RolloutHandle]:
         cfg = self.cfg
         planned = self.mixture.plan(step, tasks_per_step=cfg.rollout.tasks_per_step, n=cfg.rollout.n, seed=cfg.run.seed,
                                     policy_version=self.backend.policy_version)  # fmt: skip
+        config = self._train_rollout(step)
         if self._objective(step).teacher_plays:  # each task's teacher plays it
-            return self._teachers_play(planned)
+            return self._teachers_play(planned, config)
         if self._engine_stale:  # the warm start is over: the student plays with the weights it trained
             self.backend.sync_weights()
             self._engine_stale = False
@@ -334,10 +368,10 @@ class Runner:
         k = cfg.rollout.n * round(cfg.recipe.teacher_fraction * (len(planned) // cfg.rollout.n))
         self._teacher_played[step] = {p.spec.episode_id for p in planned[:k]}
         student = planned[k:]
-        return self._teachers_play(planned[:k]) + [self.backend.submit_rollout(student, self.rollout_cfg, STUDENT)]
+        return self._teachers_play(planned[:k], config) + [self.backend.submit_rollout(student, config, STUDENT)]
 
-    def _teachers_play(self, planned: Sequence[Planned]) -> list[RolloutHandle]:
-        return [self.backend.submit_rollout(group, self.rollout_cfg, who) for who, group in self._by_teacher(planned).items()]
+    def _teachers_play(self, planned: Sequence[Planned], config: RolloutConfig) -> list[RolloutHandle]:
+        return [self.backend.submit_rollout(group, config, who) for who, group in self._by_teacher(planned).items()]
 
     def _by_teacher(self, planned: Sequence[Planned], split: str = "train") -> dict[str, list[Planned]]:
         out: dict[str, list[Planned]] = {}
@@ -387,7 +421,8 @@ class Runner:
             return planned, episodes, stats
         if cfg.stale == Stale.REGENERATE:
             redo = [Planned(planned[i].source, replace(planned[i].spec, policy_version=version)) for i in stale]
-            fresh = self._collect([self.backend.submit_rollout(redo, self.rollout_cfg, STUDENT)], on_episode)[1]
+            config = self._train_rollout(redo[0].spec.step)  # one step's episodes
+            fresh = self._collect([self.backend.submit_rollout(redo, config, STUDENT)], on_episode)[1]
             for i, ep in zip(stale, fresh):
                 episodes[i] = ep
             stats["async/regenerated"] = float(len(stale))
@@ -410,8 +445,11 @@ class Runner:
             return None
         if self.cross_scorer is not None:
             return self._score_cross(planned, episodes, teacher_of)
-        streams = [e.tokens for e in episodes] + [b for e in episodes for b in e.branches]
+        # teacher.privileged: the same response tokens after the privileged prompt (agentopd.privileged); no branches then
+        own = self.privileged.streams(planned, episodes) if self.privileged is not None else [e.tokens for e in episodes]
+        streams = own + [b for e in episodes for b in e.branches]
         branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
+        self._scored = [(name, len(s.token_ids)) for name, s in zip([*teacher_of, *branch_teachers], streams)]
         with self._in_phase("teacher"):
             scores = score_episodes(self.backend, [*teacher_of, *branch_teachers], streams, self.mode)
         with self.store.batch():  # one transaction: the scores arrive together
@@ -422,6 +460,8 @@ class Runner:
 
     def _score_cross(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str]) -> list[TeacherScores]:
         """A cross-tokenizer loss: scores through the alignment (agentopd.crosstok.score); the step's alignment metrics kept."""
+        # the teacher's own streams differ in length: counted at the student's (an approximation, flops.py)
+        self._scored = [(name, len(e.tokens.token_ids)) for name, e in zip(teacher_of, episodes)]
         with self._in_phase("teacher"):
             projected, self._cross_metrics = self.cross_scorer.score(self.backend, episodes, teacher_of, self.mode)
         with self.store.batch():
@@ -469,6 +509,8 @@ class Runner:
         teacher_played = self._teacher_played.pop(step, set())
         if teacher_played:
             metrics["recipe/teacher_episodes"] = float(len(teacher_played))
+        if (k := self._horizon(step)) is not None:
+            metrics["horizon/turns"] = float(k)
         metrics |= teacher_work(episodes, scored=scores is not None, teacher_plays=objective.teacher_plays)
         own = [i for i, p in enumerate(planned) if p.spec.episode_id not in teacher_played]  # what the diagnostics describe
         if own:
@@ -482,9 +524,27 @@ class Runner:
                         metrics[f"success_rate/{source}"] = sum(e.success for e in of_source) / len(of_source)
         metrics |= phase_metrics(episodes, rollout_s=rollout_s, teacher_s=teacher_s, sync_s=sync_s)
         metrics |= async_stats | self.backend.stats() | self._mem
+        metrics |= self._step_flops(planned, episodes, teacher_of, objective, teacher_played, samples,
+                                    guide_score=metrics.get("flops/teacher_guide_score", 0.0))  # fmt: skip
         self._mem = {}
         self._unlogged = (step, metrics)
         return metrics
+
+    def _step_flops(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str], objective: Objective,
+                    teacher_played: set[str], samples: list, guide_score: float) -> dict[str, float]:  # fmt: skip
+        """The step's `flops/*` (agentopd.flops), the run's cumulative ones updated."""
+        by_teacher = [objective.teacher_plays or p.spec.episode_id in teacher_played for p in planned]
+        players = [self.shapes[name] if t else self.shapes[STUDENT] for name, t in zip(teacher_of, by_teacher)]
+        guides = [self.shapes[name] if self.cfg.recipe.intervene_below is not None else None for name in teacher_of]
+        scored, self._scored = [(self.shapes[name], n) for name, n in self._scored], []
+        out = step_flops(episodes, players, by_teacher, guides, student=self.shapes[STUDENT], scored=scored,
+                         train_lengths=[len(s.token_ids) for s in samples])  # fmt: skip
+        out["flops/teacher_score"] += guide_score
+        out["flops/teacher"] += guide_score
+        for who in self._flops_cum:
+            self._flops_cum[who] += out[f"flops/{who}"]
+            out[f"flops/{who}_cum"] = self._flops_cum[who]
+        return out
 
     # ---- eval and checkpoints -------------------------------------------------------------
     def _play_eval(self, step: int, teachers_play: bool, on_episode: OnEpisode | None = None) -> tuple[list[Planned], list[Episode]]:
@@ -516,15 +576,19 @@ class Runner:
         with self._in_phase("eval"):
             planned, episodes = self._play_eval(step, False, store_eval)
             result, per_source = self._summarise(planned, episodes, "eval")
+            flops = {"flops/eval_student": played_flops(episodes, self.shapes[STUDENT])}
             teacher_per_source: dict[str, float] = {}
             if with_teacher:
                 t_planned, t_episodes = self._play_eval(step, True)
                 self._teacher_result, teacher_per_source = self._summarise(t_planned, t_episodes, "eval/teacher")
+                flops["flops/eval_teacher"] = sum(played_flops([e], self.shapes[self.router.teacher_of(p, "eval")])
+                                                  for p, e in zip(t_planned, t_episodes))  # fmt: skip
         record = {"step": step, "eval/success_rate": result.success_rate, "eval/mean_turns": result.mean_turns,
                   "eval/tool_error_rate": result.tool_error_rate, "eval/parse_error_rate": result.parse_error_rate, **per_source}  # fmt: skip
         if with_teacher and self._teacher_result is not None:
             record["eval/teacher_success_rate"] = self._teacher_result.success_rate
             record |= teacher_per_source
+        record |= flops
         summary.evals.append(record)
         if metrics is not None:
             metrics.update({k: v for k, v in record.items() if k != "step"} | self._mem)

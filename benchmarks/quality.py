@@ -13,13 +13,21 @@ steps and seeds, so each trains on about the same number of tokens (its student-
     opd_turn_weights  turns outside the teacher's support count less (recipe.turn_support_below)
     sft               cross-entropy on the teacher's episodes of the same tasks (sequence-level KD)
     grpo              the env reward alone: groups of 4 episodes per task, a quarter of the tasks
+    opd_self_privileged  privileged self-distillation: the teacher is a frozen copy of the student that reads the
+                      env's privileged context (--privileged: solution | schema) in its prompt (teacher=self)
+    opd_privileged    the built-in teacher, reading the same privileged context
+    opd_horizon       truncated horizon: training episodes played to k turns, k from 2 to rollout.max_turns
 
 Reported per env and method, as mean +- std over the seeds: held-out success at every eval point,
-the student tokens trained on, the teacher tokens scored and generated, wall time; at the last
-eval, success per task template and the recovery rate (success among episodes with a tool error).
-Each run is a subprocess (`--jobs` at once, one torch thread each) that writes its result JSON
-under `--work`; a result already there is reused, so an interrupted sweep continues where it was.
-Writes the markdown (--out) and a PNG of success vs student tokens next to it.
+the student tokens trained on, the teacher tokens scored and generated, the teacher's and the student's
+FLOPs (agentopd.flops: the run's `flops/teacher_cum`, `flops/student_cum`), wall time; held-out success at
+equal teacher FLOPs (each curve interpolated at shares of the smallest final teacher budget among the methods
+that use the teacher); at the last eval, success per task template and the recovery rate (success among
+episodes with a tool error). Each run is a subprocess (`--jobs` at once, one torch thread each) that writes
+its result JSON under `--work`; a result already there is reused, so an interrupted sweep continues where it
+was (a result written before the FLOPs were logged has none: "-" in those columns, left out of that plot).
+Writes the markdown (--out) and a PNG next to it: success against student tokens (top row) and against
+teacher FLOPs (bottom row).
 """
 
 from __future__ import annotations
@@ -36,10 +44,12 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-METHODS = ("opd", "opd_mixed", "sft_then_opd", "opd_intervene", "opd_turn_weights", "sft", "grpo")
+METHODS = ("opd", "opd_mixed", "sft_then_opd", "opd_intervene", "opd_turn_weights", "sft", "grpo", "opd_self_privileged",
+           "opd_privileged", "opd_horizon")  # fmt: skip
 
 
-def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_below: float, support_below: float) -> list[str]:
+def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_below: float, support_below: float,
+                     privileged: str = "solution", max_turns: int = 4) -> list[str]:  # fmt: skip
     return {
         "opd": ["objective=opd"],
         "opd_mixed": ["objective=opd", "recipe.teacher_fraction=0.5"],
@@ -48,6 +58,9 @@ def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_bel
         "opd_turn_weights": ["objective=opd", f"recipe.turn_support_below={support_below}"],
         "sft": ["objective=sft"],
         "grpo": ["objective=grpo", "rollout.n=4", f"rollout.tasks_per_step={max(1, tasks_per_step // 4)}"],
+        "opd_self_privileged": ["objective=opd", "teacher=self", f"teacher.privileged={privileged}"],
+        "opd_privileged": ["objective=opd", f"teacher.privileged={privileged}"],
+        "opd_horizon": ["objective=opd", f"recipe.horizon_turns=[{min(2, max_turns)},{max_turns}]"],
     }[method]
 
 
@@ -82,13 +95,18 @@ def run_one(spec: dict) -> dict:
 
 def learning_curve(records: list[dict], evals: list[dict]) -> tuple[list[dict], float | None]:
     """Per eval: its step, the student tokens trained on by then (cumulative train/student_tokens of the
-    run's metrics.jsonl records) and held-out success; and the teacher's success, where it was evaluated."""
+    run's metrics.jsonl records), the teacher's and the student's FLOPs spent by then (flops/teacher,
+    flops/student summed: the evals' own left out) and held-out success; and the teacher's success, where
+    it was evaluated."""
     by_step = {e["step"]: e for e in evals}
-    tokens, curve = 0.0, []
+    tokens, teacher_flops, student_flops, curve = 0.0, 0.0, 0.0, []
     for r in records:
         tokens += r.get("train/student_tokens", 0.0)
+        teacher_flops += r.get("flops/teacher", 0.0)
+        student_flops += r.get("flops/student", 0.0)
         if r["step"] in by_step and (not curve or curve[-1]["step"] != r["step"]):
-            curve.append({"step": r["step"], "tokens": int(tokens), "success": by_step[r["step"]]["eval/success_rate"]})
+            curve.append({"step": r["step"], "tokens": int(tokens), "teacher_flops": teacher_flops, "student_flops": student_flops,
+                          "success": by_step[r["step"]]["eval/success_rate"]})  # fmt: skip
     teacher = next((e["eval/teacher_success_rate"] for e in evals if "eval/teacher_success_rate" in e), None)
     return curve, teacher
 
@@ -130,12 +148,14 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         tasks = base.rollout.tasks_per_step
         for method in args.methods:
             for seed in range(args.seeds):
-                name = f"{env}-{method}-s{seed}-{args.steps}steps"  # a result is reused only for the same run
+                kind = f"-{args.privileged}" if "privileged" in method else ""  # a result is reused only for the same run
+                name = f"{env}-{method}{kind}-s{seed}-{args.steps}steps"
                 # the teacher's greedy eval is the same in every run: played once per env (opd, seed 0)
                 teacher_eval = f"eval.teacher={str(method == 'opd' and seed == 0).lower()}"
                 overrides = [f"steps={args.steps}", f"eval.every={args.eval_every}", f"run.seed={seed}", "log.tensorboard=false",
                              "run.checkpoint_every=0", teacher_eval, *args.overrides,
-                             *method_overrides(method, args.steps, tasks, args.intervene_below, args.support_below)]  # fmt: skip
+                             *method_overrides(method, args.steps, tasks, args.intervene_below, args.support_below,
+                                               args.privileged, base.rollout.max_turns)]  # fmt: skip
                 specs.append({"env": env, "method": method, "seed": seed, "overrides": overrides,
                               "run_dir": str(work / "runs" / name), "result": str(work / "results" / f"{name}.json")})  # fmt: skip
 
@@ -170,6 +190,37 @@ def _pm(values: list[float], fmt: str = "{:.0%}") -> str:
     return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.stdev(values))}"
 
 
+def final_flops(run: dict, key: str) -> float | None:
+    """A run's FLOPs (`teacher_flops` | `student_flops`) at its last eval; None for a result from before they were logged."""
+    return run["curve"][-1].get(key) if run["curve"] else None
+
+
+def success_at(curve: list[dict], key: str, budget: float) -> float | None:
+    """Held-out success where the run had spent `budget` of `key` (linear between its eval points); None past its last
+    point or where the curve has no such key."""
+    points = [(p[key], p["success"]) for p in curve if key in p]
+    if not points or budget > points[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= budget <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (budget - x0) / (x1 - x0)
+    return points[0][1]
+
+
+def teacher_budget(runs: list[dict]) -> float | None:
+    """The equal-teacher-FLOPs budget: the smallest final teacher spend among the runs that spent any."""
+    spent = [f for r in runs if (f := final_flops(r, "teacher_flops"))]
+    return min(spent) if spent else None
+
+
+SHARES = (0.25, 0.5, 1.0)  # of the teacher budget: where the equal-teacher-FLOPs table reads each curve
+
+
+def _flops(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.fmean(known):.2e}" if known else "-"
+
+
 def template_counts(env: str, overrides: list[str]) -> dict[str, int]:
     """How many tasks of each template the eval sample holds (the same sample in every run and every eval)."""
     from collections import Counter
@@ -194,15 +245,28 @@ def report(results: list[dict], args: argparse.Namespace, png: Path | None) -> s
         lines += [f"## {env}" + (f" (teacher: {statistics.fmean(teacher):.0%})" if teacher else ""), ""]
         methods = [m for m in args.methods if by[env, m]]
         steps = [p["step"] for p in by[env, methods[0]][0]["curve"]] if methods else []
-        lines += ["| method | seeds | " + " | ".join(f"step {s}" for s in steps) + " | student tokens | teacher scored | teacher generated | wall s |",
-                  "|---|---|" + "---|" * (len(steps) + 4)]  # fmt: skip
+        lines += ["| method | seeds | " + " | ".join(f"step {s}" for s in steps)
+                  + " | student tokens | teacher scored | teacher generated | teacher FLOPs | student FLOPs | wall s |",
+                  "|---|---|" + "---|" * (len(steps) + 6)]  # fmt: skip
         for m in methods:
             runs = by[env, m]
             cells = [_pm([r["curve"][i]["success"] for r in runs if i < len(r["curve"])]) for i in range(len(steps))]
             last = [r["curve"][-1]["tokens"] for r in runs]
             lines.append(f"| {m} | {len(runs)} | " + " | ".join(cells) + f" | {statistics.fmean(last):,.0f} | "
                          f"{statistics.fmean(r['teacher_scored'] for r in runs):,.0f} | {statistics.fmean(r['teacher_generated'] for r in runs):,.0f} | "
+                         f"{_flops([final_flops(r, 'teacher_flops') for r in runs])} | {_flops([final_flops(r, 'student_flops') for r in runs])} | "
                          f"{statistics.fmean(r['seconds'] for r in runs):.0f} |")  # fmt: skip
+        budget = teacher_budget([r for m in methods for r in by[env, m]])
+        if budget is not None:
+            lines += ["", f"Held-out success at equal teacher FLOPs (budget B = {budget:.2e}, the smallest final teacher spend of a "
+                          "run; each curve read linearly between its eval points; - where a run stopped short of it):", "",
+                      "| method | " + " | ".join(f"{share:g} B" for share in SHARES) + " |", "|---|" + "---|" * len(SHARES)]  # fmt: skip
+            for m in methods:
+                cells = []
+                for share in SHARES:
+                    at = [success_at(r["curve"], "teacher_flops", share * budget) for r in by[env, m]]
+                    cells.append(_pm([a for a in at if a is not None]))
+                lines.append(f"| {m} | " + " | ".join(cells) + " |")
         templates = sorted({t for m in methods for r in by[env, m] for t in r["per_template"]})
         counts = template_counts(env, args.overrides)
         lines += ["", (f"Last eval (step {steps[-1] if steps else '-'}), success per template (its eval tasks in brackets) and recovery "
@@ -220,7 +284,7 @@ def report(results: list[dict], args: argparse.Namespace, png: Path | None) -> s
                 lines += ["", f"{m}: the teacher replaced {statistics.fmean(values):.1%} of the student's training turns (mean over steps and seeds)."]
         lines.append("")
     if png is not None:
-        lines += [f"![success vs student tokens]({png.name})", ""]
+        lines += [f"![success vs student tokens (top) and teacher FLOPs (bottom)]({png.name})", ""]
     return "\n".join(lines)
 
 
@@ -230,29 +294,36 @@ def plot(results: list[dict], envs: list[str], methods: list[str], png: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)
-    for ax, env in zip(axes[0], envs):
-        for m in methods:
-            runs = [r for r in results if r["env"] == env and r["method"] == m]
-            if not runs:
-                continue
-            n = min(len(r["curve"]) for r in runs)
-            x = [statistics.fmean(r["curve"][i]["tokens"] for r in runs) for i in range(n)]
-            ys = [[r["curve"][i]["success"] for r in runs] for i in range(n)]
-            mean = [statistics.fmean(y) for y in ys]
-            std = [statistics.stdev(y) if len(y) > 1 else 0.0 for y in ys]
-            ax.plot(x, mean, marker="o", label=m)
-            ax.fill_between(x, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)], alpha=0.15)
-        teacher = [r["teacher_success"] for r in results if r["env"] == env and r["teacher_success"] is not None]
-        if teacher:
-            ax.axhline(statistics.fmean(teacher), color="black", linestyle="--", linewidth=1, label="teacher")
-        ax.set_title(env)
-        ax.set_xlabel("student tokens trained on")
-        ax.set_ylabel("held-out success")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 9), squeeze=False)
+    for row, (key, label) in enumerate((("tokens", "student tokens trained on"), ("teacher_flops", "teacher FLOPs spent"))):
+        for ax, env in zip(axes[row], envs):
+            _plot_env(ax, [r for r in results if r["env"] == env], methods, key)
+            ax.set_title(env)
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out success")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+
+
+def _plot_env(ax, results: list[dict], methods: list[str], key: str) -> None:
+    """Each method's mean curve (+- std band) against `key`; against teacher FLOPs, the methods that spent none
+    (grpo) or ran before FLOPs were logged are left out."""
+    for m in methods:
+        runs = [r for r in results if r["method"] == m]
+        if not runs or any(not final_flops(r, key) for r in runs if key != "tokens"):
+            continue
+        n = min(len(r["curve"]) for r in runs)
+        x = [statistics.fmean(r["curve"][i][key] for r in runs) for i in range(n)]
+        ys = [[r["curve"][i]["success"] for r in runs] for i in range(n)]
+        mean = [statistics.fmean(y) for y in ys]
+        std = [statistics.stdev(y) if len(y) > 1 else 0.0 for y in ys]
+        ax.plot(x, mean, marker="o", label=m)
+        ax.fill_between(x, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)], alpha=0.15)
+    teacher = [r["teacher_success"] for r in results if r["teacher_success"] is not None]
+    if teacher:
+        ax.axhline(statistics.fmean(teacher), color="black", linestyle="--", linewidth=1, label="teacher")
 
 
 def main() -> None:
@@ -266,6 +337,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--intervene-below", type=float, default=-1.0, help="recipe.intervene_below of opd_intervene")
     ap.add_argument("--support-below", type=float, default=0.3, help="recipe.turn_support_below of opd_turn_weights")
+    ap.add_argument("--privileged", default="solution", choices=("solution", "schema"),
+                    help="teacher.privileged of opd_self_privileged and opd_privileged")
     ap.add_argument("--work", type=Path, default=Path("runs/quality"), help="run directories and per-run results")
     ap.add_argument("--out", type=Path, help="the markdown report (a PNG is written next to it)")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the results already under --work")
@@ -289,8 +362,9 @@ def main() -> None:
 
     command = " ".join(["python benchmarks/quality.py", *(f"--env {e}" for e in args.env), f"--methods {','.join(args.methods)}",
                         f"--seeds {args.seeds}", f"--steps {args.steps}", f"--eval-every {args.eval_every}",
-                        f"--intervene-below {args.intervene_below}", f"--support-below {args.support_below}", *args.overrides])  # fmt: skip
-    head = (f"# Quality: OPD recipes vs SFT vs GRPO at the same student-token budget\n\n`{command}`\n\n"
+                        f"--intervene-below {args.intervene_below}", f"--support-below {args.support_below}", f"--privileged {args.privileged}",
+                        *args.overrides])  # fmt: skip
+    head = (f"# Quality: OPD recipes vs SFT vs GRPO at equal student tokens and equal teacher FLOPs\n\n`{command}`\n\n"
             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
             f"{len(results)} runs, {args.jobs} at a time, {time.perf_counter() - t0:.0f} s.\n\n")  # fmt: skip
     text = head + report(results, args, png)

@@ -14,7 +14,7 @@ def test_every_registered_env_passes_the_checker(name):
     report = check_env(name)
     assert report.ok, report.summary()
     assert {c.name for c in report.checks if c.status is Status.PASS} >= {
-        "gymnasium", "reset_types", "step_types", "determinism", "oracle", "fuzz", "close_twice"
+        "gymnasium", "reset_types", "step_types", "determinism", "oracle", "fuzz", "privileged", "close_twice"
     }, report.summary()
     has_tools = bool(registry.make_env(name).reset(seed=0)[1]["tools"])
     hostile = next(c for c in report.checks if c.name == "hostile_values")
@@ -109,6 +109,11 @@ class IntReward(DoubleEnv):
         return obs, int(reward), terminated, truncated, info
 
 
+class EmptyPrivileged(DoubleEnv):
+    def privileged_context(self, task, kind):
+        return ""
+
+
 def test_a_correct_env_passes():
     report = check_env(DoubleEnv())
     assert report.ok, report.summary()
@@ -125,6 +130,7 @@ def test_a_correct_env_passes():
         (CloseOnce, "close_twice", "RuntimeError: already closed"),
         (SilentErrors, "fuzz", "does not start with 'Error:'"),
         (IntReward, "step_types", "reward must be a float"),
+        (EmptyPrivileged, "privileged", "must be a non-empty str or None"),
     ],
 )
 def test_each_breach_is_caught_by_name(env_cls, check, detail):

@@ -200,6 +200,9 @@ def test_a_run_with_intervention_trains_on_branches_and_logs_the_rates(tiny_home
     assert first["intervene/p"] == 1.0 and second["intervene/p"] == 0.5  # intervene_steps = run.steps = 2
     assert first["intervene/rate"] == 1.0 and first["intervene/turn_0"] == 1.0  # p = 1 and a threshold that always fires
     assert "train/skipped" not in first  # every main-stream turn is the teacher's: the step trained on the branches
+    # the teacher judged every turn (guide scoring) and generated the turns it took over (agentopd.flops)
+    assert first["flops/teacher_guide_score"] > 0 and first["flops/teacher_generate"] > 0
+    assert first["flops/teacher"] == pytest.approx(first["flops/teacher_score"] + first["flops/teacher_generate"])
     db = sqlite3.connect(run / "trajectories.db")
     infos = [json.loads(i) for (i,) in db.execute("select info from episodes where split='train' and step=1")]
     assert infos and all(i[INTERVENED] for i in infos)

@@ -109,3 +109,53 @@ def test_turn_weights_are_logged_and_change_the_loss(cli, tmp_path):
             assert 0 < record["turn_weight/mean"] < 1 and record["turn_weight/downweighted"] == 1.0
             assert "turn_support/turn_0" in record
     assert losses[1.0] < losses[None]  # every weight is support / 1.0 < 1: the same episodes, a smaller loss
+
+
+def test_horizon_steps_from_start_to_end_in_equal_shares():
+    from agentopd.recipes.horizon import horizon
+
+    assert [horizon(s, steps=8, start=1, end=4) for s in range(1, 9)] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert [horizon(s, steps=3, start=2, end=2) for s in range(1, 4)] == [2, 2, 2]
+    assert horizon(1, steps=1, start=1, end=5) == 1
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["recipe.horizon_turns=[3,2]"], r"recipe.horizon_turns must be \[start, end\] with 1 <= start <= end"),
+        (["recipe.horizon_turns=[0,2]"], "1 <= start"),
+        (["recipe.horizon_turns=[1,9]", "rollout.max_turns=4"], "ends past rollout.max_turns=4"),
+    ],
+)
+def test_bad_horizons_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config("calculator", overrides=overrides)
+
+
+def test_horizon_trains_only_on_turns_below_k(cli, tmp_path, monkeypatch):
+    """recipe.horizon_turns=[1,3] over 3 steps: k = 1, 2, 3. The training samples (what the loss masks with) hold
+    student tokens of turns < k only, and the episodes stop at k turns; evals play whole episodes."""
+    import agentopd.runner as runner_module
+
+    seen: list[list] = []
+    real = runner_module.train_samples
+
+    def recording(*args, **kwargs):
+        samples = real(*args, **kwargs)
+        seen.append(samples)
+        return samples
+
+    monkeypatch.setattr(runner_module, "train_samples", recording)
+    run = tmp_path / "run"
+    short = [o for o in SHORT if not o.startswith("rollout.max_turns")]
+    result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", "recipe.horizon_turns=[1,3]", "rollout.max_turns=3",
+                 "rollout.temperature=1.0", *short)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [r["horizon/turns"] for r in _records(run)] == [1.0, 2.0, 3.0]
+    for k, samples in zip((1, 2, 3), seen, strict=True):
+        trained = {t for s in samples for m, t in zip(s.response_mask, s.turn_index) if m}
+        assert trained and max(trained) < k
+    db = sqlite3.connect(run / "trajectories.db")
+    turns = dict(db.execute("select step, max(num_turns) from episodes where split='train' group by step").fetchall())
+    assert all(turns[step] <= k for step, k in ((1, 1), (2, 2), (3, 3)))
+    assert turns[1] == 1 and turns[2] == 2  # the horizon binds: the student plays on when not cut

@@ -72,6 +72,13 @@ def test_resumed_run_logs_each_step_once_in_tensorboard_and_metrics(two_runs):
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
 
 
+def test_resumed_run_continues_the_cumulative_flops(two_runs):
+    """flops/*_cum of a resumed run are read back from the steps its metrics.jsonl kept (agentopd.flops)."""
+    straight, resumed = ([json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x] for run in two_runs)
+    for key in ("flops/student_cum", "flops/teacher_cum"):
+        assert [r[key] for r in resumed] == pytest.approx([r[key] for r in straight])
+
+
 def test_second_ctrl_c_after_the_update_checkpoints_that_step(tiny_home, tmp_path, monkeypatch):
     """Ctrl-C twice, the second landing while step 2's new weights go to the engine (after its
     optimizer step): the checkpoint is step 2's, holding 2 trainer steps, and resume goes on at 3."""
@@ -105,6 +112,13 @@ def test_second_ctrl_c_after_the_update_checkpoints_that_step(tiny_home, tmp_pat
     Runner(cfg, tmp_path / "run").run(resume=True)
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+
+
+def test_resumed_run_continues_the_cumulative_flops(two_runs):
+    """flops/*_cum of a resumed run are read back from the steps its metrics.jsonl kept (agentopd.flops)."""
+    straight, resumed = ([json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x] for run in two_runs)
+    for key in ("flops/student_cum", "flops/teacher_cum"):
+        assert [r[key] for r in resumed] == pytest.approx([r[key] for r in straight])
 
 
 def test_padded_vocabulary_pair_trains_with_a_full_vocabulary_loss(cli, tiny_home, tmp_path):

@@ -37,6 +37,7 @@ from agentopd.backends.stages import (
     score_routed,
 )
 from agentopd.env import Split
+from agentopd.flops import ModelShape
 from agentopd.plan import Planned
 from agentopd.recipes.intervene import guide_for, intervene_metrics
 from agentopd.rollout import RolloutConfig
@@ -104,7 +105,10 @@ class LocalBackend:
             self.players.drop(handle.who)
         if guide is not None and handle.planned and handle.planned[0].spec.split == Split.TRAIN:
             self._stats |= intervene_metrics(episodes, guide.probability(handle.planned[0].spec.step))
-            self._stats["teacher/guide_scored_tokens"] = float(guide.take_scored_tokens())
+            lengths = guide.take_scored_lengths()
+            self._stats["teacher/guide_scored_tokens"] = float(sum(lengths))
+            (teacher,) = self.teachers.values()  # the guide's one teacher (recipe.intervene_below)
+            self._stats["flops/teacher_guide_score"] = ModelShape.of_model(teacher.model).forwards(lengths)
         return episodes
 
     def _asleep(self, asleep: bool) -> None:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from agentopd.backends.base import BackendKind
 from agentopd.config.envargs import resolve_kwargs
+from agentopd.env import Privileged
 from agentopd.objectives import Objective
 
 KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")  # a config key, a source name
@@ -108,14 +109,19 @@ class StudentConfig(Section):
 
 
 class TeacherConfig(Section):
-    """`teacher`: the model that scores the student's tokens (`builtin` = the env's embedded teacher;
-    an http(s) URL = a vLLM server's prompt logprobs, agentopd.teacher.ServerTeacher)."""
+    """`teacher`: the model that scores the student's tokens (`builtin` = the env's embedded teacher; `self` = a
+    frozen copy of the student's starting weights; an http(s) URL = a vLLM server's prompt logprobs,
+    agentopd.teacher.ServerTeacher). `privileged` (solution | schema): the teacher reads each episode with that
+    context from the env in its prompt, which the student lacks (privileged self-distillation, agentopd.privileged)."""
 
     path: str = "builtin"
     top_k: int = Field(20, ge=1, description="teacher top-k for trainer.loss=topk_forward_kl (a server: <= its --max-logprobs)")
     tokenizer: str | None = Field(
         None, description="a server teacher's tokenizer (a folder or hub id) for a cross-tokenizer loss (trainer.loss=xtok_*): "
         "the run re-renders and aligns each episode in it and the server scores those ids; a local teacher's is its own",
+    )
+    privileged: Privileged | None = Field(
+        None, description="context the teacher reads and the student does not: solution (the oracle's) or schema (the hidden one)"
     )
 
 
@@ -278,6 +284,8 @@ class RecipeConfig(Section):
     - `turn_support_below`: per-turn reliability weights: a student turn whose support (mean teacher
       probability of the student's tokens) is below this has its loss weight scaled by support / threshold
       (never under `turn_weight_floor`): turns where the student left the teacher's support count less.
+    - `horizon_turns: [start, end]`: truncated-horizon OPD: training episodes are played to at most k assistant
+      turns, k stepping from `start` to `end` in equal shares of the run (agentopd.recipes.horizon).
     """
 
     teacher_fraction: float = Field(0.0, ge=0, le=1, description="share of each step's tasks the teacher plays (GKD lambda)")
@@ -286,6 +294,16 @@ class RecipeConfig(Section):
     intervene_steps: int | None = Field(None, ge=1, description="steps over which the intervention probability decays from 1 to 0 (null = run.steps)")
     turn_support_below: float | None = Field(None, gt=0, le=1, description="turn support under which its loss weight is scaled down")
     turn_weight_floor: float = Field(0.1, ge=0, le=1, description="the smallest weight a down-weighted turn gets")
+    horizon_turns: tuple[int, int] | None = Field(
+        None, description="[start, end]: training episodes play at most k turns, k growing from start to end over the run"
+    )
+
+    @field_validator("horizon_turns")
+    @classmethod
+    def _horizon(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[0] <= value[1]:
+            raise ValueError(f"recipe.horizon_turns must be [start, end] with 1 <= start <= end, got {list(value)}")
+        return value
 
 
 class MixConfig(Section):

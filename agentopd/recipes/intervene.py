@@ -44,7 +44,7 @@ class _TurnScorer:
         self.teacher = teacher
         self._waiting: list[tuple[TokenStream, asyncio.Future]] = []
         self._drain: asyncio.Task | None = None  # the task calling the teacher while turns wait
-        self.scored_tokens = 0  # every token of every (prefix + turn) the teacher scored
+        self.scored_lengths: list[int] = []  # the length of every (prefix + turn) the teacher scored
 
     async def mean(self, prefix: Sequence[int], turn: Sequence[int]) -> float:
         n = len(turn)
@@ -58,7 +58,7 @@ class _TurnScorer:
     async def _score_waiting(self) -> None:
         while self._waiting:
             batch, self._waiting = self._waiting, []
-            self.scored_tokens += sum(len(s.token_ids) for s, _ in batch)
+            self.scored_lengths += [len(s.token_ids) for s, _ in batch]
             try:
                 scores = await asyncio.to_thread(self.teacher.score, [s for s, _ in batch], mode=TeacherMode.LOGPROBS)
             except Exception as e:  # noqa: BLE001 - each waiting turn's episode fails with the teacher's error
@@ -85,10 +85,11 @@ class TurnGuide:
     def probability(self, step: int) -> float:
         return probability(step, self.steps)
 
-    def take_scored_tokens(self) -> int:
-        """Tokens the teacher scored to decide (prefix + turn, every turn drawn) since the last call."""
-        n, self._scorer.scored_tokens = self._scorer.scored_tokens, 0
-        return n
+    def take_scored_lengths(self) -> list[int]:
+        """The lengths of the sequences (prefix + turn, every turn drawn) the teacher scored to decide since the
+        last call (their tokens: `teacher/guide_scored_tokens`; their cost: `flops/teacher_guide_score`)."""
+        lengths, self._scorer.scored_lengths = self._scorer.scored_lengths, []
+        return lengths
 
     def may_intervene(self, spec: EpisodeSpec, turn: int) -> bool:
         """This turn's draw against p(step): seeded by (episode seed, turn), so a replayed episode draws the same."""

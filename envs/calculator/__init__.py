@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agentopd.env import Action, Task, ToolEnv
+from agentopd.env import Action, Privileged, Task, ToolEnv, actions_text
 from agentopd.splits import split_user_tasks
 from agentopd.tool import Tool
 from envs.calculator.data import answers_match, load_tasks, parse_answer
@@ -72,6 +72,10 @@ class CalculatorEnv(ToolEnv):
 
     def grade(self, task: Task, answer: str) -> float:
         return 1.0 if answers_match(parse_answer(answer), task.data["value"]) else 0.0
+
+    def privileged_context(self, task: Task, kind: Privileged) -> str | None:
+        """SOLUTION: the oracle's calculations and the answer; no SCHEMA (nothing is hidden but the solution)."""
+        return actions_text(self.oracle(task)) if kind == Privileged.SOLUTION else None
 
     def oracle(self, task: Task) -> list[Action]:
         actions: list[Action] = []

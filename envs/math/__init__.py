@@ -34,7 +34,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from agentopd.env import Action, Task, ToolEnv
+from agentopd.env import Action, Privileged, Task, ToolEnv
 from agentopd.splits import split_user_tasks
 from agentopd.tool import Tool
 from envs.math.answers import BOXED, answers_match, extract
@@ -83,6 +83,10 @@ class MathEnv(ToolEnv):
     def grade(self, task: Task, answer: str) -> float:
         assert task.answer is not None
         return 1.0 if answers_match(extract(answer, self.pattern), task.answer) else 0.0
+
+    def privileged_context(self, task: Task, kind: Privileged) -> str | None:
+        """SOLUTION: the oracle's reply (the task's worked solution where it has one, else its answer); no SCHEMA."""
+        return self.oracle(task)[0]["content"] if kind == Privileged.SOLUTION else None
 
     def oracle(self, task: Task) -> list[Action]:
         a = task.answer

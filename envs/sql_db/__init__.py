@@ -45,7 +45,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from agentopd.env import Action, Split, Task, ToolEnv
+from agentopd.env import Action, Privileged, Split, Task, ToolEnv, actions_text
 from agentopd.splits import split_user_tasks
 from agentopd.tool import Tool, tool_name
 from envs.sql_db.database import default_db_path
@@ -155,12 +155,21 @@ class SqlDbEnv(ToolEnv):
             self._tool_list = [offered[name] for name in dict.fromkeys(tools)]
         self._prompt = SYSTEM_PROMPT
         if self.schema_in_prompt:
-            tables = "; ".join(f"{t}({', '.join(c.name for c in cols)})" for t, cols in self.db.schema.items())
-            self._prompt += f"\nTables: {tables}"
+            self._prompt += f"\n{self._tables()}"
         super().__init__(chosen, max_turns=_number("max_turns", max_turns, int))
 
     def tools(self) -> list[Tool]:
         return self._tool_list
+
+    def _tables(self) -> str:
+        return "Tables: " + "; ".join(f"{t}({', '.join(c.name for c in cols)})" for t, cols in self.db.schema.items())
+
+    def privileged_context(self, task: Task, kind: Privileged) -> str | None:
+        """SOLUTION: the oracle's calls (the gold SQL, an explore task's lookups first) and the answer; SCHEMA: every
+        table's columns, as `schema_in_prompt` would show them (what the explore family hides)."""
+        if kind == Privileged.SCHEMA:
+            return self._tables()
+        return actions_text(self.oracle(task))
 
     def system_prompt(self) -> str:
         return self._prompt
