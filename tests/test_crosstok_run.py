@@ -216,7 +216,8 @@ def test_a_server_teacher_needs_its_tokenizer_for_a_cross_loss():
     from agentopd.config import load_config
 
     with pytest.raises(ValueError, match="teacher.tokenizer"):
-        load_config("sql_db", overrides=["trainer.loss=xtok_k1", "teacher=http://localhost:8000", "eval.teacher=false"])
+        load_config("sql_db", overrides=["trainer.loss=xtok_k1", "teacher=http://localhost:8000", "eval.teacher=false",
+                                         "rollout.temperature=1.0"])
     cfg = load_config("sql_db", overrides=["trainer.loss=xtok_k1", "teacher=http://localhost:8000", "eval.teacher=false",
-                                           "teacher.tokenizer=some/folder"])
+                                           "rollout.temperature=1.0", "teacher.tokenizer=some/folder"])
     assert cfg.teacher.tokenizer == "some/folder"
