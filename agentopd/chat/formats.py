@@ -214,7 +214,8 @@ def _parse_xml(text: str) -> ParsedTurn:
 _CHANNELS = ("analysis", "commentary", "final")
 # a message header after `<|start|>assistant`: ` to=R` before or after the channel, then an optional content type
 _HEADER = re.compile(r"\s*(?:to=(?P<pre>[^\s<]+)\s*)?<\|channel\|>(?P<channel>[^\s<]*)(?:\s+to=(?P<post>[^\s<]+))?"
-                     r"(?:\s*(?:<\|constrain\|>)?(?P<ctype>[^\s<]+))?\s*")  # fmt: skip
+                     r"(?:(?:\s+|\s*<\|constrain\|>)(?P<ctype>[^\s<]+))?\s*")  # fmt: skip
+_MAX_HEADER = 256  # characters; longer headers are errors (and the regex stays linear on sampled garbage)
 
 
 def _harmony_text(content: str, calls: list[dict]) -> str:
@@ -232,7 +233,7 @@ def _harmony_text(content: str, calls: list[dict]) -> str:
 def harmony_stop(text: str) -> str:
     """The stop token a harmony turn with this text ends with: `<|call|>` when its last message has a recipient."""
     head = text.rpartition(H_START)[2].partition(H_MESSAGE)[0]
-    m = _HEADER.fullmatch(head.removeprefix("assistant"))
+    m = _HEADER.fullmatch(head.removeprefix("assistant")) if len(head) <= _MAX_HEADER else None
     return H_CALL if m is not None and (m["pre"] or m["post"]) else H_RETURN
 
 
@@ -270,7 +271,7 @@ def _parse_harmony(text: str) -> ParsedTurn:
             errors.append(f"{where}: text after {H_END}: {after.strip()[:40]!r} (the next message starts with {H_START}assistant)")
         elif not closed and i < len(pieces):
             errors.append(f"{where}: not closed by {H_END} before the next {H_START}")
-        m = _HEADER.fullmatch(head)
+        m = _HEADER.fullmatch(head) if len(head) <= _MAX_HEADER else None
         if m is None or m["channel"] not in _CHANNELS:
             errors.append(f"{where}: malformed header {head[:40]!r} (expected {H_CHANNEL}analysis, commentary or final)")
             continue
