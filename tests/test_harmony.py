@@ -113,3 +113,18 @@ def test_turn_cut_by_max_tokens_gets_end_inserted(tok):
     assert tok.decode(first_obs).startswith("<|end|><|start|>functions.parse_error to=assistant<|channel|>commentary")
     report = check_episode(tok, msgs, TOOLS, stream, raws)
     assert report.ok and not report.rewrites, [f.message for f in report.findings]
+
+
+def test_a_stream_played_on_another_day_is_checked_with_its_date(tok):
+    """The template writes the render's date into the system message: a stored stream checked the next day is read
+    with its own date (an info finding), not reported as drift; any other prompt change still is."""
+    import re
+
+    msgs, raws, _, stream = episode(tok, [CANONICAL_CALL, LAST_ANSWER], [[{"role": "tool", "name": "fetch", "content": "r"}]])
+    prompt = tok.decode(stream.token_ids[: stream.prompt_len])
+    for old_day, drift in (("Current date: 1999-12-31\n", False), ("Current date: 1999-12-31\nX", True)):
+        ids = encode(tok, re.sub(r"Current date: \d{4}-\d{2}-\d{2}\n", old_day, prompt))
+        moved = type(stream)(ids + stream.token_ids[stream.prompt_len :], len(ids), stream.response_mask, stream.logprobs, stream.turn_index)
+        report = check_episode(tok, msgs, TOOLS, moved, raws)
+        assert report.ok is not drift, [f.message for f in report.findings]
+        assert [f.kind for f in report.info] == [FindingKind.RENDER_DATE]

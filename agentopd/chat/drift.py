@@ -57,14 +57,16 @@ renders their parsed messages (derived from trl's gptoss template), each differe
 - end_rewritten: an answer that ended with `<|return|>` is closed with `<|end|>` once messages follow it;
 - message_reformatted: the template writes the turn's headers or JSON in its own form (`to=functions.NAME<|channel|>
   commentary json`, `json.dumps` arguments, the `final` channel) where the model wrote another valid form.
-The system message holds the date of the render (`strftime_now`): a stream checked on another day than it was
-played differs in its prompt and is reported as drift.
+The system message holds the date of the render (`Current date: ...`, the template's `strftime_now`): a stream
+checked on another day than it was played is re-rendered with the date its prompt holds (reported as information,
+`render_date`), not as drift.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -93,6 +95,7 @@ class FindingKind(StrEnum):
     TEXT = "text"
     TOKENS = "tokens"
     RETOKENIZE = "retokenize"
+    RENDER_DATE = "render_date"
     REASONING_INSERTED = "reasoning_inserted"
     REASONING_DROPPED = "reasoning_dropped"
     REASONING_REFORMATTED = "reasoning_reformatted"
@@ -377,6 +380,7 @@ def check_episode(
     if junctions.harmony and raw is not None:
         turn_texts = [text + ends.get(k, junctions.closing_text) for k, text in enumerate(raw)]
         expected = _harmony_render(tokenizer, msgs, turn_texts, tools, add_generation_prompt=not last_is_assistant, **kw)
+        expected = _with_render_date(segs[0].text, expected, report)
         report.findings += _harmony_rewrites(msgs, raw, ends, {s.turn: s for s in segs if s.sampled})
     else:
         expected = render(tokenizer, msgs, tools, add_generation_prompt=not last_is_assistant, **kw)
@@ -426,6 +430,20 @@ def _harmony_render(tokenizer: PreTrainedTokenizerBase, msgs: list[dict[str, Any
         out += [text[pos:start], H_START + "assistant", turn_texts[k]]
         pos = end
     return "".join([*out, text[pos:]])
+
+
+_DATE = re.compile(r"Current date: (\d{4}-\d{2}-\d{2})\n")
+
+
+def _with_render_date(prompt: str, expected: str, report: DriftReport) -> str:
+    """`expected` with the date the stream's prompt was rendered on, when it is another day's (module docstring)."""
+    was, now = _DATE.search(prompt), _DATE.search(expected)
+    if was is None or now is None or was.group(1) == now.group(1):
+        return expected
+    report.findings.append(Finding(FindingKind.RENDER_DATE, f"the prompt was rendered on {was.group(1)}, the re-render on "
+                                   f"{now.group(1)} (the template writes the day's date): checked with the prompt's date",
+                                   severity=Severity.INFO))  # fmt: skip
+    return expected[: now.start(1)] + was.group(1) + expected[now.end(1) :]
 
 
 def _harmony_rewrites(msgs: list[dict[str, Any]], raw: list[str], ends: Mapping[int, str], spans: Mapping[int, _Segment]) -> list[Finding]:
