@@ -47,11 +47,10 @@ re-renders history would. Each is named (Qwen3's own template does the first thr
   every message's content).
 Harmony (gpt-oss's template, agentopd.chat.formats): the template cannot render sampled text as an assistant message
 (it renders a message from `thinking`, `content` and one call, and refuses a tool message that no call precedes), so
-check 4 re-renders the conversation with a stand-in per assistant turn (a call to the sender of the tool messages
-after it, `harmony_caller`, or an answer) and puts the sampled text, with its `<|call|>` / `<|return|>` (`<|end|>`
-when the turn was cut), in the stand-in's place: the prompt, the tool messages and their senders' headers are the
-template's, the turns are what was sampled. Then the turns the parser reads cleanly are compared with how the template
-renders their parsed messages (derived from trl's gptoss template), each difference named as a rewrite:
+check 4 re-renders the conversation with a stand-in per assistant turn and puts the sampled text, with its `<|call|>`
+/ `<|return|>` (`<|end|>` when the turn was cut), in the stand-in's place (agentopd.chat.harmony): the prompt, the
+tool messages and their senders' headers are the template's, the turns are what was sampled. Then the turns the parser
+reads cleanly are compared with how the template renders their parsed messages, each difference named as a rewrite:
 - reasoning_dropped: the template drops analysis messages: of an answer before the last message, of a call once a
   later answer follows;
 - end_rewritten: an answer that ended with `<|return|>` is closed with `<|end|>` once messages follow it;
@@ -64,9 +63,7 @@ checked on another day than it was played is re-rendered with the date its promp
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -74,8 +71,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from agentopd.chat.formats import H_CHANNEL, H_MESSAGE, H_RETURN, H_START, ToolFormat, parse_turn, turn_text
-from agentopd.chat.stream import harmony_caller, harmony_sender, template_junctions
+from agentopd.chat import harmony
+from agentopd.chat.stream import template_junctions
 from agentopd.chat.template import MessageLike, encode, render, to_template_messages
 from agentopd.types import INTERVENED, INTERVENED_TOKENS, TEMPLATE_KWARGS, Episode, TokenStream
 
@@ -379,9 +376,18 @@ def check_episode(
     last_is_assistant = bool(msgs) and msgs[-1]["role"] == "assistant"
     if junctions.harmony and raw is not None:
         turn_texts = [text + ends.get(k, junctions.closing_text) for k, text in enumerate(raw)]
-        expected = _harmony_render(tokenizer, msgs, turn_texts, tools, add_generation_prompt=not last_is_assistant, **kw)
-        expected = _with_render_date(segs[0].text, expected, report)
-        report.findings += _harmony_rewrites(msgs, raw, ends, {s.turn: s for s in segs if s.sampled})
+        expected = harmony.render_with_turns(tokenizer, msgs, turn_texts, tools, add_generation_prompt=not last_is_assistant, **kw)
+        was, now = harmony.render_date(segs[0].text), harmony.render_date(expected)
+        if was is not None and now is not None and was[0] != now[0]:  # played on another day (module docstring)
+            expected = expected[: now[1]] + was[0] + expected[now[1] + len(now[0]) :]
+            report.findings.append(Finding(FindingKind.RENDER_DATE, f"the prompt was rendered on {was[0]}, the re-render on {now[0]} "
+                                           "(the template writes the day's date): checked with the prompt's date", severity=Severity.INFO))  # fmt: skip
+        spans = {s.turn: s for s in segs if s.sampled}
+        for k, kind in harmony.history_rewrites(msgs, raw, ends):
+            kind, span = FindingKind(kind), spans.get(k)
+            report.findings.append(Finding(kind, f"turn {k}: {REWRITES[kind]} (history rewrite by design: the stream keeps what was sampled)",
+                                           token_pos=span.start if span else None, char_pos=span.char_start if span else None,
+                                           severity=Severity.REWRITE))  # fmt: skip
     else:
         expected = render(tokenizer, msgs, tools, add_generation_prompt=not last_is_assistant, **kw)
     normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
@@ -402,81 +408,6 @@ def check_episode(
             local = len(tokenizer.decode(s.ids[:j], skip_special_tokens=False))
             report.findings.append(Finding(FindingKind.TOKENS, f"{where}: token {j} of the segment is {s.ids[j:j + 3]}, its text tokenizes to {want_ids[j:j + 3]}", token_pos=s.start + j, char_pos=s.char_start + local, context=_around(stream_text, s.char_start + local)))
     return report
-
-
-def _harmony_render(tokenizer: PreTrainedTokenizerBase, msgs: list[dict[str, Any]], turn_texts: list[str],
-                    tools: Sequence[dict[str, Any]] | None, **kw: Any) -> str:
-    """The re-render of a harmony conversation (module docstring): the template over the messages with a stand-in
-    per assistant turn, each stand-in's rendering replaced by `<|start|>assistant` + the turn's sampled text."""
-    standins, markers = [], []
-    for i, m in enumerate(msgs):
-        if m["role"] != "assistant":
-            standins.append(m)
-            continue
-        k = len(markers)
-        sender = harmony_sender(msgs[i + 1 :])
-        if sender is not None:
-            standins.append(harmony_caller(sender, {"agentopd_turn": k}))
-            markers.append(json.dumps({"agentopd_turn": k}) + "<|call|>")
-        else:
-            standins.append({"role": "assistant", "content": f"agentopd-turn-{k}"})
-            markers.append(f"agentopd-turn-{k}<|")  # then <|end|> or <|return|>
-    text = render(tokenizer, standins, tools, **kw)
-    out, pos = [], 0
-    for k, marker in enumerate(markers):
-        at = text.index(marker, pos)
-        start = text.rindex(H_START + "assistant", pos, at)
-        end = at + len(marker) if marker.endswith("<|call|>") else text.index("|>", at + len(marker)) + 2
-        out += [text[pos:start], H_START + "assistant", turn_texts[k]]
-        pos = end
-    return "".join([*out, text[pos:]])
-
-
-_DATE = re.compile(r"Current date: (\d{4}-\d{2}-\d{2})\n")
-
-
-def _with_render_date(prompt: str, expected: str, report: DriftReport) -> str:
-    """`expected` with the date the stream's prompt was rendered on, when it is another day's (module docstring)."""
-    was, now = _DATE.search(prompt), _DATE.search(expected)
-    if was is None or now is None or was.group(1) == now.group(1):
-        return expected
-    report.findings.append(Finding(FindingKind.RENDER_DATE, f"the prompt was rendered on {was.group(1)}, the re-render on "
-                                   f"{now.group(1)} (the template writes the day's date): checked with the prompt's date",
-                                   severity=Severity.INFO))  # fmt: skip
-    return expected[: now.start(1)] + was.group(1) + expected[now.end(1) :]
-
-
-def _harmony_rewrites(msgs: list[dict[str, Any]], raw: list[str], ends: Mapping[int, str], spans: Mapping[int, _Segment]) -> list[Finding]:
-    """How trl's gptoss template re-renders each cleanly parsed turn from its parsed messages (module docstring)."""
-    out = []
-    assistant_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
-    for k, text in enumerate(raw):
-        parsed = parse_turn(text, ToolFormat.HARMONY)
-        if parsed.errors:
-            continue  # the template has no rendering of a malformed turn: the re-render holds the stand-in
-        i = assistant_at[k]
-        later_answer = any(m["role"] == "assistant" and not m.get("tool_calls") for m in msgs[i + 1 :])
-        has_analysis = f"{H_CHANNEL}analysis{H_MESSAGE}" in text
-        last_message = text.rpartition(H_START + "assistant")[2] if H_START in text else text
-        kinds = []
-        if parsed.tool_calls:
-            dropped = has_analysis and later_answer
-            canonical = turn_text(ToolFormat.HARMONY, "", parsed.tool_calls[:1])
-        else:
-            dropped = has_analysis and i + 1 < len(msgs)  # an answer's analysis is rendered only as the last message
-            canonical = turn_text(ToolFormat.HARMONY, parsed.content)
-            if ends.get(k) == H_RETURN and i + 1 < len(msgs):
-                kinds.append(FindingKind.END_REWRITTEN)
-        if dropped:
-            kinds.append(FindingKind.REASONING_DROPPED)
-        if last_message != canonical:
-            kinds.append(FindingKind.MESSAGE_REFORMATTED)
-        span = spans.get(k)
-        for kind in kinds:
-            out.append(Finding(kind, f"turn {k}: {REWRITES[kind]} (history rewrite by design: the stream keeps what was sampled)",
-                               token_pos=span.start if span else None, char_pos=span.char_start if span else None,
-                               severity=Severity.REWRITE))  # fmt: skip
-    return out
 
 
 def check_stored_episode(tokenizer: PreTrainedTokenizerBase, episode: Episode, **template_kwargs: Any) -> DriftReport:

@@ -41,8 +41,8 @@ How each part is made:
 - Harmony (gpt-oss, agentopd.chat.formats): a turn ends with `<|call|>` or `<|return|>` (both sampled, mask 1) and
   nothing is inserted after it; a turn cut by max_tokens gets `<|end|>` inserted (mask 0). The template names a tool
   message's sender after the assistant's last call (`<|start|>functions.NAME to=assistant...`), so a tool message's
-  delta is rendered after a synthetic assistant call to its own `name` (`harmony_caller`): a parse error comes from
-  `functions.parse_error`, the results of a call from `functions.NAME` as in a full render.
+  delta is rendered after a synthetic assistant call to its own `name` (agentopd.chat.harmony): a parse error comes
+  from `functions.parse_error`, the results of a call from `functions.NAME` as in a full render.
 Tool output that itself contains chat markup (`<|im_end|>`, `<tool_call>`) is tokenized as
 that markup, exactly as a full render would; nothing is escaped.
 """
@@ -57,6 +57,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from agentopd.chat.formats import H_END, HARMONY_STOPS, ToolFormat, detect_format
+from agentopd.chat.harmony import harmony_caller, harmony_sender
 from agentopd.chat.template import MessageLike, chat_template_of, encode, prompt_ids, render, to_template_messages
 from agentopd.types import TokenStream
 
@@ -121,19 +122,6 @@ def template_junctions(tokenizer: PreTrainedTokenizerBase, **template_kwargs: An
             raise TemplateMismatch(f"the assistant closing {closing_text!r} does not tokenize on its own")
         per_tok[key] = TemplateJunctions(tuple(base_ids), tuple(closing_ids), closing_text, tuple(closing_ids[:1]), tuple(closing_ids[1:]))
     return per_tok[key]
-
-
-def harmony_caller(name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An assistant message calling `name`: what a harmony tool message is rendered after (the template takes the
-    sender's name from the last call)."""
-    return {"role": "assistant", "content": "", "tool_calls": [{"name": name, "arguments": arguments or {}}]}
-
-
-def harmony_sender(messages: Sequence[dict[str, Any]]) -> str | None:
-    """The name a harmony template gives the tool messages at the start of `messages` (None: they start otherwise)."""
-    if not messages or messages[0]["role"] != "tool":
-        return None
-    return str(messages[0].get("name") or "tool")
 
 
 def _cut_at_token(tokenizer: PreTrainedTokenizerBase, text: str, k: int) -> str:
