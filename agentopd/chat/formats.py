@@ -24,8 +24,9 @@
   the model may also write `<|channel|>commentary to=functions.NAME <|constrain|>json`: both are read). One call
   per turn, the last message (`<|call|>` stops generation; the template renders one call per message). Text before
   the first `<|channel|>`, a message without `<|message|>` or its `<|end|>`, another channel, a recipient outside
-  `functions.` and text after the call are errors; the trailing stop (`<|call|>`, `<|return|>`) is ignored.
-  The stop ids are `<|call|>` and `<|return|>`, not `<|end|>`: a turn goes on after an analysis message's `<|end|>`.
+  `functions.`, a header over 256 characters and text after the call are errors; the trailing stop (`<|call|>`,
+  `<|return|>`) is ignored. The stop ids are `<|call|>` and `<|return|>`, not `<|end|>`: a turn goes on after an
+  analysis message's `<|end|>`. How the template renders history (tool messages, rewrites): agentopd.chat.harmony.
 Thinking (`<think>` blocks, or only `</think>` when the prompt opened the block) is read as in hermes; a trailing
 stop token is ignored. Errors are lines for the model to read; the agent loop sends them back as an
 `Error:` tool message with `error_hint(fmt)`.
