@@ -12,7 +12,7 @@ Distillation compares the two models token id by token id over the same token st
 - special_tokens: the same special tokens at the same ids (added tokens marked special, and the
   eos / pad / bos / unk roles);
 - stop_ids: the ids that end a turn (the tokenizer's eos, the generation config's eos ids, the
-  chat template's `<|im_end|>` when it has one) are the same tokens;
+  chat template's `<|im_end|>` when it has one, a harmony template's `<|call|>` and `<|return|>`) are the same tokens;
 - chat_template: one conversation — with the env given, the oracle's solution of its first training
   task (system prompt, tool schemas, tool calls, tool results, answer); else a fixed one with a tool
   call — and its generation prompt render to the same text byte for byte and the same token ids (the first
@@ -44,7 +44,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from agentopd.chat import EOS_TOKEN, chat_template_of, encode, render
+from agentopd.chat import chat_template_of, encode, render
 from agentopd.checker import Check, Status  # the env checker's records: one shape of check report
 from agentopd.teacher.compat import id_to_token
 
@@ -136,15 +136,14 @@ def _special_tokens(student_tok, teacher_tok) -> str:
 def _stop_ids(tok: PreTrainedTokenizerBase, path: str) -> set[int]:
     from transformers import GenerationConfig
 
-    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    from agentopd.rollout import stop_token_ids
+
+    ids = set(stop_token_ids(tok))  # what the agent loop stops on (harmony: <|call|>, <|return|>)
     try:
         eos = GenerationConfig.from_pretrained(path).eos_token_id
         ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     except OSError:  # no generation_config.json
         pass
-    end = tok.convert_tokens_to_ids(EOS_TOKEN)
-    if isinstance(end, int) and end != tok.unk_token_id:
-        ids.add(end)
     return ids
 
 

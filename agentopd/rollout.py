@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from transformers import PreTrainedTokenizerBase
 
 from agentopd.chat import ContextFull, StreamBuilder, chat_template_of
-from agentopd.chat.formats import ToolFormat, error_hint, parse_turn, resolve_format
+from agentopd.chat.formats import HARMONY_STOPS, ToolFormat, detect_format, error_hint, parse_turn, resolve_format
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from agentopd.env import EnvError, ToolEnv
 from agentopd.types import INTERVENED, INTERVENED_TOKENS, TEMPLATE_KWARGS, Episode, Message, StopReason, TokenStream, Turn
@@ -80,12 +80,14 @@ class EpisodeSpec:
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model_config: Any = None) -> tuple[int, ...]:
-    """Ids that end an assistant turn: the template's `<|im_end|>`, the eos token(s), and the
-    model's generation-config eos ids when known."""
+    """Ids that end an assistant turn: the template's `<|im_end|>` (a harmony template's `<|call|>` and `<|return|>`,
+    not `<|end|>`, after which a turn goes on), the eos token(s), and the model's generation-config eos ids when known."""
     ids: list[int] = []
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.append(im_end)
+    harmony = detect_format(chat_template_of(tokenizer)) is ToolFormat.HARMONY
+    for stop in HARMONY_STOPS if harmony else ("<|im_end|>",):
+        stop_id = tokenizer.convert_tokens_to_ids(stop)
+        if isinstance(stop_id, int) and stop_id != tokenizer.unk_token_id:
+            ids.append(stop_id)
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     eos = getattr(getattr(model_config, "generation_config", None), "eos_token_id", None)

