@@ -5,7 +5,11 @@ whether TRL's tool-task streams are token-exact.
     python benchmarks/vs_trl.py --out DIR                                   # CPU: the embedded sql_db pair
     python benchmarks/vs_trl.py --out DIR --tiny                            # the GPU path at toy sizes (a smoke test)
     python benchmarks/vs_trl.py --device cuda --tokenizer .gpu/qwen3 --out DIR   # one GPU: Qwen3-0.6B / 1.7B shapes
-    options: --tasks sql_db,math  --steps N  --trl-python .venv-trl/bin/python  --beta 0|0.5|1
+    options: --tasks sql_db,math  --steps N  --prompts N  --beta 0|0.5|1  --lr X (CPU)  --eval-tasks N
+             --trl-python .venv-trl/bin/python (default)  --trl-path DIR (PYTHONPATH of TRL's side)
+
+On the GPU machines (no internet, no TRL) TRL's side runs from wheels installed into a folder, with stand-ins for
+datasets and pyarrow (see vs_trl_trl_side.py); benchmarks/results/vs_trl.md has the command.
 
 Runs in agentopd's venv; TRL's side (benchmarks/vs_trl_trl_side.py) runs in TRL's own venv (`--trl-python`), which
 needs trl and its dependencies only. Both sides get the same student/teacher folders (weights, tokenizer and chat
@@ -167,12 +171,12 @@ def run_ours(task: str, common: dict, student: Path, teacher: Path, out: Path) -
     return {"steps": steps, "process_wall_s": wall, "peak_rss_gib": rss, "final": str(run / "final"), "cmd": cmd[3:]}
 
 
-def run_trl(task: str, spec: dict, out: Path, trl_python: str) -> dict:
+def run_trl(task: str, spec: dict, out: Path, trl_python: str, trl_path: str) -> dict:
     side = out / f"trl_{task}"
     shutil.rmtree(side, ignore_errors=True)
     side.mkdir(parents=True)
     (side / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": ""}  # TRL's venv alone: nothing of agentopd's
+    env = {**os.environ, "PYTHONPATH": trl_path}  # TRL's venv (or folder) alone: nothing of agentopd's
     rc, wall, rss, _ = run_timed([trl_python, str(HERE / "vs_trl_trl_side.py"), str(side / "spec.json"), str(side)],
                               out / f"trl_{task}.log", env)  # fmt: skip
     if rc != 0:
@@ -187,11 +191,14 @@ def held_out(task: str, model: str, tokenizer: Path, common: dict, num_tasks: in
     from agentopd.evaluate import evaluate
     from agentopd.rollout import RolloutConfig
 
+    from agentopd.models import pick_device
+
     turns = common["max_turns"] if task == "sql_db" else 1
     rollout = RolloutConfig(temperature=0.0, max_turns=turns, max_new_tokens=common["max_new_tokens"])
     tok = AutoTokenizer.from_pretrained(tokenizer)
+    device, dtype = pick_device(common["device"])  # as `agentopd eval` does: bf16 on CUDA, fp32 on CPU
     result = evaluate(model, tok, task, env_kwargs=env_kwargs(task), split="eval", num_tasks=num_tasks, rollout=rollout,
-                      engine_kind="auto")  # fmt: skip
+                      engine_kind="auto", engine_kwargs={"device": device, "dtype": dtype, "seed": 0})  # fmt: skip
     return result.success_rate
 
 
@@ -213,7 +220,8 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=0.0, choices=sorted(LOSS_OF_BETA))
     ap.add_argument("--eval-tasks", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3, help="CPU learning rate (GPU: 1e-5)")
-    ap.add_argument("--trl-python", default=str(HERE.parent / ".venv-trl" / "bin" / "python"))
+    ap.add_argument("--trl-python", default=str(HERE.parent / ".venv-trl" / "bin" / "python"), help="TRL's interpreter")
+    ap.add_argument("--trl-path", default="", help="PYTHONPATH of TRL's side, e.g. a `pip install --target` folder")
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +237,7 @@ def main() -> None:
     for task in args.tasks.split(","):
         spec = trl_spec(task, common, student, teacher)
         ours = run_ours(task, common, student, teacher, args.out)
-        trl = run_trl(task, spec, args.out, args.trl_python)
+        trl = run_trl(task, spec, args.out, args.trl_python, args.trl_path)
         ours["held_out"] = held_out(task, ours["final"], student, common, args.eval_tasks)
         trl["held_out"] = held_out(task, trl["final"], student, common, args.eval_tasks)
         drift = check_trl_streams(args.out / f"trl_{task}" / "trl_streams.json", student, spec["tool_schemas"]) if task == "sql_db" else None

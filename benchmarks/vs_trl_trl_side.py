@@ -20,16 +20,54 @@ With tools, OUT_DIR/trl_streams.json holds every step's conversations and the ex
 from __future__ import annotations
 
 import copy
+import importlib.machinery
 import json
+import os
 import resource
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
-from trl import DistillationConfig, DistillationTrainer
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+class StandIn(types.ModuleType):
+    """A module that is not installed: any attribute is an empty class (what isinstance checks and annotations
+    read); calling one with arguments fails loudly (TypeError), so code that really uses the module cannot pass."""
+
+    def __getattr__(self, name: str) -> type:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cls = type(name, (), {})
+        setattr(self, name, cls)
+        return cls
+
+
+def datasets_or_stand_in() -> str:
+    """TRL imports `datasets` and `pyarrow` at module level (trl/data_utils.py, trainer/*.py; pyarrow is a 52 MiB
+    cp312 wheel), but with a list of prompts as train_dataset the distillation path uses only their classes, in
+    isinstance checks. Where they are not installed (our GPU machines), stand-ins take their place.
+    VS_TRL_NO_DATASETS=1 hides installed ones (to test this where they are installed). Returns what is in use."""
+    names = ("datasets", "pyarrow", "pyarrow.compute", "pyarrow.types")
+    if os.environ.get("VS_TRL_NO_DATASETS") == "1":
+        for name in names:
+            sys.modules[name] = None  # `import name` now raises ImportError
+    try:
+        import datasets
+        import pyarrow
+
+        return f"datasets {datasets.__version__}, pyarrow {pyarrow.__version__}"
+    except ImportError:
+        import pandas  # noqa: F401  first, so that it sees pyarrow missing (its optional import), not the stand-in
+
+        for name in names:
+            sys.modules[name] = StandIn(name)
+            sys.modules[name].__spec__ = importlib.machinery.ModuleSpec(name, None)  # importlib.util.find_spec reads it
+        sys.modules["pyarrow"].compute, sys.modules["pyarrow"].types = sys.modules["pyarrow.compute"], sys.modules["pyarrow.types"]
+        return "stand-ins for datasets and pyarrow (not installed)"
 
 
 class Clock:
@@ -76,7 +114,7 @@ def sql_tool(spec: dict, clock: Clock):
     return sql_query
 
 
-def instrument(trainer: DistillationTrainer, clock: Clock, streams: list) -> None:
+def instrument(trainer, clock: Clock, streams: list) -> None:
     teacher = trainer.accelerator.unwrap_model(trainer.teacher_model)
     trainer._generate_single_turn = clock.timed("generation", trainer._generate_single_turn)
     hidden = trainer._get_last_hidden_state
@@ -120,7 +158,9 @@ def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
+    datasets_used = datasets_or_stand_in()
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import DistillationConfig, DistillationTrainer
 
     clock, streams, steps = Clock(), [], []
     cuda = spec["device"] == "cuda"
@@ -179,6 +219,7 @@ def main() -> None:
         "final": str(out / "final"),
         "training_chat_template": trainer.chat_template is not None,  # TRL swapped in its prefix-preserving template
         "response_parser": getattr(tok, "response_template", None) is not None or getattr(tok, "response_schema", None) is not None,
+        "datasets": datasets_used,
         "versions": {"trl": __import__("trl").__version__, "transformers": __import__("transformers").__version__,
                      "torch": torch.__version__},
     }  # fmt: skip
