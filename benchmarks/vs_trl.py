@@ -121,18 +121,30 @@ def trl_spec(task: str, common: dict, student: Path, teacher: Path) -> dict:
     return spec
 
 
-def run_timed(cmd: list[str], log: Path, env: dict | None = None, lines: Path | None = None) -> tuple[int, float, float, list[float]]:
-    """Run `cmd`; (return code, wall seconds, peak RSS GiB of the process — its own rusage, not the driver's, and
-    the times at which each line of the file `lines` appeared, polled every 10 ms)."""
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a running process, all its threads (what time.process_time() gives inside it)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_timed(cmd: list[str], log: Path, env: dict | None = None, lines: Path | None = None) -> tuple[int, float, float, list[tuple[float, float]]]:
+    """Run `cmd`; (return code, wall seconds, peak RSS GiB of the process — its own rusage, not the driver's —, and
+    for each line of the file `lines` the wall and CPU seconds of the process when it appeared, polled every 10 ms).
+    CPU seconds are the measure that the machine's other load disturbs least (2 shared cores)."""
     t = time.perf_counter()
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if lines is not None and lines.exists():
                 n = lines.read_bytes().count(b"\n")
-                stamps += [time.perf_counter() - t] * (n - len(stamps))
+                if n > len(stamps):
+                    try:
+                        cpu = cpu_seconds(proc.pid)
+                    except (FileNotFoundError, ProcessLookupError, IndexError):
+                        cpu = float("nan")
+                    stamps += [(time.perf_counter() - t, cpu)] * (n - len(stamps))
             if pid:
                 break
             time.sleep(0.01)
@@ -153,6 +165,7 @@ def run_ours(task: str, common: dict, student: Path, teacher: Path, out: Path) -
            f"trainer.betas={common['betas']}", f"trainer.weight_decay={common['weight_decay']}",
            f"trainer.grad_clip={common['grad_clip']}", "trainer.schedule=constant", "trainer.warmup_steps=0",
            "eval.every=0", "run.checkpoint_every=0", "log.tensorboard=false", f"run.seed={common['seed']}"]  # fmt: skip
+    load = os.getloadavg()[0]
     rc, wall, rss, stamps = run_timed(cmd, out / f"ours_{task}.log", lines=run / "metrics.jsonl")
     if rc != 0:
         raise SystemExit(f"agentopd run failed ({rc}); see {out / f'ours_{task}.log'}")
@@ -163,12 +176,14 @@ def run_ours(task: str, common: dict, student: Path, teacher: Path, out: Path) -
             continue
         parts = {k: r.get(f"perf/{k}_s", 0.0) for k in ("rollout", "teacher", "train_step", "weight_sync")}
         timed = i > 0 and "eval/success_rate" not in r  # an eval step's line also waits for the eval
-        steps.append({"step": r.get("step"), "wall_s": stamps[i] - stamps[i - 1] if timed else None,
+        steps.append({"step": r.get("step"), "wall_s": stamps[i][0] - stamps[i - 1][0] if timed else None,
+                      "cpu_s": stamps[i][1] - stamps[i - 1][1] if timed else None,
                       "rollout_s": parts["rollout"], "teacher_s": parts["teacher"], "train_s": parts["train_step"],
                       "sync_s": parts["weight_sync"], "generated_tokens": r.get("tool_mask/llm_tokens"),
                       "trained_tokens": r.get("train/tokens"),
                       "peak_cuda_gib": max((v for k, v in r.items() if k.startswith("mem/")), default=None)})  # fmt: skip
-    return {"steps": steps, "process_wall_s": wall, "peak_rss_gib": rss, "final": str(run / "final"), "cmd": cmd[3:]}
+    return {"steps": steps, "process_wall_s": wall, "peak_rss_gib": rss, "final": str(run / "final"), "cmd": cmd[3:],
+            "load_1min": [load, os.getloadavg()[0]]}  # fmt: skip
 
 
 def run_trl(task: str, spec: dict, out: Path, trl_python: str, trl_path: str) -> dict:
@@ -177,12 +192,13 @@ def run_trl(task: str, spec: dict, out: Path, trl_python: str, trl_path: str) ->
     side.mkdir(parents=True)
     (side / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": trl_path}  # TRL's venv (or folder) alone: nothing of agentopd's
+    load = os.getloadavg()[0]
     rc, wall, rss, _ = run_timed([trl_python, str(HERE / "vs_trl_trl_side.py"), str(side / "spec.json"), str(side)],
                               out / f"trl_{task}.log", env)  # fmt: skip
     if rc != 0:
         raise SystemExit(f"TRL side failed ({rc}); see {out / f'trl_{task}.log'}")
     result = json.loads((side / "trl_result.json").read_text())
-    return {**result, "process_wall_s": wall, "peak_rss_gib": rss}
+    return {**result, "process_wall_s": wall, "peak_rss_gib": rss, "load_1min": [load, os.getloadavg()[0]]}
 
 
 def held_out(task: str, model: str, tokenizer: Path, common: dict, num_tasks: int) -> float:
@@ -221,12 +237,15 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3, help="CPU learning rate (GPU: 1e-5)")
     ap.add_argument("--trl-python", default=str(HERE.parent / ".venv-trl" / "bin" / "python"), help="TRL's interpreter")
+    ap.add_argument("--trl-first", action="store_true", help="run TRL's side before ours")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/vs_trl"), help="where the models are built or copied")
     ap.add_argument("--trl-path", default="", help="PYTHONPATH of TRL's side, e.g. a `pip install --target` folder")
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    work = args.out / "models"
-    work.mkdir(exist_ok=True)
+    # models outside OUT (not sent back from a device call); built ones are reused by a later call on the same machine
+    work = args.work / ("tiny" if args.tiny else args.tokenizer.name if args.tokenizer else "embedded")
+    work.mkdir(parents=True, exist_ok=True)
     from vs_trl_drift import check_trl_streams
     from vs_trl_report import write_report
 
@@ -236,8 +255,12 @@ def main() -> None:
     base = {t: held_out(t, str(student), student, common, args.eval_tasks) for t in args.tasks.split(",")}
     for task in args.tasks.split(","):
         spec = trl_spec(task, common, student, teacher)
-        ours = run_ours(task, common, student, teacher, args.out)
-        trl = run_trl(task, spec, args.out, args.trl_python, args.trl_path)
+        if args.trl_first:  # the other order, to see what the machine's load did to either side
+            trl = run_trl(task, spec, args.out, args.trl_python, args.trl_path)
+            ours = run_ours(task, common, student, teacher, args.out)
+        else:
+            ours = run_ours(task, common, student, teacher, args.out)
+            trl = run_trl(task, spec, args.out, args.trl_python, args.trl_path)
         ours["held_out"] = held_out(task, ours["final"], student, common, args.eval_tasks)
         trl["held_out"] = held_out(task, trl["final"], student, common, args.eval_tasks)
         drift = check_trl_streams(args.out / f"trl_{task}" / "trl_streams.json", student, spec["tool_schemas"]) if task == "sql_db" else None

@@ -187,15 +187,15 @@ def main() -> None:
                 clock.s["tools"] = 0.0
             if cuda:
                 torch.cuda.synchronize()
-            self.t = time.perf_counter()
+            self.t, self.cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
             if cuda:
                 torch.cuda.synchronize()
-            wall = time.perf_counter() - self.t
+            wall, cpu = time.perf_counter() - self.t, time.process_time() - self.cpu
             s = dict(clock.s)
             rest = wall - sum(s.values())
-            steps.append({"step": state.global_step, "wall_s": wall, **{f"{k}_s": v for k, v in s.items()}, "train_s": rest,
+            steps.append({"step": state.global_step, "wall_s": wall, "cpu_s": cpu, **{f"{k}_s": v for k, v in s.items()}, "train_s": rest,
                           "generated_tokens": clock.generated, "trained_tokens": clock.trained})  # fmt: skip
 
     trainer = DistillationTrainer(
