@@ -46,7 +46,7 @@ def settings(args: argparse.Namespace) -> dict:
     """What both sides share (CPU: the sql_db preset's rollout and learning rate; GPU: gpu_opd.py's sizes)."""
     gpu = args.device == "cuda" and not args.tiny
     return {
-        "steps": args.steps, "prompts_per_step": args.prompts or (16 if gpu else 16), "temperature": 0.5,
+        "steps": args.steps, "prompts_per_step": args.prompts or 16, "temperature": 0.5,
         "max_new_tokens": 128 if gpu else 96, "max_turns": 3 if gpu else 4, "lr": 1e-5 if gpu else args.lr,
         "betas": [0.9, 0.95], "weight_decay": 0.0, "grad_clip": 1.0, "beta": args.beta, "seed": 0,
         "device": args.device,
@@ -72,9 +72,8 @@ def prepare_models(args: argparse.Namespace, work: Path) -> tuple[Path, Path, st
             (dst / "chat_template.jinja").write_text(qwen3_template())
         return work / "student", work / "teacher", "the embedded sql_db pair (agentopd bootstrap)"
     import torch
-    from transformers import AutoTokenizer
-
     from gpu_opd import build
+    from transformers import AutoTokenizer
 
     if args.tokenizer is not None:
         from agentopd.vocab import read_vocab_info
@@ -205,9 +204,8 @@ def held_out(task: str, model: str, tokenizer: Path, common: dict, num_tasks: in
     from transformers import AutoTokenizer
 
     from agentopd.evaluate import evaluate
-    from agentopd.rollout import RolloutConfig
-
     from agentopd.models import pick_device
+    from agentopd.rollout import RolloutConfig
 
     turns = common["max_turns"] if task == "sql_db" else 1
     rollout = RolloutConfig(temperature=0.0, max_turns=turns, max_new_tokens=common["max_new_tokens"])

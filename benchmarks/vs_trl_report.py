@@ -46,16 +46,16 @@ def rows(task: str, r: dict, median) -> list[str]:
 
 
 def write_report(results: dict, args, median) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
     s = results["settings"]
     lines = [f"# agentopd vs TRL DistillationTrainer ({args.device}{', tiny' if args.tiny else ''})", "",
              f"date {time.strftime('%Y-%m-%d')}, commit {commit}; models: {results['models']}", "",
-             f"settings (both sides): {s['steps']} steps, {s['prompts_per_step']} prompts per step, 1 sample each, "
-             f"temperature {s['temperature']} (sampling and loss), beta {s['beta']}, up to {s['max_new_tokens']} new "
-             f"tokens per turn, lr {s['lr']} constant, AdamW betas {s['betas']}, weight decay {s['weight_decay']}, "
-             f"grad clip {s['grad_clip']}", "",
-             "| task | side | s/step | CPU s/step | generation s | tool calls s | teacher s | train s | generated tok/s | trainer tok/s "
-             "| peak RSS GiB | peak CUDA GiB (reserved) | held-out success |",
+             (f"settings (both sides): {s['steps']} steps, {s['prompts_per_step']} prompts per step, 1 sample each, "
+              f"temperature {s['temperature']} (sampling and loss), beta {s['beta']}, up to {s['max_new_tokens']} new "
+              f"tokens per turn, lr {s['lr']} constant, AdamW betas {s['betas']}, weight decay {s['weight_decay']}, "
+              f"grad clip {s['grad_clip']}"), "",
+             ("| task | side | s/step | CPU s/step | generation s | tool calls s | teacher s | train s | generated tok/s "
+              "| trainer tok/s | peak RSS GiB | peak CUDA GiB (reserved) | held-out success |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for task, r in results["tasks"].items():
         lines += rows(task, r, median)

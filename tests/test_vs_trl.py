@@ -74,6 +74,6 @@ def test_jsd_beta_kinds_agree_between_ends():
     hidden_BKH, head_VH, teacher_BKHt, teacher_head_VHt, mask_BK = _case(seed=7)
     keep_BK = mask_BK.bool()
     for beta, kind in ((0.0, "forward_kl"), (1.0, "reverse_kl")):
-        args = dict(teacher_hidden_NH=teacher_BKHt[keep_BK], teacher_head_VH=teacher_head_VHt, beta=beta)
+        args = {"teacher_hidden_NH": teacher_BKHt[keep_BK], "teacher_head_VH": teacher_head_VHt, "beta": beta}
         jsd = losses.chunked_divergence(hidden_BKH[keep_BK], head_VH, kind="jsd", **args)
         torch.testing.assert_close(jsd, losses.chunked_divergence(hidden_BKH[keep_BK], head_VH, kind=kind, **args))
