@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentopd.flops import ModelShape
-from tests._tiny import tiny_config, tiny_model
+from _tiny import tiny_config, tiny_model
 
 SHORT = [
     "rollout.tasks_per_step=4", "rollout.n=1", "rollout.max_new_tokens=24", "rollout.max_turns=3",
