@@ -57,7 +57,7 @@ def write_report(results: dict, args, median) -> str:
               f"temperature {s['temperature']} (sampling and loss), beta {s['beta']}, up to {s['max_new_tokens']} new "
               f"tokens per turn, lr {s['lr']} constant, AdamW betas {s['betas']}, weight decay {s['weight_decay']}, "
               f"grad clip {s['grad_clip']}"), "",
-             ("| task | side | s/step | CPU s/step | generation s | tool calls s | teacher s | train s | generated tok/s "
+             ("| task | side | s/step | CPU s/step | generation s | tools s | teacher s | train s | generated tok/s "
               "| trainer tok/s | peak RSS GiB | peak CUDA GiB (reserved) | held-out success |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for task, r in results["tasks"].items():
