@@ -357,7 +357,11 @@ def main() -> None:
     results = sweep(args)
     png = args.out.with_suffix(".png") if args.out else None
     if png is not None and results:
-        plot(results, args.env, args.methods, png)
+        try:
+            plot(results, args.env, args.methods, png)
+        except ImportError as e:  # the tables still get written (the runs are kept under --work either way)
+            print(f"no plot: {e} (pip install matplotlib)", file=sys.stderr)
+            png = None
     import torch
 
     command = " ".join(["python benchmarks/quality.py", *(f"--env {e}" for e in args.env), f"--methods {','.join(args.methods)}",
