@@ -53,17 +53,22 @@ def test_a_pair_of_one_real_vocabulary_and_template_passes(make, family):
     assert "no drift" in detail and "thinking off" in detail, detail
 
 
-def test_a_llama_template_pair_on_the_qwen_bpe_passes(make, tmp_path):
-    """Llama 3.1's template and JSON tool calls (on Qwen3's BPE with Llama's tokens added: no Meta BPE here)."""
+def template_pair(tmp_path, template: str) -> list:
+    """Two random-weight Qwen3-vocabulary models (student, teacher) with another family's trl template on Qwen3's BPE."""
     from agentopd.vocab import write_tokenizer
 
-    folder = write_tokenizer("qwen3", tmp_path / "llama_tok", template="llama3_1")
+    folder = write_tokenizer("qwen3", tmp_path / f"{template}_tok", template=template)
     pair = []
     for name, seed in (("s", 0), ("t", 1)):
         real_vocab_model(151_936, seed=seed).save_pretrained(tmp_path / name)
         AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path / name)
         pair.append(tmp_path / name)
-    report = check_pair(*pair, self_score=False)
+    return pair
+
+
+def test_a_llama_template_pair_on_the_qwen_bpe_passes(tmp_path):
+    """Llama 3.1's template and JSON tool calls (on Qwen3's BPE with Llama's tokens added: no Meta BPE here)."""
+    report = check_pair(*template_pair(tmp_path, "llama3_1"), self_score=False)
     assert report.ok, report.failed
     assert "template defaults: 2 turns" in checks(report)["token_stream"][1]
 
@@ -71,15 +76,7 @@ def test_a_llama_template_pair_on_the_qwen_bpe_passes(make, tmp_path):
 def test_a_gptoss_template_pair_on_the_qwen_bpe_passes(tmp_path):
     """gpt-oss's harmony template and calls (on Qwen3's BPE with harmony's tokens added: no o200k_harmony BPE here):
     the played conversation (a call, then an answer) has no drift, its history rewrites named."""
-    from agentopd.vocab import write_tokenizer
-
-    folder = write_tokenizer("qwen3", tmp_path / "gptoss_tok", template="gptoss")
-    pair = []
-    for name, seed in (("s", 0), ("t", 1)):
-        real_vocab_model(151_936, seed=seed).save_pretrained(tmp_path / name)
-        AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path / name)
-        pair.append(tmp_path / name)
-    report = check_pair(*pair, self_score=False)
+    report = check_pair(*template_pair(tmp_path, "gptoss"), self_score=False)
     assert report.ok, report.failed
     assert "no drift" in checks(report)["token_stream"][1], checks(report)["token_stream"]
     assert "['<|return|>', '<|call|>']" in checks(report)["stop_ids"][1]  # what the agent loop stops on
