@@ -52,6 +52,22 @@ def build(shape: str, tok, out: Path, dtype, rows: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def tokenizer_and_rows(path: Path | None, home: Path):
+    """A tokenizer folder's tokenizer and its model's embedding rows (`agentopd_vocab.json`), or with no folder the
+    embedded tokenizer (built and cached under `home`) and its length."""
+    if path is None:
+        from agentopd.bootstrap import BootstrapSpec, ensure_tokenizer
+
+        tok = ensure_tokenizer(BootstrapSpec(corpus_tasks_per_env=300), home=home)
+        return tok, len(tok)
+    from transformers import AutoTokenizer
+
+    from agentopd.vocab import read_vocab_info
+
+    tok = AutoTokenizer.from_pretrained(path)
+    return tok, read_vocab_info(path).get("model_rows", len(tok))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -64,32 +80,17 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from agentopd.bootstrap import BootstrapSpec, ensure_tokenizer
-
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/gpu_opd")
+    tok, rows = tokenizer_and_rows(args.tokenizer, work / "home")
     if args.tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        from agentopd.vocab import read_vocab_info
-
-        tok = AutoTokenizer.from_pretrained(args.tokenizer)
-        rows = read_vocab_info(args.tokenizer).get("model_rows", len(tok))
         work = work / args.tokenizer.name  # models of this vocabulary apart from the embedded one's
-    else:
-        tok = ensure_tokenizer(BootstrapSpec(corpus_tasks_per_env=300), home=work / "home")
-        rows = len(tok)
     dtype = torch.float32 if args.tiny else torch.bfloat16
     s_shape, t_shape = ("tiny-s", "tiny-t") if args.tiny else ("qwen3-0.6b", "qwen3-1.7b")
     n_s = build(s_shape, tok, work / "student", dtype, rows)
     t_tok, t_rows, t_dir = tok, rows, work / "teacher"
     if args.teacher_tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        from agentopd.vocab import read_vocab_info
-
-        t_tok = AutoTokenizer.from_pretrained(args.teacher_tokenizer)
-        t_rows = read_vocab_info(args.teacher_tokenizer).get("model_rows", len(t_tok))
+        t_tok, t_rows = tokenizer_and_rows(args.teacher_tokenizer, work / "home")
         t_dir = work / f"teacher-{args.teacher_tokenizer.name}"
     n_t = build(t_shape, t_tok, t_dir, dtype, t_rows)
     run = work / "run"

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_opd import SHAPES  # noqa: E402
+from gpu_opd import SHAPES, tokenizer_and_rows  # noqa: E402
 
 from agentopd.engines import GenerateRequest  # noqa: E402
 from agentopd.engines.fast import FastEngine  # noqa: E402
@@ -40,6 +40,7 @@ from agentopd.registry import make_env  # noqa: E402
 from agentopd.rollout import EnvPool, Rollout, RolloutConfig  # noqa: E402
 
 SHAPES = {**SHAPES, "cpu-s": (64, 2, 4, 2, 16, 192)}
+HOME = Path("/tmp/rollout_loop/home")  # the embedded tokenizer, when no --tokenizer
 
 
 class Recorder:
@@ -67,20 +68,6 @@ def build_model(shape: str, rows: int, device: str):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
         return Qwen3ForCausalLM(cfg).to(dtype).eval()
-
-
-def tokenizer_and_rows(path: Path | None):
-    if path is None:
-        from agentopd.bootstrap import BootstrapSpec, ensure_tokenizer
-
-        tok = ensure_tokenizer(BootstrapSpec(corpus_tasks_per_env=300), home=Path("/tmp/rollout_loop/home"))
-        return tok, len(tok)
-    from transformers import AutoTokenizer
-
-    from agentopd.vocab import read_vocab_info
-
-    tok = AutoTokenizer.from_pretrained(path)
-    return tok, read_vocab_info(path).get("model_rows", len(tok))
 
 
 def sync(device: str) -> None:
@@ -195,7 +182,7 @@ def opd_run(tokenizer: Path, out: Path) -> list[str]:
 
     from gpu_opd import build
 
-    tok, rows = tokenizer_and_rows(tokenizer)
+    tok, rows = tokenizer_and_rows(tokenizer, HOME)
     work = Path("/tmp/rollout_loop") / tokenizer.name
     build("qwen3-0.6b", tok, work / "student", torch.bfloat16, rows)
     build("qwen3-1.7b", tok, work / "teacher", torch.bfloat16, rows)
@@ -238,7 +225,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     shape = args.shape or ("qwen3-0.6b" if args.device == "cuda" else "cpu-s")
-    tok, rows = tokenizer_and_rows(args.tokenizer)
+    tok, rows = tokenizer_and_rows(args.tokenizer, HOME)
     model = build_model(shape, rows, args.device)
     engine = FastEngine(model, device=args.device, max_batch_size=args.tasks * args.n, seed=0, max_model_len=4096,
                         vocab_size=len(tok))
