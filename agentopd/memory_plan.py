@@ -4,7 +4,8 @@
     plan = plan_memory(cfg, shapes, gpus_gib=[80.0])     # or gpus_gib=cuda_gpus() (torch.cuda.mem_get_info)
     print(plan.table())
     plan.check()                                         # MemoryPlanError (a ValueError) when it cannot fit
-    plan.kv_cache_gib, plan.engine_sleep                 # what the run does about it (engine.kv_cache_*, engine.sleep)
+    plan.kv_cache_gib, plan.engine_sleep, plan.teacher_offload   # what the run does about it (engine.kv_cache_*,
+                                                                 # engine.sleep, teacher.offload)
 
 `agentopd plan-memory --env sql_db [overrides]` prints it; `agentopd run` refuses a run that cannot fit
 with it, before any model loads. A CUDA out-of-memory during a run names its phase and this plan
@@ -39,7 +40,8 @@ Roles and formulas (bytes):
   peak, else 16 GiB, the fast engine's long-standing default; 2 x L x kv x 2 bytes per token:
   kv_cache.py `KVPool.bytes_per_token`); sampling work: 2 x max_batch_size x V fp32 logits.
   `engine.sleep` frees the pool (and its CUDA graphs) while the teacher scores and the trainer steps.
-- the teacher (agentopd/teacher/hf.py, on the GPU only while it scores): bf16 weights 2P_t; scoring at
+- the teacher (agentopd/teacher/hf.py): bf16 weights 2P_t, on the GPU only while it scores when offloaded
+  (`teacher.offload`; auto: resident when the plan fits with it there in every phase); scoring at
   16,384 packed tokens (`max_tokens_per_batch`): one layer's inference work 2 x 16,384 x (4H_t + 2q +
   2kv + 3I), the gathered hidden rows 2 x 16,384 x H_t, three fp32 head_chunk x V buffers (logits,
   log-softmax, top-k) 12 x 1,024 x V. The head is never copied to fp32 whole (it is cast in row blocks).
@@ -154,6 +156,7 @@ class MemoryPlan:
     items: list[Item]
     kv_cache_gib: float
     engine_sleep: bool
+    teacher_offload: bool = True
     notes: list[str] = field(default_factory=list)
 
     def peak(self, gpu: int, phase: Phase) -> float:
@@ -176,7 +179,8 @@ class MemoryPlan:
             by_phase = "  ".join(f"{p} {v:.1f}" for p, v in pk.items())
             ok = "fits" if max(pk.values()) <= HEADROOM * cap else "DOES NOT FIT"
             lines.append(f"{g:>3}  peak     {by_phase}  of {cap:.1f} GiB ({HEADROOM:.0%}: {HEADROOM * cap:.1f}): {ok}")
-        lines.append(f"engine KV pool {self.kv_cache_gib:.1f} GiB; engine.sleep {'on' if self.engine_sleep else 'off'}")
+        lines.append(f"engine KV pool {self.kv_cache_gib:.1f} GiB; engine.sleep {'on' if self.engine_sleep else 'off'}; "
+                     f"teacher.offload {'on' if self.teacher_offload else 'off'}")
         lines += self.notes
         return "\n".join(lines)
 
@@ -189,7 +193,8 @@ class MemoryPlanError(ValueError):
     """A run that cannot fit its GPUs: one line, the plan, the keys to change."""
 
     KEYS = ("trainer.micro_batch_tokens", "trainer.activation_checkpointing=true", "engine.kv_cache_gib",
-            "engine.sleep=true", "eval.teacher=false", "run.backend=ray with ray.gpus_per_*", "a smaller student or teacher")
+            "engine.sleep=true", "teacher.offload=true", "eval.teacher=false", "run.backend=ray with ray.gpus_per_*",
+            "a smaller student or teacher")
 
     def __init__(self, plan: MemoryPlan) -> None:
         self.plan = plan
@@ -245,38 +250,51 @@ def _placement(cfg: Config) -> tuple[list[int], list[int], list[int]]:
     return out[0], out[1], out[2]
 
 
-def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float]) -> MemoryPlan:
-    """The plan for `cfg` with `shapes["student"]` and (when it scores) `shapes["teacher"]` on GPUs of `gpus_gib`.
-    `engine.sleep=auto` turns sleeping on when the plan does not fit without it."""
+def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], teachers: int = 1) -> MemoryPlan:
+    """The plan for `cfg` with `shapes["student"]` and (when it scores) `shapes["teacher"]` (the largest of `teachers`
+    local ones) on GPUs of `gpus_gib`. What `auto` decides, cheapest first: a resident teacher (no copy of its weights
+    a step) before an offloaded one, an awake engine (no CUDA graphs captured again a step) before a sleeping one; the
+    first choice that fits is taken. `teacher.offload=auto` offloads several local teachers (one is on the GPU at a
+    time) and, with `engine.kv_cache_fraction`, leaves the room to the KV pool."""
     from agentopd.backends.base import BackendKind
 
     sleep = cfg.engine.sleep if cfg.run.backend == BackendKind.LOCAL else cfg.ray.engine_sleep
-    if sleep == "auto":
-        awake = _sized(cfg, shapes, gpus_gib, engine_sleep=False)
-        if awake.fits:
-            return awake
-        asleep = _sized(cfg, shapes, gpus_gib, engine_sleep=True)
-        asleep.notes.append("engine.sleep=auto: on (the KV pool would not fit beside the teacher and the trainer)")
-        return asleep
-    return _sized(cfg, shapes, gpus_gib, engine_sleep=bool(sleep))
+    offload = cfg.teacher.offload
+    if offload == "auto" and (teachers > 1 or (cfg.engine.kv_cache_fraction is not None and not _vllm(cfg))):
+        offload = True
+    choices = [(s, o) for s in ((False, True) if sleep == "auto" else (bool(sleep),))
+               for o in ((False, True) if offload == "auto" else (bool(offload),))]  # fmt: skip
+    for engine_sleep, teacher_offload in choices:
+        plan = _sized(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, teacher_offload=teacher_offload, teachers=teachers)
+        if plan.fits:
+            break
+    if sleep == "auto" and plan.engine_sleep:
+        plan.notes.append("engine.sleep=auto: on (the KV pool would not fit beside the teacher and the trainer)")
+    if offload == "auto" and plan.teacher_offload and "teacher" in shapes:
+        plan.notes.append("teacher.offload=auto: on (the teacher would not fit resident beside the trainer and the engine)")
+    return plan
 
 
-def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool) -> MemoryPlan:
+def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, teacher_offload: bool = True,
+           teachers: int = 1) -> MemoryPlan:
     """The plan with the KV pool `engine.kv_cache_gib`, or the largest `engine.kv_cache_fraction` of what the rest
     leaves: every phase's peak is base + pools x kv, so kv = fraction x min over phases of (95% x GPU - base) / pools."""
     fraction = cfg.engine.kv_cache_fraction
     if fraction is None or _vllm(cfg):
-        return _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=_kv_gib(cfg))
-    base, unit = (_plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=k) for k in (0.0, 1.0))
+        return _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=_kv_gib(cfg), teacher_offload=teacher_offload,
+                     teachers=teachers)
+    base, unit = (_plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=k, teacher_offload=teacher_offload,
+                        teachers=teachers) for k in (0.0, 1.0))
     room = [(HEADROOM * cap - base.peak(g, p)) / (unit.peak(g, p) - base.peak(g, p))
             for g, cap in enumerate(gpus_gib) for p in Phase if unit.peak(g, p) > base.peak(g, p)]  # fmt: skip
     kv = max(0.0, fraction * min(room))
-    plan = _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=kv)
+    plan = _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=kv, teacher_offload=teacher_offload, teachers=teachers)
     plan.notes.append(f"engine.kv_cache_fraction={fraction:g}: a pool of {kv:.1f} GiB ({min(room):.1f} GiB would fill the GPU)")
     return plan
 
 
-def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float) -> MemoryPlan:
+def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float,
+          teacher_offload: bool = True, teachers: int = 1) -> MemoryPlan:
     from agentopd.backends.base import BackendKind
     from agentopd.trainer.config import LossKind
 
@@ -330,15 +348,16 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     if t is not None and cfg.run.objective != "grpo":
         Tt = TEACHER_TOKENS
         work = 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab
+        resident = (Phase.TEACHER,) if teacher_offload else ALL
         for g in sorted(set(te) - {-1}):
-            n = te.count(g)
-            items += [Item("teacher", f"bf16 weights ({t.params / 1e9:.2f}B) x{n}", _gib(2 * t.params) * n, g, (Phase.TEACHER,)),
+            n = te.count(g) * (1 if teacher_offload else teachers)  # resident: every local teacher stays (the largest's size)
+            items += [Item("teacher", f"bf16 weights ({t.params / 1e9:.2f}B) x{n}", _gib(2 * t.params) * n, g, resident),
                       Item("teacher", "scoring work (16k tokens)", _gib(work) * n, g, (Phase.TEACHER,))]  # fmt: skip
     procs = {g: tr.count(g) + ro.count(g) + te.count(g) for g in range(len(gpus_gib))} if not local else {0: 1}
     for g, n in procs.items():
         if n:
             items.append(Item("cuda", f"context + slack x{n}", CONTEXT_GIB * n, g))
-    plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep)
+    plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload)
     need = s.kv_bytes_per_token() * min(cfg.rollout.max_context, 1 << 20)
     if _gib(need) > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "
@@ -377,7 +396,7 @@ def shapes_of(refs: dict[str, Path | str]) -> dict[str, ModelShape]:
 def run_plan(cfg: Config, device: Any, student_ref: Path | str, teacher_refs: dict[str, Path | str]) -> MemoryPlan | None:
     """A run's memory plan on CUDA `device` (None elsewhere), checked: MemoryPlanError when it cannot fit. The GPUs
     are the run's own one (run.backend=local) or the cluster's; of several teachers the largest counts (one is on a
-    GPU at a time); a teacher behind a server holds nothing here."""
+    GPU at a time, unless teacher.offload=false keeps them all); a teacher behind a server holds nothing here."""
     import torch
 
     from agentopd.backends.base import BackendKind
@@ -395,7 +414,7 @@ def run_plan(cfg: Config, device: Any, student_ref: Path | str, teacher_refs: di
     teachers = [shapes.pop(name) for name in local]
     if teachers:
         shapes["teacher"] = max(teachers, key=lambda t: t.params)
-    plan = plan_memory(cfg, shapes, gpus)
+    plan = plan_memory(cfg, shapes, gpus, teachers=max(1, len(teachers)))
     plan.check()
     return plan
 

@@ -28,6 +28,7 @@ checkpoint of the last step the trainer took where one can still be written.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -120,6 +121,11 @@ class Runner:
     # ---- set-up ---------------------------------------------------------------------------
     def _setup(self, resume_after: int | None) -> None:
         cfg = self.cfg
+        world = os.environ.get("WORLD_SIZE", "1")
+        if cfg.run.backend == BackendKind.LOCAL and world.isdigit() and int(world) > 1:
+            raise ValueError(f"agentopd run under torchrun (WORLD_SIZE={world}): run.backend=local trains on one GPU, "
+                             f"so each of the {world} processes would play its own run; for several GPUs launch it once "
+                             "with run.backend=ray (configs/examples/qwen3-2gpu.yaml), which starts its trainer ranks itself")  # fmt: skip
         self.device, self.dtype = pick_device(cfg.run.device)
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
@@ -167,8 +173,10 @@ class Runner:
         if self.plan is not None:
             self.ctx.kv_cache_gib = self.plan.kv_cache_gib
             self.ctx.engine_sleep = self.plan.engine_sleep and sleeps
+            self.ctx.teacher_offload = self.plan.teacher_offload
         else:  # CPU: no plan; engine.sleep=true still does what it says
             self.ctx.engine_sleep = cfg.engine.sleep is True and sleeps
+            self.ctx.teacher_offload = cfg.teacher.offload is not False
         self.backend.setup(self.ctx, self.tokenizer)
         self.store = Store(self.rd.db)
         self.log = self._open_log(resume_after)
@@ -255,19 +263,23 @@ class Runner:
 
     @contextmanager
     def _in_phase(self, name: str, total: int | None = None) -> Iterator[Callable[[], None]]:
-        """The progress phase `name`, remembered as the phase running now. On the local backend on CUDA: the phase's
-        peak reserved memory as `mem/<phase>_peak_gib` (beside `mem/<phase>_plan_gib`, the plan's prediction),
-        reported with the next step's metrics."""
+        """The progress phase `name`, remembered as the phase running now. Where the run has a memory plan (CUDA) and
+        its phases do not overlap (not async on Ray): the phase's peak reserved memory per GPU beside the plan's
+        prediction, reported with the next step's metrics: `mem/<phase>_peak_gib` and `mem/<phase>_plan_gib` on the
+        local backend (its one GPU), `mem/gpu<g>_<phase>_peak_gib` and `..._plan_gib` per GPU of the plan on Ray."""
         self.phase = name
-        measure = self.device.type == "cuda" and self.cfg.run.backend == BackendKind.LOCAL
+        overlap = self.cfg.run.backend != BackendKind.LOCAL and self.cfg.async_.enabled
+        measure = self.plan is not None and not overlap
         if measure:
-            torch.cuda.reset_peak_memory_stats(self.device)
+            self.backend.memory_peaks()  # resets them
         with self.progress.phase(name, total=total) as advance:
             yield advance
         if measure:
-            self._mem[f"mem/{name}_peak_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
-            if self.plan is not None:
-                self._mem[f"mem/{name}_plan_gib"] = self.plan.peak(0, Phase(name))
+            local = self.cfg.run.backend == BackendKind.LOCAL
+            for gpu, peak in self.backend.memory_peaks().items():
+                key = f"mem/{name}" if local else f"mem/gpu{gpu}_{name}"
+                self._mem[f"{key}_peak_gib"] = peak
+                self._mem[f"{key}_plan_gib"] = self.plan.peak(gpu, Phase(name))
 
     def _out_of_memory(self, error: BaseException, start: int, summary: RunSummary) -> OutOfMemory:
         """The one-line error of a CUDA out-of-memory, after a checkpoint of the last trained step where possible."""

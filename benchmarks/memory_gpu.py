@@ -1,23 +1,28 @@
-"""The memory plan (agentopd.memory_plan) against measured peaks: the README's GPU example with random-weight
-Qwen3 shapes and Qwen3's real vocabulary, on one GPU (issue 30).
+"""The memory plan (agentopd.memory_plan) against measured peaks: the README's GPU examples with random-weight
+Qwen3 shapes and Qwen3's real vocabulary, on one GPU or two (issue 30).
 
     agentopd make-tokenizer qwen3 bench_tok --template agentopd     # once, where the real-vocab extra is installed
     python benchmarks/memory_gpu.py --tokenizer bench_tok --shapes 1.7b,8b --out /tmp/mem   # one GPU, ~5 min
-    python benchmarks/memory_gpu.py --tokenizer bench_tok --shapes 1.7b,8b --out /tmp/mem --as-written   # 3 full steps
+    python benchmarks/memory_gpu.py --tokenizer bench_tok --out /tmp/mem --as-written --refuse 8b,32b   # 3 full steps
+    python benchmarks/memory_gpu.py --tokenizer bench_tok --out /tmp/mem --as-written \
+        --config configs/examples/qwen3-2gpu.yaml                   # the same on two GPUs (Ray)
     python benchmarks/memory_gpu.py --tiny --out /tmp/x              # the same path at toy sizes (CPU smoke test)
     python benchmarks/memory_gpu.py ... trainer.micro_batch_tokens=16384   # extra key=value overrides go to the run
 
 The student and teacher are built from Qwen3Config on the GPU (random bf16 weights; the embedding rows of the
 tokenizer's family, 151,936 for Qwen3: `agentopd_vocab.json`), in a process of their own, and cached under
-/tmp/memory_gpu. Then `agentopd plan-memory` prints the plan and `agentopd run --config
-configs/examples/qwen3-gpu.yaml` runs it: by default with issue 30's smaller step (2 steps of 8 tasks x 8, 3
-turns, 8 eval tasks, eval.every=0), which still fills every buffer the plan counts (32k-token micro-batches,
-16k-token teacher batches, the fixed KV pool); `--as-written` runs the example's own 64 x 8 x 8 turns for 3 steps.
-Run it from the repository root. `engine.sleep=true` as an override measures the engine's sleep and wake
-seconds (perf/engine_sleep_s, perf/engine_wake_s) and the peaks with the pool freed.
-Writes memory_gpu.md and the run's metrics: per phase the plan's GiB (mem/<phase>_plan_gib), the measured peak
-of torch's reserved memory (mem/<phase>_peak_gib; the plan also counts 1 GiB of CUDA context that torch does not
-see), their ratio, and seconds per phase. Exit 1 when the run fails or a measured peak exceeds the plan.
+/tmp/memory_gpu. Then `agentopd plan-memory` prints the plan and `agentopd run --config <the example>` runs it:
+by default with issue 30's smaller step (2 steps of 8 tasks x 8, 3 turns, 8 eval tasks, eval.every=0), which
+still fills every buffer the plan counts (32k-token micro-batches, 16k-token teacher batches, the fixed KV
+pool); `--as-written` runs the example's own 64 x 8 x 8 turns for 3 steps. `--timeout S` stops the run after S
+seconds and reports the steps it finished (the log is written as the run goes). `--refuse 8b,32b` first times
+`agentopd run` of shapes that cannot fit (their config.json and tokenizer only: the plan refuses before any
+weights load). Run it from the repository root. `engine.sleep=true` as an override measures the engine's sleep
+and wake seconds (perf/engine_sleep_s, perf/engine_wake_s) and the peaks with the pool freed.
+Writes memory_gpu.md and the run's metrics: per phase (and per GPU on Ray) the plan's GiB (mem/<phase>_plan_gib,
+mem/gpu<g>_<phase>_plan_gib), the measured peak of torch's reserved memory (on Ray: the sum of the peaks of the
+actors the plan puts on that GPU; the plan also counts 1 GiB of CUDA context per process that torch does not see),
+their ratio, and seconds per phase. Exit 1 when the run fails or a measured peak exceeds the plan.
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ PHASES = ("rollout", "teacher", "train", "eval")
 WORK = Path("/tmp/memory_gpu")
 
 
-def build(shape: str, tokenizer: Path, out: Path) -> None:
-    """A random-weight Qwen3 model of `shape` with the tokenizer's embedding rows, saved to `out` (cached)."""
+def build(shape: str, tokenizer: Path, out: Path, config_only: bool = False) -> None:
+    """A random-weight Qwen3 model of `shape` with the tokenizer's embedding rows, saved to `out` (cached);
+    `config_only`: its config.json and tokenizer alone (what the memory plan reads)."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
@@ -58,6 +64,11 @@ def build(shape: str, tokenizer: Path, out: Path) -> None:
                       tie_word_embeddings=tied, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
     if (out / "config.json").exists() and json.loads((out / "config.json").read_text()).get("hidden_size") == h and \
             json.loads((out / "config.json").read_text()).get("vocab_size") == rows:  # fmt: skip
+        return
+    if config_only:
+        out.mkdir(parents=True, exist_ok=True)
+        cfg.save_pretrained(out)
+        tok.save_pretrained(out)
         return
     dtype, device = (torch.bfloat16, "cuda") if torch.cuda.is_available() else (torch.float32, "cpu")
     torch.manual_seed(0)
@@ -73,13 +84,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default="1.7b,8b", help="student,teacher among " + ", ".join(SHAPES))
     ap.add_argument("--tokenizer", type=Path, help="a tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
+    ap.add_argument("--config", default="configs/examples/qwen3-gpu.yaml", help="the example to run (qwen3-2gpu.yaml: Ray, 2 GPUs)")
     ap.add_argument("--as-written", action="store_true", help="the example's own step sizes, 3 steps")
+    ap.add_argument("--timeout", type=float, help="stop the run after this many seconds and report the steps it finished")
+    ap.add_argument("--refuse", metavar="SHAPES", help="also time the refusal of student,teacher shapes that cannot fit (8b,32b)")
     ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (CPU smoke test)")
     ap.add_argument("--build", nargs=3, metavar=("SHAPE", "TOKENIZER", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--config-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run")
     args = ap.parse_args()
     if args.build:
-        return build(args.build[0], Path(args.build[1]), Path(args.build[2]))
+        return build(args.build[0], Path(args.build[1]), Path(args.build[2]), config_only=args.config_only)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.tiny:
         from agentopd.bootstrap import BootstrapSpec, ensure_tokenizer
@@ -92,55 +107,94 @@ def main() -> None:
             sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
         tok_dir = args.tokenizer.resolve()
         s_shape, t_shape = args.shapes.split(",")
-    models = {}
-    for role, shape in (("student", s_shape), ("teacher", t_shape)):
-        models[role] = WORK / f"{shape}-{tok_dir.name}"
-        t = time.time()
-        subprocess.run([sys.executable, __file__, "--out", str(args.out), "--build", shape, str(tok_dir), str(models[role])], check=True)
-        print(f"{role}: {shape} at {models[role]} ({time.time() - t:.0f} s)", flush=True)
-    run = WORK / "run"
-    subprocess.run(["rm", "-rf", str(run)], check=True)
+    models = {role: _built(shape, tok_dir, args.out) for role, shape in (("student", s_shape), ("teacher", t_shape))}
     sizes = ["run.steps=3"] if args.as_written else SMALL_STEP
     if args.tiny:
         sizes = [*SMALL_STEP, "rollout.max_new_tokens=32", "rollout.max_context=1024", "rollout.tasks_per_step=2",
-                 "eval.num_tasks=2", "trainer.compile=false", "run.device=cpu"]  # fmt: skip
-    keys = ["--env", "sql_db", "--config", "configs/examples/qwen3-gpu.yaml", f"student={models['student']}",
-            f"teacher={models['teacher']}", *sizes, "run.checkpoint_every=0", "log.tensorboard=false", *args.overrides]  # fmt: skip
+                 "eval.num_tasks=2", "trainer.compile=false", "run.device=cpu", "run.backend=local"]  # fmt: skip
+    common = ["--env", "sql_db", "--config", args.config]
+    keys = [*common, f"student={models['student']}", f"teacher={models['teacher']}", *sizes, "run.checkpoint_every=0",
+            "log.tensorboard=false", *args.overrides]  # fmt: skip
     cli = [sys.executable, "-m", "agentopd.cli"]
+    refusal = _refusal(cli, common, args, tok_dir) if args.refuse else []
     plan = subprocess.run([*cli, "plan-memory", *keys], capture_output=True, text=True)
     print(plan.stdout + plan.stderr, flush=True)
+    run = WORK / "run"
+    subprocess.run(["rm", "-rf", str(run)], check=True)
+    log = args.out / "memory_gpu_log.txt"
     t = time.time()
-    done = subprocess.run([*cli, "run", "--run-dir", str(run), *keys], capture_output=True, text=True)
+    with log.open("w") as f:  # written as it runs: a run stopped by the device's time limit leaves its log
+        proc = subprocess.Popen([*cli, "run", "--run-dir", str(run), *keys], stdout=f, stderr=subprocess.STDOUT, text=True)
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = f"stopped after {args.timeout:.0f} s"
     wall = time.time() - t
-    (args.out / "memory_gpu_log.txt").write_text(done.stdout + done.stderr)
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
     (args.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    seconds = {"rollout": "perf/rollout_s", "teacher": "perf/teacher_s", "train": "perf/train_step_s"}
+    steps = [r for r in records if "perf/rollout_s" in r]
     lines = [f"# memory plan vs measured: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}",
-             f"`{' '.join(keys)}`; run exit {done.returncode}, {wall:.0f} s\n", "```", plan.stdout.strip(), "```\n",
-             "| phase | plan GiB | measured peak reserved GiB | measured / plan | seconds (mean over steps) |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    over = []
-    for phase in PHASES:
-        peaks = [r[f"mem/{phase}_peak_gib"] for r in records if f"mem/{phase}_peak_gib" in r]
-        plans = [r[f"mem/{phase}_plan_gib"] for r in records if f"mem/{phase}_plan_gib" in r]
-        secs = [r[seconds[phase]] for r in records if seconds.get(phase) in r]
-        if not peaks:
-            continue
-        peak, predicted = max(peaks), (max(plans) if plans else float("nan"))
-        if peak > predicted:
-            over.append(phase)
-        mean_s = f"{sum(secs) / len(secs):.1f}" if secs else ""
-        lines.append(f"| {phase} | {predicted:.1f} | {peak:.1f} | {peak / predicted:.2f} | {mean_s} |")
-    for key in ("perf/engine_sleep_s", "perf/engine_wake_s", "perf/train_tokens_per_s", "perf/mfu"):
+             f"`{' '.join(keys)}`; run exit {code}, {wall:.0f} s, {len(steps)} steps finished\n", "```", plan.stdout.strip(), "```\n",
+             *refusal, *_table(records)]  # fmt: skip
+    (args.out / "memory_gpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if code != 0:
+        print("\n".join(log.read_text().splitlines()[-30:]))
+    over = any(row.endswith(" over") for row in lines)
+    sys.exit(1 if code != 0 or over else 0)
+
+
+def _built(shape: str, tok_dir: Path, out: Path, config_only: bool = False) -> Path:
+    """The model folder of `shape` (built in a process of its own, cached under WORK)."""
+    folder = WORK / f"{shape}-{tok_dir.name}{'-config' if config_only else ''}"
+    t = time.time()
+    subprocess.run([sys.executable, __file__, "--out", str(out), "--build", shape, str(tok_dir), str(folder),
+                    *(["--config-only"] if config_only else [])], check=True)  # fmt: skip
+    print(f"{shape} at {folder} ({time.time() - t:.0f} s)", flush=True)
+    return folder
+
+
+def _refusal(cli: list[str], common: list[str], args: argparse.Namespace, tok_dir: Path) -> list[str]:
+    """`agentopd run` of shapes that cannot fit (config.json and tokenizer, no weights): its seconds and message."""
+    s_shape, t_shape = args.refuse.split(",")
+    folders = [_built(shape, tok_dir, args.out, config_only=True) for shape in (s_shape, t_shape)]
+    t = time.time()
+    done = subprocess.run([*cli, "run", "--run-dir", str(WORK / "refused"), *common, f"student={folders[0]}",
+                           f"teacher={folders[1]}"], capture_output=True, text=True)  # fmt: skip
+    wall = time.time() - t
+    said = (done.stdout + done.stderr).strip().splitlines()
+    print("\n".join(said[-40:]), flush=True)
+    first = next((x for x in said if "does not fit" in x), said[-1] if said else "")
+    return [f"Refusal: `agentopd run {' '.join(common)} student=<{s_shape}> teacher=<{t_shape}>` (the example as written) "
+            f"exited {done.returncode} after {wall:.1f} s (process start included), before any model loaded:\n",
+            "```", first.strip(), "```\n"]  # fmt: skip
+
+
+def _table(records: list[dict]) -> list[str]:
+    """Plan against measured peak reserved GiB per phase (per GPU on Ray), and seconds per phase."""
+    seconds = {"rollout": "perf/rollout_s", "teacher": "perf/teacher_s", "train": "perf/train_step_s"}
+    gpus = sorted({k.split("_")[0][len("mem/gpu"):] for r in records for k in r if k.startswith("mem/gpu")}, key=int)
+    prefixes = [(f"GPU {g}", f"mem/gpu{g}_") for g in gpus] or [("GPU 0", "mem/")]
+    lines = ["| GPU | phase | plan GiB | measured peak reserved GiB | measured / plan | seconds (mean over steps) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for label, prefix in prefixes:
+        for phase in PHASES:
+            peaks = [r[f"{prefix}{phase}_peak_gib"] for r in records if f"{prefix}{phase}_peak_gib" in r]
+            plans = [r[f"{prefix}{phase}_plan_gib"] for r in records if f"{prefix}{phase}_plan_gib" in r]
+            secs = [r[seconds[phase]] for r in records if seconds.get(phase) in r]
+            if not peaks:
+                continue
+            peak, predicted = max(peaks), (max(plans) if plans else float("nan"))
+            mean_s = f"{sum(secs) / len(secs):.1f}" if secs else ""
+            verdict = " over" if peak > predicted else ""
+            lines.append(f"| {label} | {phase} | {predicted:.1f} | {peak:.1f} | {peak / predicted:.2f} | {mean_s} |{verdict}")
+    for key in ("perf/weight_sync_s", "perf/engine_sleep_s", "perf/engine_wake_s", "perf/rollout_tokens_per_s",
+                "perf/teacher_tokens_per_s", "perf/train_tokens_per_s", "perf/mfu", "episodes", "num_turns/mean"):  # fmt: skip
         values = [r[key] for r in records if key in r]
         if values:
             lines.append(f"\n{key}: " + ", ".join(f"{v:.3g}" for v in values) + " (per step)")
-    (args.out / "memory_gpu.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    if done.returncode != 0:
-        print("\n".join((done.stdout + done.stderr).splitlines()[-30:]))
-    sys.exit(1 if done.returncode != 0 or over else 0)
+    return lines
 
 
 if __name__ == "__main__":

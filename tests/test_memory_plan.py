@@ -212,3 +212,87 @@ def test_out_of_memory_while_loading_the_models_names_the_setup_phase(tiny_home,
     monkeypatch.setattr(LocalBackend, "setup", oom)
     with pytest.raises(OutOfMemory, match=r"^CUDA out of memory in the setup phase \(loading the models\): CUDA out of memory. Tried"):
         Runner(load_config("sql_db", overrides=["steps=1"]), tmp_path / "run").run()
+
+
+def test_teacher_offload_auto_keeps_a_teacher_resident_only_where_it_fits():
+    """teacher.offload=auto: resident (no copy of its weights a step) when every phase fits with it there; offloaded
+    beside a 1.7B trainer on one GPU, with several local teachers, and under engine.kv_cache_fraction."""
+    q06, q17, q8 = (ModelShape.from_hf_config(c) for c in (Q06, Q17, Q8))
+    small = plan_memory(load_config("sql_db", overrides=["trainer.micro_batch_tokens=16384"]), {"student": q06, "teacher": q17}, [79.2])
+    assert small.fits and not small.teacher_offload and not small.engine_sleep
+    weights = _item(small, "bf16 weights")
+    assert weights.role == "teacher" and set(weights.phases) == set(Phase)  # held in the rollout and train phases too
+    assert "teacher.offload off" in small.table()
+
+    example = load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml")
+    one = plan_memory(example, {"student": q17, "teacher": q8}, [79.2])
+    assert one.fits and one.teacher_offload and not one.engine_sleep  # resident: 80 GiB in the train phase
+    assert _item(one, "bf16 weights").phases == (Phase.TEACHER,)
+    assert any(n.startswith("teacher.offload=auto: on") for n in one.notes)
+    resident = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=["teacher.offload=false"]),
+                           {"student": q17, "teacher": q8}, [79.2])  # fmt: skip
+    with pytest.raises(MemoryPlanError, match="teacher.offload=true"):
+        resident.check()
+    assert resident.engine_sleep  # engine.sleep=auto tried sleeping first, and still no room
+
+    two = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-2gpu.yaml"), {"student": q17, "teacher": q8}, [79.2] * 2)
+    assert two.fits and not two.teacher_offload  # the teacher's GPU has room for it between scorings
+
+    cfg = load_config("sql_db", overrides=["trainer.micro_batch_tokens=16384"])
+    assert plan_memory(cfg, {"student": q06, "teacher": q17}, [79.2], teachers=2).teacher_offload
+    fraction = load_config("sql_db", overrides=["engine.kv_cache_fraction=0.5"])
+    assert plan_memory(fraction, {"student": q06, "teacher": q17}, [79.2]).teacher_offload  # the room goes to the pool
+
+
+def test_the_runs_teacher_follows_the_plans_offload(tiny_home, tmp_path, monkeypatch):
+    """The run hands the plan's decision to its teacher: resident, or offloaded after each scoring (a CPU run with
+    the plan patched in, as on CUDA)."""
+    from agentopd.runner import Runner
+    from agentopd.teacher import HFTeacher
+
+    seen = []
+
+    class Recorded(HFTeacher):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.offload_after_score)
+
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    monkeypatch.setattr("agentopd.teacher.HFTeacher", Recorded)
+    cfg = load_config("sql_db", overrides=["rollout.tasks_per_step=2", "rollout.n=1", "rollout.max_new_tokens=8", "rollout.max_turns=1",
+                                           "eval.num_tasks=1", "eval.every=0", "eval.teacher=false", "steps=1"])  # fmt: skip
+    for offload in (False, True):
+        plan = plan_memory(cfg, {"student": ModelShape.from_hf_config(Q06)}, [80.0])
+        plan.teacher_offload = offload
+        monkeypatch.setattr("agentopd.runner.run_plan", lambda *a, plan=plan: plan)
+        Runner(cfg, tmp_path / f"run-{offload}").run()
+        assert seen[-1] is offload
+
+
+def test_agentopd_run_under_torchrun_is_refused_on_the_local_backend(cli, tmp_path, monkeypatch):
+    """torchrun would start one independent run per process: refused at once, pointing at the Ray backend."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = cli("run", "--env", "sql_db", "--run-dir", tmp_path / "run", "steps=1")
+    assert result.exit_code == 2
+    assert "under torchrun (WORLD_SIZE=2)" in result.output and "run.backend=ray" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_ray_memory_peaks_sum_the_actors_the_plan_puts_on_each_gpu():
+    """RayBackend.memory_peaks: each actor's peak, summed per GPU of the plan's placement (no GPUs here: the actors
+    and `ray` are small fakes that answer `memory_peak` as the real actors do on CUDA)."""
+    from types import SimpleNamespace
+
+    from agentopd.backends.ray import RayBackend
+
+    def actor(gib):
+        return SimpleNamespace(memory_peak=SimpleNamespace(remote=lambda: int(gib * GIB)))
+
+    cfg = load_config("sql_db", config_file="configs/examples/qwen3-2gpu.yaml")  # trainer GPU 0; engine + teacher GPU 1
+    backend = RayBackend()
+    backend.ctx = SimpleNamespace(cfg=cfg)
+    backend.ray = SimpleNamespace(get=lambda refs: refs)
+    backend.group = SimpleNamespace(ranks=[actor(40.0)])
+    backend.workers = [actor(20.5)]
+    backend.teachers = {"default": [actor(18.0)]}
+    assert backend.memory_peaks() == {0: pytest.approx(40.0), 1: pytest.approx(38.5)}

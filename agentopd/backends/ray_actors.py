@@ -32,7 +32,25 @@ from agentopd.rollout import RolloutConfig
 from agentopd.types import Episode
 
 
-class _WeightMember:
+class _OnGPU:
+    """What every actor answers about its GPU."""
+
+    def gpu_ids(self) -> list[str]:
+        """The physical GPUs this actor was given (Ray's ids; [] without one)."""
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()]
+
+    def memory_peak(self) -> int:
+        """Peak CUDA memory this actor's allocator reserved since the last call, in bytes (0 without CUDA)."""
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return 0
+        peak = torch.cuda.max_memory_reserved()
+        torch.cuda.reset_peak_memory_stats()
+        return peak
+
+
+class _WeightMember(_OnGPU):
     """What trainer rank 0 and the rollout workers share as members of a weight group (weight_sync.py)."""
 
     weight_group: WeightGroup | None = None
@@ -41,12 +59,6 @@ class _WeightMember:
         if self.weight_group is not None:
             self.weight_group.close()
         self.weight_group = None
-
-    def gpu_ids(self) -> list[str]:
-        """The physical GPUs this actor was given (Ray's ids; [] without one)."""
-        import ray
-
-        return [str(g) for g in ray.get_gpu_ids()]
 
 
 def _role_ctx(ctx: RunContext, gpus: float, threads: int) -> RunContext:
@@ -109,7 +121,7 @@ class RolloutWorker(_WeightMember):
         return os.getpid()
 
 
-class TeacherWorker:
+class TeacherWorker(_OnGPU):
     def __init__(self, ctx: RunContext, name: str, gpus: float, threads: int):
         self.teacher = build_teacher(_role_ctx(ctx, gpus, threads), name)
 

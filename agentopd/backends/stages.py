@@ -58,6 +58,7 @@ class RunContext:
     vocab_size: int | None = None  # len(tokenizer): engines sample, teachers and the trainer normalise over these ids
     kv_cache_gib: float | None = None  # the fast engine's KV pool on a GPU (agentopd.memory_plan); None = its default
     engine_sleep: bool = False  # local backend: the student's engine frees its KV pool while the teacher and trainer run
+    teacher_offload: bool = True  # a local teacher leaves its GPU after each scoring (agentopd.memory_plan decides)
 
     def model_ref(self, who: str) -> Path | str:
         """The model a role plays with: the student's, or the named teacher's."""
@@ -223,7 +224,7 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
     # a cross-tokenizer teacher scores its own stream (agentopd.crosstok) over its own vocabulary
     vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
     return HFTeacher(ref, device=ctx.device, dtype=ctx.dtype, temperature=temperature, top_k=ctx.cfg.teacher.top_k,
-                     vocab_size=vocab_size)
+                     vocab_size=vocab_size, offload_after_score=ctx.teacher_offload)
 
 
 def score_routed(teachers: dict[str, HFTeacher], by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:

@@ -123,6 +123,11 @@ class TeacherConfig(Section):
     privileged: Privileged | None = Field(
         None, description="context the teacher reads and the student does not: solution (the oracle's) or schema (the hidden one)"
     )
+    offload: Literal["auto"] | bool = Field(
+        "auto", description="a local teacher on a GPU: move it to pinned host memory after each scoring and back before the "
+        "next (a host-to-GPU copy of its weights every step); false = keep it resident; auto = resident when the memory "
+        "plan fits with it there in every phase (one local teacher, no engine.kv_cache_fraction), else offloaded",
+    )
 
 
 class VLLMOptions(Section):
