@@ -20,9 +20,10 @@ seconds and reports the steps it finished (the log is written as the run goes). 
 weights load). Run it from the repository root. `engine.sleep=true` as an override measures the engine's sleep
 and wake seconds (perf/engine_sleep_s, perf/engine_wake_s) and the peaks with the pool freed.
 Writes memory_gpu.md and the run's metrics: per phase (and per GPU on Ray) the plan's GiB (mem/<phase>_plan_gib,
-mem/gpu<g>_<phase>_plan_gib), the measured peak of torch's reserved memory (on Ray: the sum of the peaks of the
-actors the plan puts on that GPU; the plan also counts 1 GiB of CUDA context per process that torch does not see),
-their ratio, and seconds per phase. Exit 1 when the run fails or a measured peak exceeds the plan.
+mem/gpu<g>_<phase>_plan_gib), the measured peak held in tensors (torch's max_memory_allocated: what the plan models)
+and the peak reserved by the caching allocator (what the GPU holds, blocks cached from earlier phases included); on
+Ray the sums over the actors the plan puts on that GPU. The plan also counts 1 GiB of CUDA context per process that
+torch does not see. Exit 1 when the run fails or a measured allocated peak exceeds the plan.
 """
 
 from __future__ import annotations
@@ -176,19 +177,21 @@ def _table(records: list[dict]) -> list[str]:
     seconds = {"rollout": "perf/rollout_s", "teacher": "perf/teacher_s", "train": "perf/train_step_s"}
     gpus = sorted({k.split("_")[0][len("mem/gpu"):] for r in records for k in r if k.startswith("mem/gpu")}, key=int)
     prefixes = [(f"GPU {g}", f"mem/gpu{g}_") for g in gpus] or [("GPU 0", "mem/")]
-    lines = ["| GPU | phase | plan GiB | measured peak reserved GiB | measured / plan | seconds (mean over steps) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| GPU | phase | plan GiB | measured peak allocated GiB (tensors) | allocated / plan | peak reserved GiB "
+             "(allocator, cached blocks included) | seconds (mean over steps) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, prefix in prefixes:
         for phase in PHASES:
-            peaks = [r[f"{prefix}{phase}_peak_gib"] for r in records if f"{prefix}{phase}_peak_gib" in r]
-            plans = [r[f"{prefix}{phase}_plan_gib"] for r in records if f"{prefix}{phase}_plan_gib" in r]
-            secs = [r[seconds[phase]] for r in records if seconds.get(phase) in r]
-            if not peaks:
+            def peak(kind: str) -> float:
+                values = [r[f"{prefix}{phase}_{kind}_gib"] for r in records if f"{prefix}{phase}_{kind}_gib" in r]
+                return max(values) if values else float("nan")
+
+            if not any(f"{prefix}{phase}_peak_gib" in r for r in records):
                 continue
-            peak, predicted = max(peaks), (max(plans) if plans else float("nan"))
+            predicted, allocated, reserved = peak("plan"), peak("alloc"), peak("peak")
+            secs = [r[seconds[phase]] for r in records if seconds.get(phase) in r]
             mean_s = f"{sum(secs) / len(secs):.1f}" if secs else ""
-            verdict = " over" if peak > predicted else ""
-            lines.append(f"| {label} | {phase} | {predicted:.1f} | {peak:.1f} | {peak / predicted:.2f} | {mean_s} |{verdict}")
+            verdict = " over" if allocated > predicted else ""
+            lines.append(f"| {label} | {phase} | {predicted:.1f} | {allocated:.1f} | {allocated / predicted:.2f} | {reserved:.1f} | {mean_s} |{verdict}")
     for key in ("perf/weight_sync_s", "perf/engine_sleep_s", "perf/engine_wake_s", "perf/rollout_tokens_per_s",
                 "perf/teacher_tokens_per_s", "perf/train_tokens_per_s", "perf/mfu", "episodes", "num_turns/mean"):  # fmt: skip
         values = [r[key] for r in records if key in r]

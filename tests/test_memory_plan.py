@@ -286,7 +286,7 @@ def test_ray_memory_peaks_sum_the_actors_the_plan_puts_on_each_gpu():
     from agentopd.backends.ray import RayBackend
 
     def actor(gib):
-        return SimpleNamespace(memory_peak=SimpleNamespace(remote=lambda: int(gib * GIB)))
+        return SimpleNamespace(memory_peak=SimpleNamespace(remote=lambda: (int(gib * GIB), int(gib / 2 * GIB))))
 
     cfg = load_config("sql_db", config_file="configs/examples/qwen3-2gpu.yaml")  # trainer GPU 0; engine + teacher GPU 1
     backend = RayBackend()
@@ -295,4 +295,4 @@ def test_ray_memory_peaks_sum_the_actors_the_plan_puts_on_each_gpu():
     backend.group = SimpleNamespace(ranks=[actor(40.0)])
     backend.workers = [actor(20.5)]
     backend.teachers = {"default": [actor(18.0)]}
-    assert backend.memory_peaks() == {0: pytest.approx(40.0), 1: pytest.approx(38.5)}
+    assert backend.memory_peaks() == {0: pytest.approx((40.0, 20.0)), 1: pytest.approx((38.5, 19.25))}

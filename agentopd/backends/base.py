@@ -104,7 +104,7 @@ class Backend(Protocol):
 
     def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None: ...
 
-    def memory_peaks(self) -> dict[int, float]: ...  # GPU index (the memory plan's) -> peak reserved GiB since the last call
+    def memory_peaks(self) -> dict[int, tuple[float, float]]: ...  # GPU (the plan's) -> peak (reserved, allocated) GiB since the last call
 
     def stats(self) -> dict[str, float]: ...
 

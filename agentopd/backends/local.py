@@ -160,14 +160,14 @@ class LocalBackend:
     def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         self.trainer.export(out_dir, tokenizer)
 
-    def memory_peaks(self) -> dict[int, float]:
-        """{0: the peak reserved GiB of this process's CUDA device since the last call} ({} off CUDA)."""
+    def memory_peaks(self) -> dict[int, tuple[float, float]]:
+        """{0: (peak reserved, peak allocated) GiB of this process's CUDA device since the last call} ({} off CUDA)."""
         device = self.ctx.device
         if device.type != "cuda":
             return {}
-        peak = torch.cuda.max_memory_reserved(device) / 2**30
+        peaks = torch.cuda.max_memory_reserved(device) / 2**30, torch.cuda.max_memory_allocated(device) / 2**30
         torch.cuda.reset_peak_memory_stats(device)
-        return {0: peak}
+        return {0: peaks}
 
     def stats(self) -> dict[str, float]:
         """The metrics of the step since the last call (intervene/*)."""

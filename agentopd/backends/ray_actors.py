@@ -41,13 +41,14 @@ class _OnGPU:
 
         return [str(g) for g in ray.get_gpu_ids()]
 
-    def memory_peak(self) -> int:
-        """Peak CUDA memory this actor's allocator reserved since the last call, in bytes (0 without CUDA)."""
+    def memory_peak(self) -> tuple[int, int]:
+        """Peak CUDA memory this actor's allocator reserved, and held in tensors, since the last call, in bytes
+        ((0, 0) without CUDA)."""
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return 0
-        peak = torch.cuda.max_memory_reserved()
+            return 0, 0
+        peaks = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        return peak
+        return peaks
 
 
 class _WeightMember(_OnGPU):
