@@ -125,3 +125,17 @@ def test_run_and_bootstrap_pick_the_sized_pair(tmp_path, monkeypatch):
     shown = cli("bootstrap", "--env", "calculator", "embedded.size=test")  # found in the cache, shown
     assert shown.exit_code == 0, shown.output
     assert "size test" in shown.output and not (tmp_path / "models" / "calculator").exists()
+
+
+@pytest.mark.gpu
+def test_a_sized_pair_builds_on_the_gpu(tmp_path):
+    """sft() on CUDA: bf16 autocast over fp32 weights, varlen attention in the steps, the built attention for the
+    evals during training and for the saved model."""
+    from transformers import AutoModelForCausalLM
+
+    ensure_tokenizer(TINY_SPEC, home=tmp_path)
+    models = bootstrap("sql_db", size=EmbeddedSize.TEST, device="cuda", home=tmp_path)
+    assert models.report["device"] == "cuda" and models.report["teacher"]["history"]  # evaluated while training
+    for folder in (models.teacher_dir, models.student_dir):
+        assert "varlen" not in (folder / "config.json").read_text()
+        AutoModelForCausalLM.from_pretrained(folder)
