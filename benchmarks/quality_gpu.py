@@ -9,11 +9,13 @@
     python benchmarks/quality_gpu.py --tiny --out /tmp/quality_gpu
 
 The bundle, `<out>/quality_gpu.json` (one file: a call returns at most a few), holds what the runs share (env, size,
-steps, overrides), each call's pair (its bootstrap report: the models themselves, ~350 MB, do not come back, so each
-call builds the pair again: seeded, but GPU kernels are not bit-exact, so every call's pair is kept and each result
-names the pair it ran on) and every run's result as quality.py writes it. A run still going when a call ends is
-lost (it runs again next call): --budget-s stops launching runs early enough for the last ones to finish. Every run
-starts from the pair's student, `embedded.size=gpu run.device=cuda`, at the student's own SFT learning rate.
+steps, overrides), each call's pair (its bootstrap report: the models themselves, ~700 MB in fp32, do not come back,
+so each call builds the pair again: seeded, but GPU kernels are not bit-exact, so every call's pair is kept and each
+result names the pair it ran on) and every run's result as quality.py writes it. The next call's --resume is that
+file put in the checkout (the working tree travels to the GPU machine; the bundle is a few hundred KB). A run still
+going when a call ends is lost (it runs again next call): --budget-s stops launching runs early enough for the last
+ones to finish. Every run starts from the pair's student, `embedded.size=gpu run.device=cuda`, at the student's own
+SFT learning rate.
 """
 
 from __future__ import annotations
