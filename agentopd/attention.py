@@ -99,21 +99,31 @@ def varlen_kwargs(seq_lens: list[int], device: torch.device | str) -> dict:
 def set_varlen(model) -> str:
     """Switch `model` (a transformers model) to varlen attention; returns the previous implementation."""
     register()
+    return set_implementation(model, VARLEN)
+
+
+def set_implementation(model, name: str) -> str:
+    """Set `model`'s attention implementation (a name transformers knows); returns the previous one."""
     previous = model.config._attn_implementation
     for module in model.modules():  # sub-configs (text_config, ...) share the setting
         config = getattr(module, "config", None)
         if config is not None and hasattr(config, "_attn_implementation"):
-            config._attn_implementation = VARLEN
+            config._attn_implementation = name
     return previous
 
 
 @contextmanager
-def use_varlen(model):
-    previous = set_varlen(model)
+def using(model, name: str):
+    """`model` with the attention implementation `name` inside the block, its own after."""
+    previous = set_implementation(model, name)
     try:
         yield
     finally:
-        for module in model.modules():
-            config = getattr(module, "config", None)
-            if config is not None and hasattr(config, "_attn_implementation"):
-                config._attn_implementation = previous
+        set_implementation(model, previous)
+
+
+@contextmanager
+def use_varlen(model):
+    register()
+    with using(model, VARLEN):
+        yield

@@ -15,6 +15,11 @@ Nothing is downloaded. Steps, each cached:
 4. Student: a smaller Qwen3 model, briefly SFT-trained on the same demonstrations, so it has
    the format and solves some tasks but not most — the starting point distillation improves.
 `bootstrap(env, force=True)` (CLI: `agentopd bootstrap --env NAME --force`) rebuilds.
+
+Sizes (`embedded.size`, `bootstrap(env, size=...)`): `tiny`, the default above, built on the CPU; `gpu`, a ~25M
+student and a ~150M teacher built by the same recipe on one GPU (`sized_spec`), cached under `models/gpu/<env>/`:
+
+    models = bootstrap("sql_db", size=EmbeddedSize.GPU)   # on CUDA; agentopd bootstrap --env sql_db embedded.size=gpu
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +40,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3Config, Qw
 
 from agentopd.batch import TrainSample
 from agentopd.chat import build_tokenizer
-from agentopd.config import VARIANTS, variant_of
+from agentopd import attention
+from agentopd.config import VARIANTS, EmbeddedSize, variant_of
 from agentopd.corpus import env_corpus
 from agentopd.engines.scripted import ScriptedEngine
 from agentopd.evaluate import evaluate
@@ -172,6 +179,65 @@ TINY_SPEC = BootstrapSpec(  # for tests: seconds, not minutes
     demonstrations=64,
     eval_tasks=8,
 )
+
+# embedded.size=gpu (issue 33): a pair one to two orders of magnitude larger than the tiny one, where the literature
+# finds on-policy distillation ahead of SFT (a student with the capacity to keep on its own states what it learned, a
+# teacher with more ability). Qwen3's shape at small scale: head size 64, 2 query heads per KV head, an MLP 3x the
+# width. The tokenizer is the shared ~1k BPE (`tokenizer/`, as the tiny pair's): its embedding is ~1M parameters of
+# either model, so the budget goes into the blocks; any built-in teacher scores any built-in student of either size
+# (one vocabulary); a demonstration is the same token stream at both sizes; and nothing new is trained or cached.
+# A larger BPE would shorten the sequences (~310 tokens per sql_db demonstration) by perhaps a third: not needed on a
+# GPU, and it would put the two sizes on two vocabularies. Parameters (tied embeddings; tests/test_embedded_size.py):
+GPU_TEACHER_SIZE = ModelSize(hidden=1024, layers=12, heads=16, kv_heads=8, head_dim=64)  # 152M
+GPU_STUDENT_SIZE = ModelSize(hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64)  # 25.7M
+# Their SFT, a first guess to be tuned on a GPU. The data: every training task's oracle demonstration (sql_db: 2,148
+# of ~310 tokens, 0.67M tokens; demonstrations() takes at most one per task, so GPU_DEMONSTRATIONS means all of them).
+# - teacher: 64 demonstrations a step (~20k tokens: ~34 steps an epoch). lr 5e-4: GPT-3's 125M / 350M models trained
+#   at 6e-4 / 3e-4 on far larger batches, and a smaller batch wants no more. Warm-up 30 steps, cosine to lr/10 over at
+#   most 600 steps (~18 epochs; the tiny teacher needed ~6 epochs at 128 wide: a wider model fits in fewer, and the
+#   early stop ends it when it is good enough), stopped once 90% of the held-out tasks are solved (the tiny ones: 80%),
+#   checked every 100 steps (each check plays eval_tasks held-out episodes).
+# - student: 32 demonstrations a step, 100 steps (~1.5 epochs) at a constant lr 1e-3 (a 25M model takes about twice a
+#   150M one's): like the tiny student, stopped early with the format learnt and few held-out tasks solved, at an lr
+#   distillation can continue with (a run on this pair: trainer.lr=1e-3; the presets' 3e-3 is the tiny student's).
+# On one H100 (bf16 autocast, fp32 master weights) a teacher step should take ~0.1 s: both models in ~2-4 minutes.
+GPU_DEMONSTRATIONS = 10_000
+GPU_TEACHER = SFTSpec(GPU_TEACHER_SIZE, max_steps=600, batch_size=64, lr=5e-4, warmup_steps=30, target_success=0.9, eval_every=100)
+GPU_STUDENT = SFTSpec(GPU_STUDENT_SIZE, max_steps=100, batch_size=32, lr=1e-3, warmup_steps=20, schedule="constant", seed=1)
+
+
+def sized_spec(spec: BootstrapSpec, size: EmbeddedSize) -> BootstrapSpec:
+    """An env's recipe (`default_spec`) at `size`: `tiny` is the recipe itself; the others keep its data (tokenizer,
+    mistakes, eval tasks, context) and swap both models and their SFT: `gpu` for GPU_TEACHER and GPU_STUDENT on every
+    training task, `test` for TINY_SPEC's (seconds on a CPU)."""
+    size = EmbeddedSize(size)
+    if size == EmbeddedSize.TINY:
+        return spec
+    if size == EmbeddedSize.GPU:
+        return replace(spec, teacher=GPU_TEACHER, student=GPU_STUDENT, demonstrations=max(spec.demonstrations, GPU_DEMONSTRATIONS))
+    return replace(spec, teacher=TINY_SPEC.teacher, student=TINY_SPEC.student, demonstrations=TINY_SPEC.demonstrations,
+                   eval_tasks=TINY_SPEC.eval_tasks)  # fmt: skip
+
+
+def models_root(home: Path, size: EmbeddedSize) -> Path:
+    """Where the built-in models of `size` are cached: `models/` for tiny (as ever), `models/<size>/` for the others
+    (each with its own `<preset>/`, `vllm/<preset>/` and `cross/<preset>/` inside)."""
+    return home / "models" if EmbeddedSize(size) == EmbeddedSize.TINY else home / "models" / str(size)
+
+
+def build_device(size: EmbeddedSize, device: str | torch.device | None = None) -> torch.device:
+    """Where the models of `size` are trained and evaluated: tiny ones on the CPU, always (whatever a run's device);
+    the others on `device`, by default the GPU for `gpu` (a ValueError without one; `device="cpu"` builds there
+    anyway: embedded.allow_cpu) and the CPU for `test`."""
+    size = EmbeddedSize(size)
+    if size == EmbeddedSize.TINY:
+        return torch.device("cpu")
+    if device is not None:
+        return torch.device(device)
+    if size == EmbeddedSize.GPU and not torch.cuda.is_available():
+        raise ValueError("embedded.size=gpu: no CUDA device to build the gpu pair on; run on a GPU, use embedded.size=tiny "
+                         "(the CPU default), or set embedded.allow_cpu=true to build it on the CPU anyway (hours)")  # fmt: skip
+    return torch.device("cuda" if size == EmbeddedSize.GPU else "cpu")
 
 
 @dataclass
@@ -315,8 +381,12 @@ def sft(
     evaluate_fn: Callable[[Qwen3ForCausalLM], float] | None = None,
     progress: Progress | None = None,
     name: str = "sft",
+    device: str | torch.device = "cpu",
 ) -> dict[str, Any]:
-    """Supervised fine-tuning on demonstrations with the project's trainer (loss=sft)."""
+    """Supervised fine-tuning on demonstrations with the project's trainer (loss=sft), on `device`: on CUDA the
+    trainer's bf16 autocast over fp32 master weights, and `model` is left there. `evaluate_fn` (and whoever uses the
+    model afterwards) sees it with the attention it was built with (the trainer's steps on CUDA use varlen attention,
+    which generation does not take)."""
     from agentopd.trainer import Trainer, TrainerConfig
 
     cfg = TrainerConfig(
@@ -324,7 +394,13 @@ def sft(
         total_steps=spec.max_steps, schedule=spec.schedule, min_lr_ratio=0.1, grad_clip=1.0, seed=spec.seed,
         micro_batch_tokens=16384,
     )  # fmt: skip
-    trainer = Trainer(model, cfg, device="cpu")
+    trainer = Trainer(model, cfg, device=device)
+    built_with = trainer.model_config()._attn_implementation  # what evaluate_fn and save_pretrained see
+
+    def as_built() -> AbstractContextManager:
+        """The model with the attention it was built with (varlen, the trainer's on CUDA, is for packed rows only)."""
+        return attention.using(trainer.hf, built_with) if trainer.varlen else nullcontext()
+
     rng = random.Random(spec.seed)
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
@@ -334,10 +410,13 @@ def sft(
         if progress:
             progress(name, step / spec.max_steps, {"step": step, "loss": metrics["loss"]})
         if evaluate_fn is not None and (step % spec.eval_every == 0 or step == spec.max_steps):
-            success = evaluate_fn(trainer.hf)
+            with as_built():
+                success = evaluate_fn(trainer.hf)
             history.append({"step": step, "loss": metrics["loss"], "success": success, "seconds": time.perf_counter() - t0})
             if spec.target_success is not None and success >= spec.target_success:
                 break
+    if trainer.varlen:
+        attention.set_implementation(trainer.hf, built_with)
     return {"steps": step, "seconds": round(time.perf_counter() - t0, 1), "final_loss": metrics["loss"], "history": history, "success": success}
 
 
@@ -351,6 +430,8 @@ def bootstrap(
     env_kwargs: dict[str, Any] | None = None,
     for_vllm: bool = False,
     cross: bool = False,
+    size: EmbeddedSize = EmbeddedSize.TINY,
+    device: str | torch.device | None = None,
 ) -> BuiltinModels:
     """The embedded teacher and student of an env (built on first use, then cached under
     `$AGENTOPD_HOME/models/<env>/`, keyed by the recipe, the env's constructor arguments of its preset
@@ -369,21 +450,27 @@ def bootstrap(
     copied, and the student alone is trained. Where no model changes, the default pair itself.
 
     `cross`: the default student with a teacher of `cross_spec(spec)` (its own, larger BPE over the same corpus:
-    another tokenizer, for the cross-tokenizer losses), cached under `models/cross/<preset>/teacher`."""
+    another tokenizer, for the cross-tokenizer losses), cached under `models/cross/<preset>/teacher`.
+
+    `size` (embedded.size): the pair of `sized_spec(default_spec(preset), size)`, built on `build_device(size,
+    device)` and cached under `models_root(home, size)` (`models/` for tiny, `models/<size>/` else; the vLLM and cross
+    variants inside it); a `spec` given is built as is, cached there too. A cache of another size than tiny is kept
+    while its report's spec is the one wanted (no SPEC_VERSIONS: those number the tiny recipes)."""
+    size = EmbeddedSize(size)
     if cross:
-        base = bootstrap(env_name, force=force, spec=spec, home=home, progress=progress, env_kwargs=env_kwargs)
-        return _cross_teacher(base, env_name, spec, home or agentopd_home(), progress, env_kwargs, force)
+        base = bootstrap(env_name, force=force, spec=spec, home=home, progress=progress, env_kwargs=env_kwargs, size=size, device=device)
+        return _cross_teacher(base, env_name, spec, home or agentopd_home(), progress, env_kwargs, force, size, device)
     requested, requested_kwargs = env_name, env_kwargs
     if env_name in VARIANTS:  # `agentopd bootstrap --env sql_db_explore`: the variant preset's models
         env_name, preset = VARIANTS[env_name][0], env_name
     else:
         preset = variant_of(env_name, env_kwargs) if env_name in BUILTIN_ENVS else env_name
-    spec = spec or default_spec(preset)
+    spec = spec or sized_spec(default_spec(preset), size)
     home = home or agentopd_home()
-    root = home / "models" / preset
+    root = models_root(home, size) / preset
     base_spec = spec
     if for_vllm and vllm_spec(spec) != spec:
-        spec, root = vllm_spec(spec), home / "models" / "vllm" / preset
+        spec, root = vllm_spec(spec), models_root(home, size) / "vllm" / preset
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
     if env_name in BUILTIN_ENVS or env_kwargs is None:
         env_kwargs = preset_env_kwargs(preset)
@@ -393,33 +480,35 @@ def bootstrap(
     if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
         report = json.loads(report_path.read_text())
         same_env = report.get("env_kwargs", {}) == json.loads(json.dumps(env_kwargs))
-        same_spec = report.get("spec_version", 1) == SPEC_VERSIONS.get(preset, 1)
+        built, wanted = report.get("spec"), json.loads(json.dumps(asdict(spec)))
+        same_spec = report.get("spec_version", 1) == SPEC_VERSIONS.get(preset, 1) if size == EmbeddedSize.TINY else built == wanted
         if same_env and report.get("recipe") == RECIPE and report.get("env_version") == version:
             if same_spec:
                 return BuiltinModels(env_name, teacher_dir, student_dir, report)
-            built, wanted = report.get("spec"), json.loads(json.dumps(asdict(spec)))
             if built is not None and built["student"] != wanted["student"] and {**built, "student": None} == {**wanted, "student": None}:
                 keep_teacher = report  # the new spec changes the student's SFT spec only: the teacher (minutes of SFT) stays
         # the preset's env, the env's package, the preset's spec or the recipe changed since these were built: rebuild
     if env_name not in BUILTIN_ENVS:
         require_oracle(env_name, env_kwargs)
     if spec is not base_spec and keep_teacher is None and spec.teacher == base_spec.teacher:  # for vLLM: the same teacher
-        base = bootstrap(requested, force=force, spec=base_spec, home=home, progress=progress, env_kwargs=requested_kwargs)
+        base = bootstrap(requested, force=force, spec=base_spec, home=home, progress=progress, env_kwargs=requested_kwargs,
+                         size=size, device=device)  # fmt: skip
         _atomic_dir(teacher_dir, lambda path: shutil.copytree(base.teacher_dir, path, dirs_exist_ok=True))
         keep_teacher = base.report
 
     torch.manual_seed(0)
     # torch's own thread count: on the 2-core machine two threads train these models 1.75x faster than one
     return _build(env_name, env_kwargs, spec, home, root, progress, spec_version=SPEC_VERSIONS.get(preset, 1),
-                  keep_teacher=keep_teacher)
+                  keep_teacher=keep_teacher, size=size, device=build_device(size, device))  # fmt: skip
 
 
 def _cross_teacher(base: BuiltinModels, env_name: str, spec: BootstrapSpec | None, home: Path, progress: Progress | None,
-                   env_kwargs: dict[str, Any] | None, force: bool) -> BuiltinModels:  # fmt: skip
+                   env_kwargs: dict[str, Any] | None, force: bool, size: EmbeddedSize = EmbeddedSize.TINY,
+                   device: str | torch.device | None = None) -> BuiltinModels:  # fmt: skip
     """The teacher of `bootstrap(..., cross=True)` beside `base`'s student (built once, cached like the pair)."""
     preset = variant_of(env_name, env_kwargs) if env_name in BUILTIN_ENVS else env_name
-    spec = cross_spec(spec or default_spec(preset))
-    root = home / "models" / "cross" / preset
+    spec = cross_spec(spec or sized_spec(default_spec(preset), size))
+    root = models_root(home, size) / "cross" / preset
     kwargs = without_split(base.report.get("env_kwargs", env_kwargs or {}))
     report_path = root / "report.json"
     if not force and report_path.exists() and (root / "teacher" / "config.json").exists():
@@ -428,16 +517,18 @@ def _cross_teacher(base: BuiltinModels, env_name: str, spec: BootstrapSpec | Non
                 and report.get("recipe") == RECIPE and report.get("env_version") == env_version(base.env):  # fmt: skip
             return BuiltinModels(base.env, root / "teacher", base.student_dir, report)
     torch.manual_seed(0)
-    built = _build(base.env, kwargs, spec, home, root, progress, roles=("teacher",))
+    built = _build(base.env, kwargs, spec, home, root, progress, roles=("teacher",), size=size, device=build_device(size, device))
     return BuiltinModels(base.env, built.teacher_dir, base.student_dir, built.report)
 
 
 def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home: Path, root: Path, progress: Progress | None,
            spec_version: int = 1, keep_teacher: dict[str, Any] | None = None,
-           roles: tuple[str, ...] = ("teacher", "student")) -> BuiltinModels:  # fmt: skip
-    """Build the tokenizer (if missing), the demonstrations, the teacher and the student (those of `roles`); `keep_teacher`:
-    the report of a cache whose teacher is kept (its spec differs in the student's SFT spec only), so only the student
-    is trained."""
+           roles: tuple[str, ...] = ("teacher", "student"), size: EmbeddedSize = EmbeddedSize.TINY,
+           device: torch.device = torch.device("cpu")) -> BuiltinModels:  # fmt: skip
+    """Build the tokenizer (if missing), the demonstrations, the teacher and the student (those of `roles`), the models
+    trained and evaluated on `device` (initialised on the CPU, so a seed gives the same start on any device);
+    `keep_teacher`: the report of a cache whose teacher is kept (its spec differs in the student's SFT spec only), so
+    only the student is trained."""
     teacher_dir, student_dir, report_path = root / "teacher", root / "student", root / "report.json"
     t0 = time.perf_counter()
     tok = ensure_tokenizer(spec, home=home, envs=env_set(env_name))
@@ -456,7 +547,8 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
         return r.success_rate
 
     report: dict[str, Any] = {"env": env_name, "recipe": RECIPE, "spec_version": spec_version, "env_kwargs": env_kwargs, "env_version": env_version(env_name),
-                              "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec)}  # fmt: skip
+                              "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec),
+                              "size": str(size), "device": device.type}  # fmt: skip
     if keep_teacher:
         report |= {k: keep_teacher[k] for k in ("teacher", "demonstrations_with_mistake") if k in keep_teacher}
     elif spec.mistakes > 0:  # how many of the teacher's demonstrations make (and recover from) a mistake
@@ -466,7 +558,7 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
         torch.manual_seed(sft_spec.seed)
         model = Qwen3ForCausalLM(sft_spec.size.config(tok, spec.max_context))
         train = sft(model, teacher_demos if role == "teacher" else demos, sft_spec, evaluate_fn=success_of if role == "teacher" else None,
-                    progress=progress, name=role)  # fmt: skip
+                    progress=progress, name=role, device=device)  # fmt: skip
         model.eval()
         train["success"] = success_of(model) if train["success"] is None or role == "student" else train["success"]
         train["parameters"] = sum(p.numel() for p in model.parameters())

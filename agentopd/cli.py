@@ -263,9 +263,10 @@ def plan_memory_command(
             index = int(cfg.run.device.split(":")[1]) if cfg.run.device.startswith("cuda:") else 0
             sizes = [sizes[index]]
     names = cfg.env.name.split(",")
-    refs = {"student": resolve_student(cfg.student.path, names, mixed=len(names) > 1)}
+    size = cfg.embedded.size
+    refs = {"student": resolve_student(cfg.student.path, names, mixed=len(names) > 1, size=size)}
     if cfg.run.objective != "grpo" and not is_server(cfg.teacher.path):
-        refs["teacher"] = refs["student"] if cfg.teacher.path == SELF else resolve_model(cfg.teacher.path, names[0], "teacher")
+        refs["teacher"] = refs["student"] if cfg.teacher.path == SELF else resolve_model(cfg.teacher.path, names[0], "teacher", size=size)
     plan = plan_memory(cfg, shapes_of(refs), sizes)
     console.print(plan.table(), markup=False, highlight=False)
     if not plan.fits:  # the table is above: the error is its one line
@@ -314,8 +315,8 @@ def eval_command(
 
     if n > 1 and temperature == 0:
         raise ValueError("--n > 1 with --temperature 0 gives n identical samples: set --temperature")
-    path = resolve_model(model, cfg.env.name, "student", env_kwargs=cfg.env.kwargs)
     device, dtype = pick_device(cfg.run.device)
+    path = resolve_model(model, cfg.env.name, "student", env_kwargs=cfg.env.kwargs, size=cfg.embedded.size, device=device)
     kwargs = without_split(cfg.env.kwargs)
     rollout = replace(rollout_config(cfg), temperature=temperature, top_p=top_p, top_k=top_k)
     r = evaluate(str(path), AutoTokenizer.from_pretrained(path), cfg.env.name, env_kwargs=kwargs, split=split,
@@ -332,18 +333,24 @@ def eval_command(
 @command("bootstrap")
 def bootstrap_command(
     env: Annotated[str, typer.Option("--env", help="a built-in env")],
+    overrides: Overrides = None,
     force: Annotated[bool, typer.Option("--force", help="rebuild even if cached")] = False,
 ) -> None:
-    """Build (or show) the embedded default teacher and student of a built-in env."""
+    """Build (or show) the embedded default teacher and student of a built-in env; `embedded.size=gpu`: the gpu pair,
+    built on the GPU (run.device)."""
+    from agentopd.config import load_config
+
+    cfg = load_config(env, overrides=overrides or [])  # embedded.size and run.device, checked as a run's are
     _quiet_transformers()
     from agentopd.bootstrap import agentopd_home, bootstrap
+    from agentopd.models import pick_device
     from agentopd.progress import RunProgress
 
     progress = RunProgress(err_console)
-    models = bootstrap(env, force=force, progress=progress.bootstrap_callback)
+    models = bootstrap(env, force=force, progress=progress.bootstrap_callback, size=cfg.embedded.size, device=pick_device(cfg.run.device)[0])
     progress.close()
     r = models.report
-    table = _table(f"built-in models for {env} (cache: {agentopd_home()})", "model", "parameters", "held-out success", "SFT steps", "seconds", "folder")
+    table = _table(f"built-in models for {env}, size {cfg.embedded.size} (cache: {agentopd_home()})", "model", "parameters", "held-out success", "SFT steps", "seconds", "folder")
     for role, folder in (("teacher", models.teacher_dir), ("student", models.student_dir)):
         m = r[role]
         table.add_row(role, f"{m['parameters']:,}", f"{m['success']:.1%}", str(m["steps"]), str(m["seconds"]), str(folder))

@@ -9,7 +9,8 @@ embedded student built with a head size vLLM's CPU build serves (32 instead of 2
 default one: `bootstrap(..., for_vllm=True)`); `builtin:cross` a teacher of the default recipe over its own,
 larger BPE (another tokenizer: for the cross-tokenizer losses, trainer.loss=xtok_k1); `teacher=self` the student's
 own reference (routing.Router.resolve: a frozen copy of its starting weights); anything else is a local Hugging Face
-folder or a hub id, loaded with AutoModelForCausalLM / AutoTokenizer.
+folder or a hub id, loaded with AutoModelForCausalLM / AutoTokenizer. Every `builtin` is of the size the run asks
+for (`embedded.size`: tiny, the default, or gpu; `size=`, built on `device`: agentopd.bootstrap.build_device).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from agentopd.config import EmbeddedSize
 from agentopd.teacher.base import is_server
 
 BUILTIN = "builtin"
@@ -35,21 +37,27 @@ def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
     return d, (torch.bfloat16 if d.type == "cuda" else torch.float32)
 
 
-def resolve_student(path: str, env_names: list[str], *, mixed: bool, progress=None, env_kwargs: dict | None = None) -> Path | str:
+def resolve_student(path: str, env_names: list[str], *, mixed: bool, progress=None, env_kwargs: dict | None = None,
+                    size: EmbeddedSize = EmbeddedSize.TINY, device: torch.device | str | None = None) -> Path | str:  # fmt: skip
     """The student reference: a mixed run's `builtin` is the built-in student that has seen every env
-    (agentopd.bootstrap.mixed_student)."""
+    (agentopd.bootstrap.mixed_student), of the tiny size only."""
+    if mixed and path.startswith(BUILTIN) and size != EmbeddedSize.TINY:
+        raise ValueError(f"embedded.size={size} with student={path}: a mixed run's embedded student is the tiny one only; "
+                         "pass student=PATH, or use embedded.size=tiny")  # fmt: skip
     if mixed and path in (BUILTIN, f"{BUILTIN}:student"):
         from agentopd.bootstrap import mixed_student
 
         return mixed_student(env_names, progress=progress)
     if mixed and path == f"{BUILTIN}:{FOR_VLLM}":
         raise ValueError(f"student={path}: a mixed run's embedded student has no vLLM build; pass student=PATH")
-    return resolve_model(path, env_names[0], "student", progress, env_kwargs=env_kwargs)
+    return resolve_model(path, env_names[0], "student", progress, env_kwargs=env_kwargs, size=size, device=device)
 
 
-def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs: dict | None = None) -> Path | str:
+def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs: dict | None = None,
+                  size: EmbeddedSize = EmbeddedSize.TINY, device: torch.device | str | None = None) -> Path | str:  # fmt: skip
     """A model reference (`builtin`, `builtin:student`, `builtin:vllm`, a folder, a hub id) as something
-    from_pretrained takes; `builtin` models are bootstrapped for `env_name` (with `env_kwargs`: agentopd.bootstrap)."""
+    from_pretrained takes; `builtin` models are bootstrapped for `env_name` (with `env_kwargs`, at `size`, built on
+    `device`: agentopd.bootstrap)."""
     if spec in (BUILTIN, f"{BUILTIN}:{role}") or spec.startswith(f"{BUILTIN}:"):
         from agentopd.bootstrap import bootstrap
 
@@ -58,7 +66,8 @@ def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs
             raise ValueError(f"{role}={spec!r}: say builtin, builtin:student, builtin:teacher, builtin:vllm or builtin:cross")
         if which == CROSS and role != "teacher":
             raise ValueError(f"{role}={spec!r}: builtin:cross is a teacher (its student is the default builtin one)")
-        models = bootstrap(env_name, progress=progress, env_kwargs=env_kwargs, for_vllm=which == FOR_VLLM, cross=which == CROSS)
+        models = bootstrap(env_name, progress=progress, env_kwargs=env_kwargs, for_vllm=which == FOR_VLLM, cross=which == CROSS,
+                           size=size, device=device)  # fmt: skip
         if which == CROSS:
             return models.teacher_dir
         return models.student_dir if which in ("student", FOR_VLLM) else models.teacher_dir

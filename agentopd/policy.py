@@ -94,6 +94,7 @@ def check_run(cfg: Config) -> None:
         )
     _check_teacher_recipes(cfg)
     _check_intervene(cfg)
+    _check_embedded(cfg)
     if cfg.recipe.horizon_turns is not None and cfg.recipe.horizon_turns[1] > cfg.rollout.max_turns:
         raise ValueError(f"recipe.horizon_turns={list(cfg.recipe.horizon_turns)} ends past rollout.max_turns={cfg.rollout.max_turns}: "
                          "the episodes stop there anyway; end it at rollout.max_turns or below")  # fmt: skip
@@ -105,6 +106,23 @@ def check_run(cfg: Config) -> None:
     servers = server_teachers(cfg)
     if servers:
         _check_server_teacher(cfg, servers[0], trainer)
+
+
+def _check_embedded(cfg: Config) -> None:
+    """embedded.size=gpu runs on a GPU: its ~150M-parameter teacher takes hours to build on a laptop's CPU, which is
+    not what a user asking for it wants; embedded.allow_cpu=true says it is."""
+    from agentopd.config.schema import EmbeddedSize
+
+    if cfg.embedded.size != EmbeddedSize.GPU or cfg.embedded.allow_cpu:
+        return
+    import torch
+
+    if cfg.run.device == "cpu" or (cfg.run.device == "auto" and not torch.cuda.is_available()):
+        raise ValueError(
+            f"embedded.size=gpu on the CPU (run.device={cfg.run.device}): the gpu pair (a ~150M-parameter teacher, a ~25M "
+            "student) is built and trained on one GPU; run on a GPU (run.device=cuda), use embedded.size=tiny (the CPU "
+            "default), or set embedded.allow_cpu=true to build and run it on the CPU anyway (hours, not minutes)"
+        )
 
 
 def _check_cross_tokenizer(cfg: Config, trainer: TrainerConfig) -> None:

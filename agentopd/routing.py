@@ -18,6 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentopd.config import EmbeddedSize
 from agentopd.models import BUILTIN, CROSS, SELF, resolve_model
 from agentopd.plan import Mixture, Planned
 from agentopd.rollout import EpisodeSpec
@@ -83,9 +84,10 @@ class Router:
                     )
                 self.envs_of[name].add(source.env_name)
 
-    def resolve(self, progress: Any = None, student: Path | str | None = None) -> dict[str, Path | str]:
-        """Teacher name -> something from_pretrained takes (built-in teachers bootstrapped on demand; `self` is the
-        student's reference `student`, loaded again as a frozen copy)."""
+    def resolve(self, progress: Any = None, student: Path | str | None = None, size: EmbeddedSize = EmbeddedSize.TINY,
+                device: Any = None) -> dict[str, Path | str]:  # fmt: skip
+        """Teacher name -> something from_pretrained takes (built-in teachers of `size` bootstrapped on demand, on
+        `device`; `self` is the student's reference `student`, loaded again as a frozen copy)."""
         out = {}
         for name, ref in self.refs.items():
             if ref == SELF:
@@ -95,7 +97,8 @@ class Router:
                 continue
             env = self._builtin_env(name, ref)
             builtin = ref if ref == f"{BUILTIN}:{CROSS}" else BUILTIN  # builtin:cross: the env's cross-tokenizer teacher
-            out[name] = resolve_model(builtin if env else ref, env or "", "teacher", progress, env_kwargs=self._kwargs_of(env))
+            out[name] = resolve_model(builtin if env else ref, env or "", "teacher", progress, env_kwargs=self._kwargs_of(env),
+                                      size=size, device=device)  # fmt: skip
         return out
 
     def _kwargs_of(self, env: str | None) -> dict[str, Any] | None:

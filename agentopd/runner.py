@@ -137,9 +137,10 @@ class Runner:
         self.mode = teacher_mode(self.trainer_cfg.loss)
         with self.progress.phase("bootstrap", total=None):
             kwargs = next(iter(self.mixture.sources.values())).kwargs if not self.mixture.mixed else None
+            size = cfg.embedded.size  # built on the run's device (a tiny pair: on the CPU, always)
             student_ref = resolve_student(cfg.student.path, self.mixture.env_names, mixed=self.mixture.mixed,
-                                          progress=self.progress.bootstrap_callback, env_kwargs=kwargs)  # fmt: skip
-            teacher_refs = self.router.resolve(self.progress.bootstrap_callback, student=student_ref)
+                                          progress=self.progress.bootstrap_callback, env_kwargs=kwargs, size=size, device=self.device)  # fmt: skip
+            teacher_refs = self.router.resolve(self.progress.bootstrap_callback, student=student_ref, size=size, device=self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(student_ref)
         cross = self.trainer_cfg.loss.is_cross_tokenizer
         for ref in teacher_refs.values():  # the cheap parts of `agentopd check-pair`: vocabulary, chat template

@@ -137,11 +137,11 @@ def last_eval_diagnosis(run_dir: Path, cfg) -> dict:
 
 
 # ---- the sweep -----------------------------------------------------------------------------
-def sweep(args: argparse.Namespace) -> list[dict]:
+def plan_runs(args: argparse.Namespace) -> list[dict]:
+    """One spec per (env, method, seed) run: its overrides, its run directory and its result JSON under `args.work`."""
     from agentopd.config import load_config
 
     work = args.work
-    (work / "results").mkdir(parents=True, exist_ok=True)
     specs = []
     for env in args.env:
         base = load_config(env, overrides=[f"steps={args.steps}", *args.overrides])
@@ -158,28 +158,37 @@ def sweep(args: argparse.Namespace) -> list[dict]:
                                                args.privileged, base.rollout.max_turns)]  # fmt: skip
                 specs.append({"env": env, "method": method, "seed": seed, "overrides": overrides,
                               "run_dir": str(work / "runs" / name), "result": str(work / "results" / f"{name}.json")})  # fmt: skip
+    return specs
 
-    def launch(spec: dict) -> dict | None:
-        out = Path(spec["result"])
-        if out.exists():
-            return json.loads(out.read_text())
-        if args.report_only:
-            print(f"missing {out.name}: not run (--report-only)", flush=True)
-            return None
-        log = Path(spec["run_dir"] + ".log")
-        log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        with log.open("w") as f:
-            proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], stdout=f, stderr=subprocess.STDOUT, env=env, check=False)
-        if proc.returncode != 0:
-            print(f"FAILED {Path(spec['run_dir']).name} (exit {proc.returncode}): see {log}", flush=True)
-            return None
-        result = json.loads(out.read_text())
-        print(f"done {Path(spec['run_dir']).name}: success {result['curve'][-1]['success']:.0%} in {result['seconds']:.0f} s", flush=True)
-        return result
 
+def launch(spec: dict, report_only: bool = False) -> dict | None:
+    """A run's result: the one already under --work, else the run played in a worker process (None when it failed,
+    or with `report_only`)."""
+    out = Path(spec["result"])
+    if out.exists():
+        return json.loads(out.read_text())
+    if report_only:
+        print(f"missing {out.name}: not run (--report-only)", flush=True)
+        return None
+    log = Path(spec["run_dir"] + ".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    with log.open("w") as f:
+        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], stdout=f, stderr=subprocess.STDOUT, env=env, check=False)
+    if proc.returncode != 0:
+        print(f"FAILED {Path(spec['run_dir']).name} (exit {proc.returncode}): see {log}", flush=True)
+        return None
+    result = json.loads(out.read_text())
+    print(f"done {Path(spec['run_dir']).name}: success {result['curve'][-1]['success']:.0%} in {result['seconds']:.0f} s", flush=True)
+    return result
+
+
+def sweep(args: argparse.Namespace) -> list[dict]:
+    (args.work / "results").mkdir(parents=True, exist_ok=True)
+    specs = plan_runs(args)
     with ThreadPoolExecutor(args.jobs) as pool:
-        return [r for r in pool.map(launch, specs) if r is not None]
+        return [r for r in pool.map(lambda spec: launch(spec, args.report_only), specs) if r is not None]
 
 
 def _pm(values: list[float], fmt: str = "{:.0%}") -> str:

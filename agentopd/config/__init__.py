@@ -36,6 +36,8 @@ from agentopd.config.load import (
 from agentopd.config.schema import (
     AsyncConfig,
     Config,
+    EmbeddedConfig,
+    EmbeddedSize,
     EngineConfig,
     EnvConfig,
     EnvEntry,
@@ -52,7 +54,7 @@ from agentopd.config.schema import (
 )
 
 __all__ = [
-    "VARIANTS", "AsyncConfig", "Config", "EngineConfig", "EnvConfig", "EnvEntry", "EvalConfig", "LogConfig", "MixConfig",
+    "VARIANTS", "AsyncConfig", "Config", "EmbeddedConfig", "EmbeddedSize", "EngineConfig", "EnvConfig", "EnvEntry", "EvalConfig", "LogConfig", "MixConfig",
     "RayConfig", "RecipeConfig", "RunConfig", "Section", "StudentConfig", "TeacherConfig", "VLLMOptions",
     "apply_overrides", "load_config", "mixed_preset", "parse_override", "parse_value", "preset_dir", "presets",
     "read_yaml", "resolve_kwargs", "validate", "variant_of",

@@ -258,6 +258,23 @@ class RayConfig(Section):
         return self
 
 
+class EmbeddedSize(StrEnum):
+    """`embedded.size`: which pair of built-in models `builtin` means (agentopd.bootstrap.sized_spec)."""
+
+    TINY = "tiny"  # the default: a ~0.5M-parameter teacher and a ~0.3M student, built on the CPU in minutes
+    GPU = "gpu"  # a ~150M-parameter teacher and a ~25M student, built on one GPU in minutes (issue 33)
+    TEST = "test"  # tests only: the sized pair's plumbing at toy sizes, built on the CPU in seconds
+
+
+class EmbeddedConfig(Section):
+    """`embedded`: the built-in models (`student: builtin`, `teacher: builtin`). Each size is built by the same recipe
+    (SFT on the env's oracle demonstrations) and cached apart: `tiny` under `$AGENTOPD_HOME/models/<env>/`, another
+    under `models/<size>/<env>/`."""
+
+    size: EmbeddedSize = Field(EmbeddedSize.TINY, description="tiny (CPU, the default) | gpu (a ~25M student, a ~150M teacher: one GPU)")
+    allow_cpu: bool = Field(False, description="let embedded.size=gpu build and run on the CPU (hours, not minutes)")
+
+
 class Stale(StrEnum):
     """`async.stale`: what happens to an episode older than async.max_staleness policy versions."""
 
@@ -421,6 +438,7 @@ class Config(Section):
     ray: RayConfig = Field(default_factory=RayConfig)
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     recipe: RecipeConfig = Field(default_factory=RecipeConfig)
+    embedded: EmbeddedConfig = Field(default_factory=EmbeddedConfig)
 
     @model_validator(mode="before")
     @classmethod

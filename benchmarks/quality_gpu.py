@@ -1,0 +1,204 @@
+"""benchmarks/quality.py's arms on the gpu-sized embedded pair (embedded.size=gpu), on one GPU lent ten minutes a call.
+
+    # a GPU call (a fresh machine each time; only what is under $OUT comes back): build the pair (~2-4 min), then run
+    # the arms of --seed that the bundle lacks until --budget-s, rewriting the bundle after every finished run
+    python benchmarks/quality_gpu.py --env sql_db --seed 0 --out $OUT [--resume quality_gpu.json]
+    # here, once the arms are in: quality.py's tables and curves of the bundle
+    python benchmarks/quality_gpu.py --resume quality_gpu.json --report benchmarks/results/quality_gpu.md
+    # the whole path on the CPU in a minute (the test size, 2 steps; tests/test_quality_gpu.py)
+    python benchmarks/quality_gpu.py --tiny --out /tmp/quality_gpu
+
+The bundle, `<out>/quality_gpu.json` (one file: a call returns at most a few), holds what the runs share (env, size,
+steps, overrides), each call's pair (its bootstrap report: the models themselves, ~700 MB in fp32, do not come back,
+so each call builds the pair again: seeded, but GPU kernels are not bit-exact, so every call's pair is kept and each
+result names the pair it ran on) and every run's result as quality.py writes it. The next call's --resume is that
+file put in the checkout (the working tree travels to the GPU machine; the bundle is a few hundred KB). A run still
+going when a call ends is lost (it runs again next call): --budget-s stops launching runs early enough for the last
+ones to finish. Every run starts from the pair's student, `embedded.size=gpu run.device=cuda`, at the student's own
+SFT learning rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("quality", Path(__file__).with_name("quality.py"))
+quality = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(quality)
+
+ARMS = ("sft", "opd", "sft_then_opd", "opd_mixed", "opd_self_privileged", "opd_horizon")
+BUNDLE = "quality_gpu.json"
+SHARED = ("env", "size", "steps", "eval_every", "privileged", "overrides")  # what every result of a bundle has in common
+# --tiny: the test-size pair on the CPU, runs of 2 steps on 2 tasks: the whole path in about a minute
+TINY = ["rollout.tasks_per_step=2", "rollout.max_new_tokens=16", "rollout.max_turns=2", "eval.num_tasks=2"]
+
+
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """What every run of the bundle is given: the pair's size and device, the student's own SFT learning rate (the
+    presets' is the tiny student's), then the user's. On the GPU, --jobs runs share the card: the fast engine with a
+    KV pool of its own size (vLLM would take half the card per run; the default pool is 16 GiB), 4 GiB: a step's 32
+    contexts of 1,024 tokens take ~0.3 GiB of the student's KV (8 layers x 4 KV heads x 64 x 2 x bf16), the teacher's
+    greedy eval ~0.8 GiB."""
+    from agentopd.bootstrap import default_spec, sized_spec
+
+    lr = sized_spec(default_spec(args.env), args.size).student.lr  # a preset's (sql_db_explore) recipe is its own
+    placement = TINY + ["run.device=cpu"] if args.tiny else ["run.device=cuda", "engine.kind=fast", "engine.kv_cache_gib=4"]
+    return [f"embedded.size={args.size}", f"trainer.lr={lr:g}", *placement, *args.overrides]
+
+
+def load_bundle(args: argparse.Namespace) -> dict:
+    """The bundle of --resume (checked to be of the same runs), else a new one."""
+    shared = {"env": args.env, "size": args.size, "steps": args.steps, "eval_every": args.eval_every, "privileged": args.privileged,
+              "overrides": run_overrides(args)}  # fmt: skip
+    if args.resume is None:
+        return {**shared, "pairs": [], "results": {}}
+    bundle = json.loads(args.resume.read_text())
+    changed = [k for k in SHARED if bundle.get(k) != shared[k]]
+    if changed:
+        raise SystemExit(f"--resume {args.resume}: its runs differ in {', '.join(changed)} "
+                         f"({', '.join(f'{k}={bundle.get(k)!r}' for k in changed)}); give the same options or start a new bundle")  # fmt: skip
+    return bundle
+
+
+def write_bundle(bundle: dict, out: Path) -> None:
+    """Atomically: a call killed at its limit still leaves a whole bundle behind."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{BUNDLE}.tmp"
+    tmp.write_text(json.dumps(bundle, indent=1))
+    tmp.replace(out / BUNDLE)
+
+
+def build_pair(args: argparse.Namespace, home: Path) -> dict:
+    """`agentopd bootstrap` of the pair (a process of its own: this one never holds the GPU), and its report."""
+    from agentopd.bootstrap import bootstrap
+
+    t0 = time.perf_counter()
+    size_overrides = [o for o in run_overrides(args) if o.startswith(("embedded.", "run.device"))]
+    cmd = [sys.executable, "-m", "agentopd.cli", "bootstrap", "--env", args.env, *size_overrides]
+    subprocess.run(cmd, env=dict(os.environ, AGENTOPD_HOME=str(home)), check=True)
+    report = bootstrap(args.env, size=args.size, home=home).report  # the cache just built: nothing trained here
+    return {**report, "built_s": round(time.perf_counter() - t0, 1), "machine": machine()}
+
+
+def machine() -> str:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, {gpu}, torch {torch.__version__}"
+
+
+def quality_args(args: argparse.Namespace, bundle: dict) -> argparse.Namespace:
+    """The namespace quality.py's plan_runs / report read."""
+    return argparse.Namespace(env=[args.env], methods=args.methods, seeds=args.seed + 1, steps=args.steps, eval_every=args.eval_every,
+                              intervene_below=-1.0, support_below=0.3, privileged=args.privileged, work=args.work,
+                              overrides=bundle["overrides"], report_only=False)  # fmt: skip
+
+
+def run_arms(args: argparse.Namespace, bundle: dict, home: Path, deadline: float) -> None:
+    """The runs of --seed the bundle lacks, --jobs at a time, none launched past `deadline`; the bundle rewritten
+    after each."""
+    qargs = quality_args(args, bundle)
+    specs = [s for s in quality.plan_runs(qargs) if s["seed"] == args.seed and Path(s["result"]).stem not in bundle["results"]]
+    if not specs:
+        print(f"every arm of seed {args.seed} is in the bundle", flush=True)
+        return
+    bundle["pairs"].append(build_pair(args, home))
+    write_bundle(bundle, args.out)
+    pair = len(bundle["pairs"]) - 1
+    lock = threading.Lock()
+    os.environ["AGENTOPD_HOME"] = str(home)  # the workers find the pair there
+
+    def one(spec: dict) -> None:
+        name = Path(spec["result"]).stem
+        if time.monotonic() > deadline:
+            print(f"not started (--budget-s): {name}", flush=True)
+            return
+        result = quality.launch(spec)
+        if result is not None:
+            with lock:
+                bundle["results"][name] = {**result, "pair": pair}
+                write_bundle(bundle, args.out)
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, specs))
+
+
+def write_report(args: argparse.Namespace, bundle: dict) -> None:
+    """quality.py's markdown (and PNG beside it) of every result in the bundle, headed by the pairs they ran on."""
+    results = list(bundle["results"].values())
+    methods = [m for m in quality.METHODS if any(r["method"] == m for r in results)]
+    qargs = argparse.Namespace(env=[bundle["env"]], methods=methods, overrides=bundle["overrides"])
+    png: Path | None = args.report.with_suffix(".png")
+    try:
+        quality.plot(results, qargs.env, methods, png)
+    except ImportError as e:  # the tables still get written
+        print(f"no plot: {e} (pip install matplotlib)", file=sys.stderr)
+        png = None
+    seeds = sorted({r["seed"] for r in results})
+    head = [f"# Quality on the gpu-sized embedded pair (embedded.size={bundle['size']})", "",
+            f"`python benchmarks/quality_gpu.py --env {bundle['env']} --steps {bundle['steps']} --eval-every {bundle['eval_every']} "
+            f"--seed N --out $OUT --resume quality_gpu.json` for N in {seeds}; every run: `{' '.join(bundle['overrides'])}`.", "",
+            "| pair | machine | teacher | student | built in |", "|---|---|---|---|---|"]  # fmt: skip
+    for i, p in enumerate(bundle["pairs"]):
+        t, s = p["teacher"], p["student"]
+        head.append(f"| {i} | {p['machine']} | {t['parameters'] / 1e6:.1f}M, {t['success']:.0%} held-out, {t['steps']} steps | "
+                    f"{s['parameters'] / 1e6:.1f}M, {s['success']:.0%} held-out, {s['steps']} steps | {p['built_s']:.0f} s |")  # fmt: skip
+    args.report.write_text("\n".join(head) + "\n\n" + quality.report(results, qargs, png))
+    print(f"wrote {args.report}" + (f" and {png.name}" if png else ""))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--env", default="sql_db", help="an env or preset (sql_db, sql_db_explore, calculator, ...)")
+    ap.add_argument("--seed", type=int, default=0, help="the seed this call runs")
+    ap.add_argument("--methods", default=",".join(ARMS), help=f"comma-separated subset of {','.join(quality.METHODS)}")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--privileged", default="solution", choices=("solution", "schema"))
+    ap.add_argument("--jobs", type=int, default=3, help="runs at once (they share the GPU)")
+    ap.add_argument("--budget-s", type=float, default=420, help="launch no run after this many seconds of the call")
+    ap.add_argument("--out", type=Path, help="where the bundle is written ($OUT on the GPU machine)")
+    ap.add_argument("--resume", type=Path, help="a bundle of an earlier call: its runs are not run again")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/quality_gpu"), help="run directories, results and AGENTOPD_HOME")
+    ap.add_argument("--report", type=Path, help="write the markdown report of the bundle here (and a PNG beside it); run nothing")
+    ap.add_argument("--tiny", action="store_true", help="the test-size pair on the CPU, 2 steps of 2 tasks: the path, not a result")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides for every run")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(args.methods) - set(quality.METHODS))
+    if unknown:
+        ap.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(quality.METHODS)}")
+    args.size = "test" if args.tiny else "gpu"
+    if args.tiny:
+        args.steps, args.eval_every = 2, 1
+    if args.report:
+        if args.resume is None:
+            ap.error("--report reads a bundle: give it with --resume")
+        write_report(args, json.loads(args.resume.read_text()))
+        return
+    bundle = load_bundle(args)
+    if args.out is None:
+        ap.error("--out is needed to run (the bundle is written there)")
+    for name, result in bundle["results"].items():  # where quality.launch looks for a run's result first
+        (args.work / "results").mkdir(parents=True, exist_ok=True)
+        (args.work / "results" / f"{name}.json").write_text(json.dumps(result))
+    run_arms(args, bundle, args.work / "home", deadline=t0 + args.budget_s)
+    write_bundle(bundle, args.out)
+    done = sorted(n for n in bundle["results"] if f"-s{args.seed}-" in n)
+    print(f"bundle {args.out / BUNDLE}: {len(bundle['results'])} results ({len(done)} of seed {args.seed}: {', '.join(done)}) "
+          f"in {time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
