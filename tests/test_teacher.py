@@ -178,6 +178,21 @@ def test_two_phase_frees_the_gpu():
     assert torch.cuda.memory_allocated() == before
 
 
+@pytest.mark.gpu
+def test_a_resident_teacher_stays_on_the_gpu_and_gives_its_head_from_pinned_memory():
+    """offload_after_score=False (teacher.offload resolved to off): the weights stay on the GPU between scorings, and
+    head_weight() is the pinned host copy (no device-to-host copy of the head a step), equal to the GPU's."""
+    shape = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64)
+    model = tiny_model(**shape)
+    teacher = HFTeacher(model, device="cuda", offload_after_score=False)
+    first = teacher.score(make_streams(8), mode="hidden")
+    assert all(t.device.type == "cuda" for t in model.state_dict().values())
+    head = teacher.head_weight()
+    assert head.device.type == "cpu" and head.is_pinned()
+    assert torch.equal(head, model.get_output_embeddings().weight.detach()[: head.shape[0]].cpu())
+    assert [s.logprobs for s in teacher.score(make_streams(8), mode="hidden")] == [s.logprobs for s in first]
+
+
 # --- tokenizer / vocabulary compatibility ---------------------------------------------------
 def word_tokenizer(words: list[str]) -> Tokenizer:
     return Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
