@@ -296,3 +296,27 @@ def test_ray_memory_peaks_sum_the_actors_the_plan_puts_on_each_gpu():
     backend.workers = [actor(20.5)]
     backend.teachers = {"default": [actor(18.0)]}
     assert backend.memory_peaks() == {0: pytest.approx((40.0, 20.0)), 1: pytest.approx((38.5, 19.25))}
+
+
+def test_ray_teacher_head_is_fetched_once_and_handed_on_by_its_ref():
+    """RayBackend.teacher_head: the head crosses the object store once per run, not twice a step (fakes of `ray` and
+    of the teacher actor, as above)."""
+    from types import SimpleNamespace
+
+    from agentopd.backends.ray import RayBackend
+
+    fetched, puts = [], []
+    head = torch.ones(4, 2)
+
+    def head_weight():
+        fetched.append(1)
+        return head
+
+    backend = RayBackend()
+    backend._heads = {}
+    backend.teachers = {"default": [SimpleNamespace(head_weight=SimpleNamespace(remote=head_weight))]}
+    backend.ray = SimpleNamespace(get=lambda ref: ref, put=lambda obj: puts.append(obj) or f"ref{len(puts)}")
+    first = backend.teacher_head("default")
+    assert backend.teacher_head("default") is first and len(fetched) == 1 and len(puts) == 1
+    assert backend._head_ref(first) == "ref1" and backend._head_ref([first]) == ["ref1"]
+    assert backend._head_ref(torch.zeros(1)) == "ref2"  # a head it did not give: put as before

@@ -148,6 +148,7 @@ class RayBackend:
         self.weights_ref, self.weights_version = None, 0
         self._checkpoint: Path | None = None  # the last finished checkpoint: where a restarted trainer group starts
         self._timings: dict[str, float] = {}
+        self._heads: dict[str, tuple[torch.Tensor, Any]] = {}  # teacher -> its lm_head and that head's ObjectRef
         self.workers = [self._new_rollout_worker(i) for i in range(rc.rollout_workers)]
         self.teachers = {name: [self._new_teacher(name, r) for r in range(rc.teacher_replicas)] for name in self.ctx.teacher_refs}
         self.group = TrainerGroup(ray, self.ctx, rc, self.reservation)
@@ -289,7 +290,21 @@ class RayBackend:
         return out
 
     def teacher_head(self, name: str) -> torch.Tensor:
-        return self.ray.get(self.teachers[name][0].head_weight.remote())
+        """The teacher's lm_head, fetched once (its weights never change: 1.2 GB for a Qwen3-8B head, which went through
+        the object store twice a step before), with the ObjectRef `train` hands the trainer ranks."""
+        if name not in self._heads:
+            head = self.ray.get(self.teachers[name][0].head_weight.remote())
+            self._heads[name] = (head, self.ray.put(head))
+        return self._heads[name][0]
+
+    def _head_ref(self, head: torch.Tensor | list[torch.Tensor]) -> Any:
+        """The stored ref of a head `teacher_head` gave (a list: one per teacher), else a new one."""
+        refs = {id(h): ref for h, ref in self._heads.values()}
+        if isinstance(head, torch.Tensor):
+            return refs.get(id(head)) or self.ray.put(head)
+        if all(id(h) in refs for h in head):
+            return [refs[id(h)] for h in head]  # a list of refs: the rank gets each (TrainerWorker.train)
+        return self.ray.put(head)
 
     # ---- trainer ------------------------------------------------------------------------------
     def _trainer_lost(self, error: TrainerLost) -> None:
@@ -309,7 +324,7 @@ class RayBackend:
             r = load.index(min(load))
             shares[r].append(s)
             load[r] += s.num_tokens
-        head_ref = self.ray.put(head) if head is not None else None
+        head_ref = self._head_ref(head) if head is not None else None
         self._timings = {}  # this step's (stats() reads them after the sync)
         if self.rc.engine_sleep:
             self._sleep_engines()

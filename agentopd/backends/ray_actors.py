@@ -160,7 +160,12 @@ class TrainerWorker(_WeightMember):
                                vocab_size=self.ctx.vocab_size)
         return self.rank
 
-    def train(self, samples: list[Any], head: torch.Tensor | None, loss: Any = None, temperature: float | None = None) -> dict[str, float]:
+    def train(self, samples: list[Any], head: torch.Tensor | list | None, loss: Any = None, temperature: float | None = None) -> dict[str, float]:
+        """`head`: the teacher's lm_head, or one per teacher (tensors, or the ObjectRefs the backend keeps of them)."""
+        import ray
+
+        if isinstance(head, list) and any(isinstance(h, ray.ObjectRef) for h in head):
+            head = ray.get(head)
         return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss, temperature=temperature)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
