@@ -132,3 +132,32 @@ def test_cross_tokenizer_teacher_on_ray(ray_cluster, home, tmp_path, loss):
         if loss == "xtok_full":
             assert 0 < r["xtok/mapped_share"] and r["train/distill_loss"] > 0
     assert len(_train_ids(run)) == 2 * TASKS * N
+
+
+def test_full_vocabulary_loss_on_ray_keeps_the_hidden_rows_out_of_the_driver(ray_cluster, home, tmp_path):
+    """trainer.loss=forward_kl (the teachers' hidden rows and lm_heads) on two ranks and two teachers: the driver holds
+    references to the rows (HiddenRef) that the ranks fetch, and each teacher's head is fetched once for the run."""
+    import math
+
+    from agentopd.backends.ray_actors import HiddenRef
+
+    overrides = [*SHORT, "trainer.loss=forward_kl", *TEACHERS, *RAY, "steps=2"]
+    runner = Runner(load_config("calculator,sql_db", overrides=overrides), tmp_path / "run")
+    runner._setup(resume_after=None)
+    backend, seen = runner.backend, []
+    score = backend.score
+
+    def watch(by_teacher, mode):
+        out = score(by_teacher, mode)
+        seen.extend(s.hidden for scores in out.values() for s in scores)
+        return out
+
+    backend.score = watch
+    try:
+        metrics = [runner._step(1), runner._step(2)]
+        heads = dict(backend._heads)
+    finally:
+        backend.close()
+    assert seen and all(isinstance(h, HiddenRef) and h.rows > 0 for h in seen)
+    assert all(math.isfinite(m["loss"]) and m["loss"] > 0 and m["train/student_tokens"] > 0 for m in metrics)
+    assert set(heads) == {"calculator", "sql_db"}

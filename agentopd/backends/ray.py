@@ -65,7 +65,7 @@ from agentopd.backends.placement import (
     place,
     teacher_role,
 )
-from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker
+from agentopd.backends.ray_actors import HiddenRef, RolloutWorker, TeacherWorker
 from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
 from agentopd.backends.weight_sync import WeightLayout, WeightSync
@@ -265,20 +265,28 @@ class RayBackend:
     def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
         from ray.exceptions import RayActorError
 
-        jobs = []  # (teacher, replica, slice)
+        from agentopd.teacher.base import TeacherMode
+
+        def submit(actor: Any, streams: list[TokenStream]) -> list[Any]:  # the scores' ref, then one per stream's rows
+            return actor.score_apart.options(num_returns=len(streams) + 1).remote(streams, mode)
+
+        jobs = []  # (teacher, replica, slice, refs, actor)
         for name, streams in by_teacher.items():
             pool = self.teachers[name]
             size = math.ceil(len(streams) / len(pool)) if streams else 0
             for r in range(len(pool)):
                 part = slice(r * size, min((r + 1) * size, len(streams)))
                 if part.start < part.stop:
-                    jobs.append([name, r, part, pool[r].score.remote(streams[part], mode), pool[r]])
+                    jobs.append([name, r, part, submit(pool[r], streams[part]), pool[r]])
         out: dict[str, list[Any]] = {name: [None] * len(s) for name, s in by_teacher.items()}
         for job in jobs:
             name, r, part = job[:3]
             while True:
                 try:
-                    out[name][part] = self.ray.get(job[3])
+                    scores, rows = self.ray.get(job[3][0]), job[3][1:]
+                    if mode == TeacherMode.HIDDEN:  # the rows stay in the object store for the trainer (HiddenRef)
+                        scores = [dataclasses.replace(s, hidden=HiddenRef(ref, len(s.logprobs))) for s, ref in zip(scores, rows)]
+                    out[name][part] = scores
                     break
                 except RayActorError as e:
                     if self.teachers[name][r] is job[4]:
@@ -286,7 +294,7 @@ class RayBackend:
                         self.ray.kill(job[4], no_restart=True)
                         self.teachers[name][r] = self._new_teacher(name, r)
                     job[4] = self.teachers[name][r]
-                    job[3] = job[4].score.remote(by_teacher[name][part], mode)
+                    job[3] = submit(job[4], by_teacher[name][part])
         return out
 
     def teacher_head(self, name: str) -> torch.Tensor:

@@ -122,12 +122,42 @@ class RolloutWorker(_WeightMember):
         return os.getpid()
 
 
+@dataclasses.dataclass(frozen=True)
+class HiddenRef:
+    """A stream's teacher hidden rows (TeacherScores.hidden, HIDDEN mode) left in Ray's object store: the driver
+    passes the reference on in its TrainSample and the trainer rank that trains on the stream fetches the rows
+    (`fetch_hidden`), so the rows (~4.5 GB a step for an 8B teacher's 540k tokens) no longer go through the driver."""
+
+    ref: Any  # the ObjectRef of one return value of TeacherWorker.score_apart
+    rows: int  # the stream's response length
+
+    def __len__(self) -> int:
+        return self.rows
+
+
+def fetch_hidden(samples: list[Any]) -> list[Any]:
+    """`samples` with every HiddenRef replaced by the rows it names (one ray.get for all of them)."""
+    import ray
+
+    refs = [s.teacher_hidden.ref for s in samples if isinstance(s.teacher_hidden, HiddenRef)]
+    if not refs:
+        return samples
+    rows = iter(ray.get(refs))
+    return [dataclasses.replace(s, teacher_hidden=next(rows)) if isinstance(s.teacher_hidden, HiddenRef) else s for s in samples]
+
+
 class TeacherWorker(_OnGPU):
     def __init__(self, ctx: RunContext, name: str, gpus: float, threads: int):
         self.teacher = build_teacher(_role_ctx(ctx, gpus, threads), name)
 
     def score(self, streams: list[Any], mode: Any) -> list[Any]:
         return self.teacher.score(streams, mode=mode)
+
+    def score_apart(self, streams: list[Any], mode: Any) -> tuple[Any, ...]:
+        """`score` with the hidden rows returned apart, for `.options(num_returns=len(streams) + 1)`: the scores
+        without their rows, then each stream's rows (None outside HIDDEN mode) as a return value of its own."""
+        scores = self.score(streams, mode)
+        return ([dataclasses.replace(s, hidden=None) for s in scores], *(s.hidden for s in scores))
 
     def head_weight(self) -> torch.Tensor:
         return self.teacher.head_weight()
@@ -166,7 +196,7 @@ class TrainerWorker(_WeightMember):
 
         if isinstance(head, list) and any(isinstance(h, ray.ObjectRef) for h in head):
             head = ray.get(head)
-        return self.trainer.train_step(samples, teacher_head_VH=head, loss=loss, temperature=temperature)
+        return self.trainer.train_step(fetch_hidden(samples), teacher_head_VH=head, loss=loss, temperature=temperature)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every rank must call it (a collective gather); rank 0 returns the full weights, the others {}."""
