@@ -33,6 +33,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SHAPES = {  # hidden, layers, heads, kv heads, head_dim, intermediate, tied embeddings (the Qwen3 model cards)
@@ -108,7 +109,9 @@ def main() -> None:
             sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
         tok_dir = args.tokenizer.resolve()
         s_shape, t_shape = args.shapes.split(",")
-    models = {role: _built(shape, tok_dir, args.out) for role, shape in (("student", s_shape), ("teacher", t_shape))}
+    with ThreadPoolExecutor(2) as pool:  # the two builds at once: each is mostly writing its safetensors
+        built = pool.map(lambda shape: _built(shape, tok_dir, args.out), (s_shape, t_shape))
+        models = dict(zip(("student", "teacher"), built))
     sizes = ["run.steps=3"] if args.as_written else SMALL_STEP
     if args.tiny:
         sizes = [*SMALL_STEP, "rollout.max_new_tokens=32", "rollout.max_context=1024", "rollout.tasks_per_step=2",

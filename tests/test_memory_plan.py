@@ -320,3 +320,19 @@ def test_ray_teacher_head_is_fetched_once_and_handed_on_by_its_ref():
     assert backend.teacher_head("default") is first and len(fetched) == 1 and len(puts) == 1
     assert backend._head_ref(first) == "ref1" and backend._head_ref([first]) == ["ref1"]
     assert backend._head_ref(torch.zeros(1)) == "ref2"  # a head it did not give: put as before
+
+
+def test_the_memory_gpu_benchmark_runs_at_toy_sizes(tmp_path):
+    """benchmarks/memory_gpu.py --tiny (CPU: no plan, no measured peaks): the models built side by side, the run, the
+    report with its step count (what a GPU call relies on)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_gpu.py"
+    done = subprocess.run([sys.executable, str(script), "--tiny", "--out", str(tmp_path), "--timeout", "240"],
+                          capture_output=True, text=True, timeout=300, cwd=script.parent.parent)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = (tmp_path / "memory_gpu.md").read_text()
+    assert "run exit 0" in report and "2 steps finished" in report
+    assert (tmp_path / "memory_gpu_log.txt").read_text() and (tmp_path / "metrics.jsonl").read_text()
