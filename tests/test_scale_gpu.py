@@ -1,0 +1,36 @@
+"""benchmarks/scale_gpu.py's whole path on the CPU (`--tiny`: the toy shapes, layout 2gpu as CPU actors of a local
+Ray cluster): the plan per GPU, a sync run timed from the end of its first step, and a run with a rollout worker
+killed mid-step that still logs each step once and stores each training episode once, scored; one markdown and
+one JSON hold it all (what a GPU call brings back)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "scale_gpu.py"
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_scale_benchmark_runs_sync_and_a_rollout_fault_at_toy_sizes(tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--mode", "sync", "--fault", "rollout", "--out", str(tmp_path),
+                           "--timeout", "240"], capture_output=True, text=True, timeout=600, env=env, cwd=SCRIPT.parents[1])  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scale_gpu.json", "scale_gpu.md", "scale_gpu_log.txt"]
+    bundle = json.loads((tmp_path / "scale_gpu.json").read_text())
+    sync, fault = bundle["runs"]
+    assert (sync["mode"], sync["fault"], fault["fault"]) == ("sync", None, "rollout")
+    for run in (sync, fault):
+        assert run["exit"] == "0" and run["summary"]["steps"] == 3 and run["summary"]["episodes_per_s_per_gpu"] > 0
+        assert "fits" in run["plan"]  # planned for the layout's two GPUs
+        assert {a["role"] for a in run["child"]["actors"]} == {"trainer", "rollout", "teacher"}
+    assert fault["child"]["fault"]["step"] == 2 and fault["wrong"] == []
+    assert fault["records"][-1]["ray/rollout_restarts"] == 1
+    report = (tmp_path / "scale_gpu.md").read_text()
+    assert "nothing lost or duplicated" in report and "no nvidia-smi here" in report
