@@ -23,7 +23,9 @@ episodes end after ~1 turn (num_turns/mean in the report says how many they took
 
 Before each run `agentopd plan-memory` prints the plan per GPU (for the layout's GPU count where the machine has
 fewer: that layout is then not run); a layout the plan refuses is not run either. Each run is a process of its own
-(`--child`), stopped after `--timeout` seconds with the steps it finished. Measured per run, over the steps after
+(`--child`), stopped after `--timeout` seconds with the steps it finished; `--budget S` bounds the whole command
+(a device call's limit less the install): each run stops 20 s before it, and one with under a minute left is not
+started, so the report is always written. Measured per run, over the steps after
 the first (which compiles and captures CUDA graphs): episodes/s and sampled student tokens/s per GPU, seconds per
 phase (perf/rollout_s, perf/teacher_s, perf/train_step_s, perf/weight_sync_s and the NCCL broadcast's share), the
 GPU busy share per role (nvidia-smi every 200 ms; roles mapped to GPUs by the GPU ids Ray gave each actor; not on
@@ -148,13 +150,15 @@ def main() -> None:
     ap.add_argument("--scaling", action="store_true", help="every layout this machine holds (or --layout's), per-GPU rate vs 2gpu")
     ap.add_argument("--fault", type=Fault, choices=list(Fault), help="also a sync run with a rollout worker / teacher replica killed")
     ap.add_argument("--fault-step", type=int, default=2)
-    ap.add_argument("--fault-delay", type=float, default=1.0, help="seconds into the scoring before a teacher replica is killed")
+    ap.add_argument("--fault-delay", type=float, default=0.5, help="seconds into the scoring before a teacher replica is killed")
     ap.add_argument("--shapes", default="1.7b,8b", help="student,teacher among " + ", ".join(SHAPES))
     ap.add_argument("--tokenizer", type=Path, help="a tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
-    ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
+    ap.add_argument("--steps", type=int, help="steps per run (the first is not timed; default 4, 3 with --tiny)")
     ap.add_argument("--tasks", type=int, default=16, help=f"tasks per step per 2 GPUs (x{N} episodes), scaled with the layout")
     ap.add_argument("--turns", type=int, default=SIZES["rollout.max_turns"], help="rollout.max_turns")
     ap.add_argument("--timeout", type=float, help="stop each run after this many seconds and report the steps it finished")
+    ap.add_argument("--budget", type=float, help="seconds for the whole command (models included): each run stops in time for "
+                    "the report, and one with under a minute left is not started")
     ap.add_argument("--tiny", action="store_true", help="toy shapes, the embedded tokenizer, CPU actors (smoke test)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of every run")
@@ -168,14 +172,16 @@ def main() -> None:
     names = (args.layout or ("1gpu,2gpu,4gpu,8gpu" if args.scaling else "2gpu")).split(",")
     if args.tiny:
         names, tok_dir, shapes = ["2gpu"], tiny_tokenizer(), ("tiny-s", "tiny-t")
-        args.tasks, args.steps = min(args.tasks, 2), min(args.steps, 3)
+        args.tasks, args.steps = min(args.tasks, 2), args.steps or 3
     elif args.tokenizer is None:
         sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
     else:
         tok_dir, shapes = args.tokenizer.resolve(), tuple(args.shapes.split(","))
+    args.steps = args.steps or 4
     modes = [Mode(m) for m in args.mode.split(",")] if args.mode else ([] if args.fault else [Mode.SYNC])
     plan = [(n, m, None) for n in names for m in modes] + [(n, Mode.SYNC, args.fault) for n in names if args.fault]
     t = time.time()
+    deadline = t + args.budget if args.budget else None
     models = build_pair(*shapes, tok_dir, args.out)
     print(f"models built in {time.time() - t:.0f} s", flush=True)
     runs = []
@@ -183,7 +189,7 @@ def main() -> None:
         for layout, mode, fault in plan:
             keys, per_step = _keys(args, LAYOUTS[layout], mode, fault, models)
             run = Run(layout, mode, fault, keys, per_step)
-            runs.append(measure(args, run, gpus, log))
+            runs.append(measure(args, run, gpus, log, deadline))
     write_report(args, runs, shapes, tok_dir, gpus)
     failed = [r for r in runs if r.exit != "0" and not r.exit.startswith(("not run", "stopped")) or r.wrong]
     sys.exit(1 if failed else 0)
@@ -204,8 +210,9 @@ def _keys(args: argparse.Namespace, layout: Layout, mode: Mode, fault: Fault | N
     return [*keys, *args.overrides], per_step
 
 
-def measure(args: argparse.Namespace, run: Run, gpus: int, log) -> Run:
-    """Plan, run (a child process, stopped after --timeout) and read back one run."""
+def measure(args: argparse.Namespace, run: Run, gpus: int, log, deadline: float | None) -> Run:
+    """Plan, run (a child process, stopped after --timeout or at the deadline, less 20 s for the report) and read back
+    one run."""
     layout = LAYOUTS[run.layout]
     cli = [sys.executable, "-m", "agentopd.cli"]
     # the plan per GPU: for the layout's GPUs where this machine has fewer (or none: --tiny plans the GPU layout)
@@ -221,6 +228,10 @@ def measure(args: argparse.Namespace, run: Run, gpus: int, log) -> Run:
     if not args.tiny and gpus < layout.gpus:
         run.exit = f"not run: {layout.gpus} GPUs asked, {gpus} here"
         return run
+    timeout = min(x for x in (args.timeout, deadline - 20 - time.time() if deadline else None, float("inf")) if x is not None)
+    if timeout < 60:
+        run.exit = f"not run: {timeout:.0f} s of --budget left"
+        return run
     run_dir = WORK / run.name.replace(" ", "_").replace("=", "-")
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -234,17 +245,17 @@ def measure(args: argparse.Namespace, run: Run, gpus: int, log) -> Run:
     proc = subprocess.Popen([sys.executable, __file__, "--child", str(run_dir / "spec.json")], stdout=log, stderr=subprocess.STDOUT,
                             cwd=ROOT, start_new_session=True)  # fmt: skip
     try:
-        run.exit = str(proc.wait(timeout=args.timeout))
+        run.exit = str(proc.wait(timeout=None if timeout == float("inf") else timeout))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the run's local Ray cluster goes with it
         proc.wait()
-        run.exit = f"stopped after {args.timeout:.0f} s"
+        run.exit = f"stopped after {timeout:.0f} s"
         time.sleep(5)  # its actors release their GPUs
     run.wall_s = time.time() - t
     samples = sampler.stop() if sampler else []
     metrics = run_dir / "run" / "metrics.jsonl"
-    run.records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-    run.child = json.loads((run_dir / "child.json").read_text()) if (run_dir / "child.json").exists() else {}
+    run.records = [r for x in metrics.read_text().splitlines() if (r := _json(x))] if metrics.exists() else []  # a killed run: its last line may be cut
+    run.child = _json((run_dir / "child.json").read_text()) if (run_dir / "child.json").exists() else {}
     run.summary = summarize(run.records, run.child, layout)
     run.busy = busy_shares(samples, run.child, run.summary.get("window"))
     if run.fault:
@@ -394,6 +405,13 @@ def write_report(args: argparse.Namespace, runs: list[Run], shapes: tuple[str, s
     print(text)
 
 
+def _json(text: str) -> dict:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+
+
 def _when(fault: dict) -> str:
     """Whether the teacher replica died while the scoring it was killed in still ran."""
     if "killed_at" not in fault or "scoring_ended" not in fault:
@@ -436,8 +454,9 @@ def child(spec_path: Path) -> None:
     lock = threading.Lock()
 
     def save() -> None:
-        with lock:
-            info_path.write_text(json.dumps(info))
+        with lock:  # whole or not at all: the parent may kill this process at any time
+            info_path.with_suffix(".tmp").write_text(json.dumps(info))
+            info_path.with_suffix(".tmp").replace(info_path)
 
     step = runner._step
 
