@@ -155,11 +155,11 @@ def tiny_tokenizer() -> Path:
 def build_pair(s_shape: str, t_shape: str, tok_dir: Path, out: Path) -> dict[str, Path]:
     """The student and teacher model folders, built side by side (each build is mostly writing its safetensors)."""
     with ThreadPoolExecutor(2) as pool:
-        built = pool.map(lambda shape: _built(shape, tok_dir, out), (s_shape, t_shape))
+        built = pool.map(lambda shape: build_folder(shape, tok_dir, out), (s_shape, t_shape))
         return dict(zip(("student", "teacher"), built))
 
 
-def _built(shape: str, tok_dir: Path, out: Path, config_only: bool = False) -> Path:
+def build_folder(shape: str, tok_dir: Path, out: Path, config_only: bool = False) -> Path:
     """The model folder of `shape` (built in a process of its own, cached under WORK)."""
     folder = WORK / f"{shape}-{tok_dir.name}{'-config' if config_only else ''}"
     t = time.time()
@@ -172,7 +172,7 @@ def _built(shape: str, tok_dir: Path, out: Path, config_only: bool = False) -> P
 def _refusal(cli: list[str], common: list[str], args: argparse.Namespace, tok_dir: Path) -> list[str]:
     """`agentopd run` of shapes that cannot fit (config.json and tokenizer, no weights): its seconds and message."""
     s_shape, t_shape = args.refuse.split(",")
-    folders = [_built(shape, tok_dir, args.out, config_only=True) for shape in (s_shape, t_shape)]
+    folders = [build_folder(shape, tok_dir, args.out, config_only=True) for shape in (s_shape, t_shape)]
     t = time.time()
     done = subprocess.run([*cli, "run", "--run-dir", str(WORK / "refused"), *common, f"student={folders[0]}",
                            f"teacher={folders[1]}"], capture_output=True, text=True)  # fmt: skip

@@ -62,11 +62,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 from _faults import lost_or_duplicated, stored, when_step_plays  # noqa: E402
-from memory_gpu import SHAPES, build_pair, plan_table, tiny_tokenizer  # noqa: E402
+from memory_gpu import SHAPES, build_folder, build_pair, plan_table, tiny_tokenizer  # noqa: E402
 
 CONFIG = ROOT / "configs" / "examples" / "qwen3-2gpu.yaml"
 WORK = Path("/tmp/scale_gpu")
 N = 8  # episodes per task (rollout.n)
+PENDING = "pending"  # a Run's exit before it ran: planned, fits, the machine holds it
 
 
 @dataclass(frozen=True)
@@ -182,14 +183,19 @@ def main() -> None:
     plan = [(n, m, None) for n in names for m in modes] + [(n, Mode.SYNC, args.fault) for n in names if args.fault]
     t = time.time()
     deadline = t + args.budget if args.budget else None
-    models = build_pair(*shapes, tok_dir, args.out)
-    print(f"models built in {time.time() - t:.0f} s", flush=True)
-    runs = []
+    # the plans first, from the models' config.json alone (seconds): a layout that cannot fit is known before any build
+    configs = {role: build_folder(shape, tok_dir, args.out, config_only=True) for role, shape in zip(("student", "teacher"), shapes)}
+    runs = [Run(layout, mode, fault, *_keys(args, LAYOUTS[layout], mode, fault, configs)) for layout, mode, fault in plan]
+    for run in runs:
+        plan_memory(args, run, gpus)
+    if any(r.exit == PENDING for r in runs):
+        models = build_pair(*shapes, tok_dir, args.out)
+        print(f"models built in {time.time() - t:.0f} s", flush=True)
     with (args.out / "scale_gpu_log.txt").open("w") as log:
-        for layout, mode, fault in plan:
-            keys, per_step = _keys(args, LAYOUTS[layout], mode, fault, models)
-            run = Run(layout, mode, fault, keys, per_step)
-            runs.append(measure(args, run, gpus, log, deadline))
+        for run in runs:
+            if run.exit == PENDING:
+                run.keys, _ = _keys(args, LAYOUTS[run.layout], run.mode, run.fault, models)
+                measure(args, run, log, deadline)
     write_report(args, runs, shapes, tok_dir, gpus)
     failed = [r for r in runs if r.exit != "0" and not r.exit.startswith(("not run", "stopped")) or r.wrong]
     sys.exit(1 if failed else 0)
@@ -210,9 +216,9 @@ def _keys(args: argparse.Namespace, layout: Layout, mode: Mode, fault: Fault | N
     return [*keys, *args.overrides], per_step
 
 
-def measure(args: argparse.Namespace, run: Run, gpus: int, log, deadline: float | None) -> Run:
-    """Plan, run (a child process, stopped after --timeout or at the deadline, less 20 s for the report) and read back
-    one run."""
+def plan_memory(args: argparse.Namespace, run: Run, gpus: int) -> None:
+    """`agentopd plan-memory` of the run, for the layout's GPUs where this machine has fewer (--tiny: the GPU layout
+    on two named GPUs); the run stays PENDING only where the plan fits and the machine has the GPUs."""
     layout = LAYOUTS[run.layout]
     cli = [sys.executable, "-m", "agentopd.cli"]
     # the plan per GPU: for the layout's GPUs where this machine has fewer (or none: --tiny plans the GPU layout)
@@ -224,14 +230,20 @@ def measure(args: argparse.Namespace, run: Run, gpus: int, log, deadline: float 
     print(f"== {run.name}: agentopd plan-memory (exit {done.returncode})\n{run.plan}", flush=True)
     if done.returncode != 0:
         run.exit = f"not run: the plan refuses it (exit {done.returncode})"
-        return run
+        return
     if not args.tiny and gpus < layout.gpus:
         run.exit = f"not run: {layout.gpus} GPUs asked, {gpus} here"
-        return run
+        return
+    run.exit = PENDING
+
+
+def measure(args: argparse.Namespace, run: Run, log, deadline: float | None) -> None:
+    """Run it (a child process, stopped after --timeout or at the deadline less 20 s for the report) and read it back."""
+    layout = LAYOUTS[run.layout]
     timeout = min(x for x in (args.timeout, deadline - 20 - time.time() if deadline else None, float("inf")) if x is not None)
     if timeout < 60:
         run.exit = f"not run: {timeout:.0f} s of --budget left"
-        return run
+        return
     run_dir = WORK / run.name.replace(" ", "_").replace("=", "-")
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -266,7 +278,6 @@ def measure(args: argparse.Namespace, run: Run, gpus: int, log, deadline: float 
         elif not last.get(f"ray/{run.fault}_restarts"):
             run.wrong.append(f"ray/{run.fault}_restarts is {last.get(f'ray/{run.fault}_restarts')}: no actor was replaced")
     print(f"== {run.name}: exit {run.exit}, {run.wall_s:.0f} s, {json.dumps(run.summary)}" + (f", wrong: {run.wrong}" if run.fault else ""), flush=True)
-    return run
 
 
 def summarize(records: list[dict], child: dict, layout: Layout) -> dict:
