@@ -1,10 +1,12 @@
 """The whole OPD loop on the Ray backend at 1-8 GPUs (issue 35): Qwen3 shapes with random weights and Qwen3's real
-vocabulary, multi-turn sql_db episodes; sync vs async, scaling, and faults at scale. One command per measurement.
+vocabulary, sql_db episodes of up to 4 turns; sync vs async, scaling, and faults at scale. One command per
+measurement; on a machine lent for 10-minute calls add `--budget 480` (the install takes the rest).
 
     agentopd make-tokenizer qwen3 TOK --template agentopd          # once, where the real-vocab extra is installed
     python benchmarks/scale_gpu.py --tokenizer TOK --layout 2gpu --mode sync,async1 --out /tmp/s    # sync vs async
     python benchmarks/scale_gpu.py --tokenizer TOK --layout 4gpu --mode sync,async1,async2 --out /tmp/s
     python benchmarks/scale_gpu.py --tokenizer TOK --scaling --shapes 0.6b,1.7b --out /tmp/s  # every layout that fits
+    python benchmarks/scale_gpu.py --tokenizer TOK --scaling --out /tmp/s   # on a CPU machine: the four plans alone
     python benchmarks/scale_gpu.py --tokenizer TOK --layout 4gpu --fault rollout --out /tmp/s   # a rollout worker killed
     python benchmarks/scale_gpu.py --tokenizer TOK --layout 8gpu --fault teacher --out /tmp/s   # a teacher replica killed
     python benchmarks/scale_gpu.py --tiny --mode sync,async1 --fault rollout --out /tmp/x       # CPU, toy sizes
@@ -23,7 +25,7 @@ episodes end after ~1 turn (num_turns/mean in the report says how many they took
 
 Before each run `agentopd plan-memory` prints the plan per GPU (for the layout's GPU count where the machine has
 fewer: that layout is then not run); a layout the plan refuses is not run either. Each run is a process of its own
-(`--child`), stopped after `--timeout` seconds with the steps it finished; `--budget S` bounds the whole command
+(benchmarks/_scale_run.py), stopped after `--timeout` seconds with the steps it finished; `--budget S` bounds the whole command
 (a device call's limit less the install): each run stops 20 s before it, and one with under a minute left is not
 started, so the report is always written. Measured per run, over the steps after
 the first (which compiles and captures CUDA graphs): episodes/s and sampled student tokens/s per GPU, seconds per
@@ -61,7 +63,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
-from _faults import lost_or_duplicated, stored, when_step_plays  # noqa: E402
+from _faults import lost_or_duplicated  # noqa: E402
+from _scale_run import Fault  # noqa: E402
 from memory_gpu import SHAPES, build_folder, build_pair, plan_table, tiny_tokenizer  # noqa: E402
 
 CONFIG = ROOT / "configs" / "examples" / "qwen3-2gpu.yaml"
@@ -114,11 +117,6 @@ class Mode(StrEnum):
         return ["async.enabled=true", f"async.max_staleness={self.value[-1]}"]
 
 
-class Fault(StrEnum):
-    ROLLOUT = "rollout"
-    TEACHER = "teacher"
-
-
 @dataclass
 class Run:
     """One measured run: what ran, its plan, and what it measured (a row of the report)."""
@@ -161,11 +159,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, help="seconds for the whole command (models included): each run stops in time for "
                     "the report, and one with under a minute left is not started")
     ap.add_argument("--tiny", action="store_true", help="toy shapes, the embedded tokenizer, CPU actors (smoke test)")
-    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of every run")
     args = ap.parse_args()
-    if args.child:
-        return child(args.child)
     if args.out is None:
         sys.exit("--out DIR")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -254,7 +249,7 @@ def measure(args: argparse.Namespace, run: Run, log, deadline: float | None) -> 
     log.write(f"\n== {run.name}\n{json.dumps(spec)}\n")
     log.flush()
     t = time.time()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", str(run_dir / "spec.json")], stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_scale_run.py"), str(run_dir / "spec.json")], stdout=log, stderr=subprocess.STDOUT,
                             cwd=ROOT, start_new_session=True)  # fmt: skip
     try:
         run.exit = str(proc.wait(timeout=None if timeout == float("inf") else timeout))
@@ -447,77 +442,6 @@ def _device_name() -> str:
 def _git_commit() -> str:
     done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     return done.stdout.strip() if done.returncode == 0 else "unknown (set AGENTOPD_COMMIT)"
-
-
-# ---- the child: one run in this process --------------------------------------------------------
-def child(spec_path: Path) -> None:
-    """One run (`spec.json` from `measure`): records when each step ended, each actor's pid and GPUs once they are up,
-    and injects the fault; writes all of it to the spec's `info` file as it goes."""
-    import ray
-
-    from agentopd.config import load_config
-    from agentopd.runner import Runner
-
-    spec = json.loads(spec_path.read_text())
-    run_dir, info_path = Path(spec["run_dir"]), Path(spec["info"])
-    runner = Runner(load_config("sql_db", config_file=Path(spec["config"]), overrides=spec["keys"]), run_dir)
-    info: dict = {"step_end": {}, "actors": [], "fault": None}
-    lock = threading.Lock()
-
-    def save() -> None:
-        with lock:  # whole or not at all: the parent may kill this process at any time
-            info_path.with_suffix(".tmp").write_text(json.dumps(info))
-            info_path.with_suffix(".tmp").replace(info_path)
-
-    step = runner._step
-
-    def timed_step(k: int) -> dict:
-        out = step(k)
-        info["step_end"][str(k)] = time.time()
-        save()
-        return out
-
-    runner._step = timed_step
-    threading.Thread(target=_watch_actors, args=(ray, runner, spec, info, save), daemon=True).start()
-    summary = runner.run()
-    info["interrupted"] = summary.interrupted
-    save()
-
-
-def _watch_actors(ray, runner, spec: dict, info: dict, save) -> None:
-    """Once the backend has its actors: their pids and GPUs by role; then arm the fault (killed by SIGKILL)."""
-    while getattr(getattr(runner, "backend", None), "group", None) is None:
-        time.sleep(0.2)
-    backend = runner.backend
-    actors = [("trainer", a) for a in backend.group.ranks] + [("rollout", a) for a in backend.workers]
-    actors += [("teacher", a) for pool in backend.teachers.values() for a in pool]
-    pids = ray.get([a.pid.remote() for _, a in actors])
-    gpus = ray.get([a.gpu_ids.remote() for _, a in actors])
-    info["actors"] = [{"role": role, "pid": pid, "gpus": g} for (role, _), pid, g in zip(actors, pids, gpus)]
-    save()
-    step, victim = spec["fault_step"], next((a["pid"] for a in info["actors"] if a["role"] == spec["fault"]), None)
-
-    def kill() -> None:
-        os.kill(victim, signal.SIGKILL)
-        info["fault"] = {**(info["fault"] or {}), "role": spec["fault"], "pid": victim, "step": step, "killed_at": time.time()}
-        save()
-
-    if spec["fault"] == Fault.ROLLOUT:
-        when_step_plays(Path(spec["run_dir"]), step, kill, timeout=3600)
-    elif spec["fault"] == Fault.TEACHER:
-        score, run_dir = backend.score, Path(spec["run_dir"])
-
-        def scoring(by_teacher, mode):  # the scoring of `step`: the teacher replica dies `fault_delay` s into it
-            if info["fault"] is not None or not stored(run_dir, step):
-                return score(by_teacher, mode)
-            info["fault"] = {"scoring_started": time.time()}
-            threading.Timer(spec["fault_delay"], kill).start()
-            out = score(by_teacher, mode)
-            info["fault"]["scoring_ended"] = time.time()
-            save()
-            return out
-
-        backend.score = scoring
 
 
 if __name__ == "__main__":
