@@ -164,6 +164,7 @@ def main() -> None:
     if args.out is None:
         sys.exit("--out DIR")
     args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # Ray's GPU ids in nvidia-smi's order (the busy shares' roles)
     gpus = _gpus()
     names = (args.layout or ("1gpu,2gpu,4gpu,8gpu" if args.scaling else "2gpu")).split(",")
     if args.tiny:
