@@ -250,8 +250,8 @@ def measure(args: argparse.Namespace, run: Run, log, deadline: float | None) -> 
     log.write(f"\n== {run.name}\n{json.dumps(spec)}\n")
     log.flush()
     t = time.time()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_scale_run.py"), str(run_dir / "spec.json")], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=ROOT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_scale_run.py"), str(run_dir / "spec.json")],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
     try:
         run.exit = str(proc.wait(timeout=None if timeout == float("inf") else timeout))
     except subprocess.TimeoutExpired:
@@ -262,7 +262,8 @@ def measure(args: argparse.Namespace, run: Run, log, deadline: float | None) -> 
     run.wall_s = time.time() - t
     samples = sampler.stop() if sampler else []
     metrics = run_dir / "run" / "metrics.jsonl"
-    run.records = [r for x in metrics.read_text().splitlines() if (r := _json(x))] if metrics.exists() else []  # a killed run: its last line may be cut
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    run.records = [r for x in lines if (r := _json(x))]  # a killed run's last line may be cut
     run.child = _json((run_dir / "child.json").read_text()) if (run_dir / "child.json").exists() else {}
     run.summary = summarize(run.records, run.child, layout)
     run.busy = busy_shares(samples, run.child, run.summary.get("window"))
@@ -273,7 +274,8 @@ def measure(args: argparse.Namespace, run: Run, log, deadline: float | None) -> 
             run.wrong.append("the fault was never injected")
         elif not last.get(f"ray/{run.fault}_restarts"):
             run.wrong.append(f"ray/{run.fault}_restarts is {last.get(f'ray/{run.fault}_restarts')}: no actor was replaced")
-    print(f"== {run.name}: exit {run.exit}, {run.wall_s:.0f} s, {json.dumps(run.summary)}" + (f", wrong: {run.wrong}" if run.fault else ""), flush=True)
+    wrong = f", wrong: {run.wrong}" if run.fault else ""
+    print(f"== {run.name}: exit {run.exit}, {run.wall_s:.0f} s, {json.dumps(run.summary)}{wrong}", flush=True)
 
 
 def summarize(records: list[dict], child: dict, layout: Layout) -> dict:
@@ -289,7 +291,8 @@ def summarize(records: list[dict], child: dict, layout: Layout) -> dict:
         window = (ends[steps[0]["step"]], ends[steps[-1]["step"]])  # wall clock from the end of step 1
     else:  # one step: the sum of its phases
         start = ends.get(steps[0]["step"], time.time())
-        window = (start - sum(steps[0].get(k, 0.0) for k in ("perf/rollout_s", "perf/teacher_s", "perf/train_step_s", "perf/weight_sync_s")), start)
+        phases = ("perf/rollout_s", "perf/teacher_s", "perf/train_step_s", "perf/weight_sync_s")
+        window = (start - sum(steps[0].get(k, 0.0) for k in phases), start)
     wall = max(window[1] - window[0], 1e-9)
     out = {"steps": len(steps), "timed_steps": len(timed), "window": window, "episodes_per_step": episodes / len(timed),
            "episodes_per_s": episodes / wall, "episodes_per_s_per_gpu": episodes / wall / layout.gpus,
