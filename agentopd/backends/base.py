@@ -104,7 +104,8 @@ class Backend(Protocol):
 
     def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None: ...
 
-    def memory_peaks(self) -> dict[int, tuple[float, float]]: ...  # GPU (the plan's) -> peak (reserved, allocated) GiB since the last call
+    # GPU (the memory plan's index) -> peak (reserved, allocated) GiB since the last call
+    def memory_peaks(self) -> dict[int, tuple[float, float]]: ...
 
     def stats(self) -> dict[str, float]: ...
 

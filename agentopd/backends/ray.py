@@ -309,7 +309,7 @@ class RayBackend:
         """The stored ref of a head `teacher_head` gave (a list: one per teacher), else a new one."""
         refs = {id(h): ref for h, ref in self._heads.values()}
         if isinstance(head, torch.Tensor):
-            return refs.get(id(head)) or self.ray.put(head)
+            return refs[id(head)] if id(head) in refs else self.ray.put(head)
         if all(id(h) in refs for h in head):
             return [refs[id(h)] for h in head]  # a list of refs: the rank gets each (TrainerWorker.train)
         return self.ray.put(head)
@@ -482,8 +482,9 @@ class RayBackend:
 
     def memory_peaks(self) -> dict[int, tuple[float, float]]:
         """Per GPU of the memory plan's placement (agentopd.memory_plan): the peak reserved and allocated GiB of the
-        actors placed there since the last call, summed (each actor's own peak: an upper bound where they peaked apart). Asks every
-        actor, so it waits for one that is busy: the runner measures only where the phases do not overlap."""
+        actors placed there since the last call, summed (each actor's own peak: an upper bound where they peaked
+        apart). Asks every actor, so it waits for one that is busy: the runner measures only where the phases do not
+        overlap."""
         from agentopd.memory_plan import _placement
 
         tr, ro, te = _placement(self.ctx.cfg)

@@ -190,7 +190,8 @@ class TrainerWorker(_WeightMember):
                                vocab_size=self.ctx.vocab_size)
         return self.rank
 
-    def train(self, samples: list[Any], head: torch.Tensor | list | None, loss: Any = None, temperature: float | None = None) -> dict[str, float]:
+    def train(self, samples: list[Any], head: torch.Tensor | list | None, loss: Any = None,
+              temperature: float | None = None) -> dict[str, float]:
         """`head`: the teacher's lm_head, or one per teacher (tensors, or the ObjectRefs the backend keeps of them)."""
         import ray
 
