@@ -150,8 +150,8 @@ def run_timed(cmd: list[str], log: Path, env: dict | None = None, lines: Path | 
     return os.waitstatus_to_exitcode(status), time.perf_counter() - t, usage.ru_maxrss / 2**20, stamps
 
 
-def run_ours(task: str, common: dict, student: Path, teacher: Path, out: Path) -> dict:
-    run = out / f"ours_{task}"
+def run_ours(task: str, common: dict, student: Path, teacher: Path, out: Path, work: Path) -> dict:
+    run = work / f"ours_{task}"  # the run directory beside the models: --out keeps the reports and logs alone
     shutil.rmtree(run, ignore_errors=True)
     turns = common["max_turns"] if task == "sql_db" else 1
     loss = LOSS_OF_BETA[common["beta"]]
@@ -180,13 +180,14 @@ def run_ours(task: str, common: dict, student: Path, teacher: Path, out: Path) -
                       "rollout_s": parts["rollout"], "teacher_s": parts["teacher"], "train_s": parts["train_step"],
                       "sync_s": parts["weight_sync"], "generated_tokens": r.get("tool_mask/llm_tokens"),
                       "trained_tokens": r.get("train/tokens"),
-                      "peak_cuda_gib": max((v for k, v in r.items() if k.startswith("mem/")), default=None)})  # fmt: skip
+                      "peak_cuda_gib": max((v for k, v in r.items() if k.startswith("mem/") and k.endswith("_peak_gib")),
+                                           default=None)})  # fmt: skip  # measured (reserved), not the plan's _plan_gib
     return {"steps": steps, "process_wall_s": wall, "peak_rss_gib": rss, "final": str(run / "final"), "cmd": cmd[3:],
             "load_1min": [load, os.getloadavg()[0]]}  # fmt: skip
 
 
-def run_trl(task: str, spec: dict, out: Path, trl_python: str, trl_path: str) -> dict:
-    side = out / f"trl_{task}"
+def run_trl(task: str, spec: dict, out: Path, work: Path, trl_python: str, trl_path: str) -> dict:
+    side = work / f"trl_{task}"
     shutil.rmtree(side, ignore_errors=True)
     side.mkdir(parents=True)
     (side / "spec.json").write_text(json.dumps(spec))
@@ -254,14 +255,14 @@ def main() -> None:
     for task in args.tasks.split(","):
         spec = trl_spec(task, common, student, teacher)
         if args.trl_first:  # the other order, to see what the machine's load did to either side
-            trl = run_trl(task, spec, args.out, args.trl_python, args.trl_path)
-            ours = run_ours(task, common, student, teacher, args.out)
+            trl = run_trl(task, spec, args.out, work, args.trl_python, args.trl_path)
+            ours = run_ours(task, common, student, teacher, args.out, work)
         else:
-            ours = run_ours(task, common, student, teacher, args.out)
-            trl = run_trl(task, spec, args.out, args.trl_python, args.trl_path)
+            ours = run_ours(task, common, student, teacher, args.out, work)
+            trl = run_trl(task, spec, args.out, work, args.trl_python, args.trl_path)
         ours["held_out"] = held_out(task, ours["final"], student, common, args.eval_tasks)
         trl["held_out"] = held_out(task, trl["final"], student, common, args.eval_tasks)
-        drift = check_trl_streams(args.out / f"trl_{task}" / "trl_streams.json", student, spec["tool_schemas"]) if task == "sql_db" else None
+        drift = check_trl_streams(work / f"trl_{task}" / "trl_streams.json", student, spec["tool_schemas"]) if task == "sql_db" else None
         results["tasks"][task] = {"ours": ours, "trl": trl, "initial_held_out": base[task], "trl_drift": drift,
                                   "train_prompts": len(spec["prompts"]),
                                   "max_completion_length": spec["max_completion_length"]}  # fmt: skip
