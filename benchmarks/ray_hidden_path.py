@@ -22,25 +22,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from agentopd.backends.ray_actors import HiddenRef, fetch_hidden  # noqa: E402
+from agentopd.backends.ray_actors import TeacherWorker, fetch_hidden, with_hidden_refs  # noqa: E402
 from agentopd.batch import TrainSample  # noqa: E402
 from agentopd.teacher.base import TeacherScores  # noqa: E402
 
 
-class Teacher:
+class Teacher(TeacherWorker):
+    """A teacher actor without a model: `score` returns bf16 rows of the given shape (HIDDEN mode's TeacherScores);
+    `score_apart` is TeacherWorker's own."""
+
     def __init__(self, streams: int, rows: int, hidden: int):
         self.shape = streams, rows, hidden
 
-    def _scores(self) -> list[TeacherScores]:
-        streams, rows, hidden = self.shape
-        return [TeacherScores([-0.5] * rows, hidden=torch.full((rows, hidden), 0.5, dtype=torch.bfloat16)) for _ in range(streams)]
-
-    def score(self) -> list[TeacherScores]:
-        return self._scores()
-
-    def score_apart(self) -> tuple:
-        scores = self._scores()
-        return ([TeacherScores(s.logprobs) for s in scores], *(s.hidden for s in scores))
+    def score(self, streams: list | None = None, mode: object = None) -> list[TeacherScores]:
+        n, rows, hidden = self.shape
+        return [TeacherScores([-0.5] * rows, hidden=torch.full((rows, hidden), 0.5, dtype=torch.bfloat16)) for _ in range(n)]
 
 
 class Trainer:
@@ -75,10 +71,10 @@ def main() -> None:
         for path in ("driver", "refs"):
             t = time.perf_counter()
             if path == "driver":
-                scores = ray.get(teacher.score.remote())
+                scores = ray.get(teacher.score.remote([], None))
             else:
-                refs = teacher.score_apart.options(num_returns=args.streams + 1).remote()
-                scores = [TeacherScores(s.logprobs, hidden=HiddenRef(ref, len(s.logprobs))) for s, ref in zip(ray.get(refs[0]), refs[1:])]
+                refs = teacher.score_apart.options(num_returns=args.streams + 1).remote([], None)
+                scores = with_hidden_refs(ray.get(refs[0]), refs[1:])
             total = ray.get(trainer.train.remote(samples_of(scores, args.rows)))
             assert total == 0.5 * args.streams
             best[path] = min(best.get(path, float("inf")), time.perf_counter() - t)

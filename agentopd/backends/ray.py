@@ -65,7 +65,7 @@ from agentopd.backends.placement import (
     place,
     teacher_role,
 )
-from agentopd.backends.ray_actors import HiddenRef, RolloutWorker, TeacherWorker
+from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker, with_hidden_refs
 from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
 from agentopd.backends.weight_sync import WeightLayout, WeightSync
@@ -285,7 +285,7 @@ class RayBackend:
                 try:
                     scores, rows = self.ray.get(job[3][0]), job[3][1:]
                     if mode == TeacherMode.HIDDEN:  # the rows stay in the object store for the trainer (HiddenRef)
-                        scores = [dataclasses.replace(s, hidden=HiddenRef(ref, len(s.logprobs))) for s, ref in zip(scores, rows)]
+                        scores = with_hidden_refs(scores, rows)
                     out[name][part] = scores
                     break
                 except RayActorError as e:

@@ -135,6 +135,12 @@ class HiddenRef:
         return self.rows
 
 
+def with_hidden_refs(scores: list[Any], refs: list[Any]) -> list[Any]:
+    """The scores of `TeacherWorker.score_apart` (its first return value) with each stream's rows as a HiddenRef to
+    its own return value (`refs`, the others in order)."""
+    return [dataclasses.replace(s, hidden=HiddenRef(ref, len(s.logprobs))) for s, ref in zip(scores, refs, strict=True)]
+
+
 def fetch_hidden(samples: list[Any]) -> list[Any]:
     """`samples` with every HiddenRef replaced by the rows it names (one ray.get for all of them)."""
     import ray
