@@ -216,10 +216,15 @@ def success_at(curve: list[dict], key: str, budget: float) -> float | None:
     return points[0][1]
 
 
+CHEAP_TEACHER = 0.25  # a run whose teacher spent under this share of the largest spend does not set the budget
+
+
 def teacher_budget(runs: list[dict]) -> float | None:
-    """The equal-teacher-FLOPs budget: the smallest final teacher spend among the runs that spent any."""
+    """The equal-teacher-FLOPs budget: the smallest final teacher spend among the runs that spent any, leaving out
+    runs whose teacher cost far less (under CHEAP_TEACHER of the largest spend: a student scoring itself, privileged
+    self-distillation), which would put every other curve's reading at its first eval."""
     spent = [f for r in runs if (f := final_flops(r, "teacher_flops"))]
-    return min(spent) if spent else None
+    return min(f for f in spent if f >= CHEAP_TEACHER * max(spent)) if spent else None
 
 
 SHARES = (0.25, 0.5, 1.0)  # of the teacher budget: where the equal-teacher-FLOPs table reads each curve
@@ -268,7 +273,8 @@ def report(results: list[dict], args: argparse.Namespace, png: Path | None) -> s
         budget = teacher_budget([r for m in methods for r in by[env, m]])
         if budget is not None:
             lines += ["", f"Held-out success at equal teacher FLOPs (budget B = {budget:.2e}, the smallest final teacher spend of a "
-                          "run; each curve read linearly between its eval points; - where a run stopped short of it):", "",
+                          f"run, runs whose teacher spent under {CHEAP_TEACHER:g} of the largest spend left out; each curve read "
+                          "linearly between its eval points; - where a run stopped short of it):", "",
                       "| method | " + " | ".join(f"{share:g} B" for share in SHARES) + " |", "|---|" + "---|" * len(SHARES)]  # fmt: skip
             for m in methods:
                 cells = []

@@ -138,6 +138,7 @@ def write_report(args: argparse.Namespace, bundle: dict) -> None:
     results = list(bundle["results"].values())
     methods = [m for m in quality.METHODS if any(r["method"] == m for r in results)]
     qargs = argparse.Namespace(env=[bundle["env"]], methods=methods, overrides=bundle["overrides"])
+    args.report.parent.mkdir(parents=True, exist_ok=True)
     png: Path | None = args.report.with_suffix(".png")
     try:
         quality.plot(results, qargs.env, methods, png)

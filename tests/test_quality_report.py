@@ -24,9 +24,13 @@ def test_success_at_a_budget_reads_linearly_between_evals():
     assert quality.success_at(old, "teacher_flops", 2.0) is None
 
 
-def test_teacher_budget_is_the_smallest_spend_among_runs_that_spent_any():
+def test_teacher_budget_is_the_smallest_spend_among_runs_that_spent_a_comparable_amount():
     grpo = {"curve": [{**p, "teacher_flops": 0.0} for p in CURVE]}
     old = {"curve": [{k: v for k, v in p.items() if k != "teacher_flops"} for p in CURVE]}
     cheaper = {"curve": [*CURVE[:2]]}
     assert quality.teacher_budget([{"curve": CURVE}, cheaper, grpo, old]) == 4.0
     assert quality.teacher_budget([grpo, old]) is None
+    # a teacher far cheaper than the rest (a student scoring itself) does not set the budget of the others
+    self_teacher = {"curve": [{**p, "teacher_flops": p["teacher_flops"] / 10} for p in CURVE]}
+    assert quality.teacher_budget([{"curve": CURVE}, cheaper, self_teacher]) == 4.0
+    assert quality.teacher_budget([self_teacher]) == pytest.approx(0.8)
