@@ -228,7 +228,7 @@ def main() -> None:
     fixed_batch(engine, bw, weight_bytes)
 
     print("\n## engine-level decode (128 requests, 512-token prompts, 256 sampled tokens each)", flush=True)
-    async def plain():
+    async def plain(engine):
         rng = random.Random(5)
         reqs = [GenerateRequest([rng.randrange(VOCAB) for _ in range(512)], SamplingParams(max_tokens=256, seed=i))
                 for i in range(128)]
@@ -236,7 +236,7 @@ def main() -> None:
         out = await asyncio.gather(*[engine.generate(r) for r in reqs])
         return sum(len(r.token_ids) for r in out), time.perf_counter() - t0
     before = dict(engine.timings)
-    gen, wall = asyncio.run(plain())
+    gen, wall = asyncio.run(plain(engine))
     print(f"{gen} tokens in {wall:.2f} s = {gen / wall:,.0f} tok/s (prefill of 65,536 prompt tokens included)", flush=True)
     print(timing_line(before, engine.timings), flush=True)
 

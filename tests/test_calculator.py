@@ -14,7 +14,7 @@ from agentopd.registry import make_env
 from agentopd.tool import ToolError, invoke, tool_schema
 from envs.calculator import CalculatorEnv
 from envs.calculator.data import answers_match, parse_answer
-from tools.calculator import MAX_CHARS, calculate, format_number
+from tools.calculator import calculate, format_number
 
 # --- the tool --------------------------------------------------------------------------------
 
