@@ -6,6 +6,7 @@ Qwen3 shapes and Qwen3's real vocabulary, on one GPU or two (issue 30).
     python benchmarks/memory_gpu.py --tokenizer bench_tok --out /tmp/mem --as-written --refuse 8b,32b   # 3 full steps
     python benchmarks/memory_gpu.py --tokenizer bench_tok --out /tmp/mem --as-written \
         --config configs/examples/qwen3-2gpu.yaml                   # the same on two GPUs (Ray)
+    python benchmarks/memory_gpu.py ... --timeout 330 && python benchmarks/memory_gpu.py ... --resume   # in two calls
     python benchmarks/memory_gpu.py --tiny --out /tmp/x              # the same path at toy sizes (CPU smoke test)
     python benchmarks/memory_gpu.py ... trainer.micro_batch_tokens=16384   # extra key=value overrides go to the run
 
@@ -15,7 +16,10 @@ tokenizer's family, 151,936 for Qwen3: `agentopd_vocab.json`), in a process of t
 by default with issue 30's smaller step (2 steps of 8 tasks x 8, 3 turns, 8 eval tasks, eval.every=0), which
 still fills every buffer the plan counts (32k-token micro-batches, 16k-token teacher batches, the fixed KV
 pool); `--as-written` runs the example's own 64 x 8 x 8 turns for 3 steps. `--timeout S` stops the run after S
-seconds and reports the steps it finished (the log is written as the run goes). `--refuse 8b,32b` first times
+seconds and reports the steps it finished (the log is written as the run goes): it interrupts the run as Ctrl-C does
+(the running step finishes and is checkpointed; `--grace` seconds later a second interrupt checkpoints what the
+trainer has), so `--resume` in a later call on the same (warm) machine continues it, the models and run directory
+kept under --work: a run longer than one ten-minute call, in two. `--refuse 8b,32b` first times
 `agentopd run` of shapes that cannot fit (their config.json and tokenizer only: the plan refuses before any
 weights load). Run it from the repository root. `engine.sleep=true` as an override measures the engine's sleep
 and wake seconds (perf/engine_sleep_s, perf/engine_wake_s) and the peaks with the pool freed.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -48,7 +53,7 @@ SHAPES = {  # hidden, layers, heads, kv heads, head_dim, intermediate, tied embe
 }
 SMALL_STEP = ["run.steps=2", "eval.every=0", "eval.num_tasks=8", "rollout.tasks_per_step=8", "rollout.max_turns=3"]
 PHASES = ("rollout", "teacher", "train", "eval")
-WORK = Path("/tmp/memory_gpu")
+WORK = Path("/tmp/memory_gpu")  # models and the run directory (--work)
 
 
 def build(shape: str, tokenizer: Path, out: Path, config_only: bool = False) -> None:
@@ -82,19 +87,24 @@ def build(shape: str, tokenizer: Path, out: Path, config_only: bool = False) -> 
 
 
 def main() -> None:
+    global WORK
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default="1.7b,8b", help="student,teacher among " + ", ".join(SHAPES))
     ap.add_argument("--tokenizer", type=Path, help="a tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
     ap.add_argument("--config", default="configs/examples/qwen3-gpu.yaml", help="the example to run (qwen3-2gpu.yaml: Ray, 2 GPUs)")
     ap.add_argument("--as-written", action="store_true", help="the example's own step sizes, 3 steps")
-    ap.add_argument("--timeout", type=float, help="stop the run after this many seconds and report the steps it finished")
+    ap.add_argument("--timeout", type=float, help="interrupt the run after this many seconds (it checkpoints) and report")
+    ap.add_argument("--grace", type=float, default=90, help="seconds after --timeout before the second interrupt")
+    ap.add_argument("--resume", action="store_true", help="continue the run under --work from its last checkpoint")
+    ap.add_argument("--work", type=Path, default=WORK, help=f"models and the run directory (default {WORK})")
     ap.add_argument("--refuse", metavar="SHAPES", help="also time the refusal of student,teacher shapes that cannot fit (8b,32b)")
     ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (CPU smoke test)")
     ap.add_argument("--build", nargs=3, metavar=("SHAPE", "TOKENIZER", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--config-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run")
     args = ap.parse_args()
+    WORK = args.work.resolve()
     if args.build:
         return build(args.build[0], Path(args.build[1]), Path(args.build[2]), config_only=args.config_only)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -118,22 +128,25 @@ def main() -> None:
     plan = subprocess.run([*cli, "plan-memory", *keys], capture_output=True, text=True)
     print(plan.stdout + plan.stderr, flush=True)
     run = WORK / "run"
-    subprocess.run(["rm", "-rf", str(run)], check=True)
+    if args.resume and not (run / "config.yaml").exists():
+        sys.exit(f"--resume: no run to continue under {run} (a warm machine keeps --work between calls; a fresh one does not)")
+    if not args.resume:
+        subprocess.run(["rm", "-rf", str(run)], check=True)
     log = args.out / "memory_gpu_log.txt"
     t = time.time()
-    with log.open("w") as f:  # written as it runs: a run stopped by the device's time limit leaves its log
-        proc = subprocess.Popen([*cli, "run", "--run-dir", str(run), *keys], stdout=f, stderr=subprocess.STDOUT, text=True)
-        try:
-            code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = f"stopped after {args.timeout:.0f} s"
+    with log.open("a" if args.resume else "w") as f:  # written as it runs: a run stopped by the call's limit leaves its log
+        resume = ["--resume"] if args.resume else []
+        proc = subprocess.Popen([*cli, "run", "--run-dir", str(run), *resume, *keys], stdout=f, stderr=subprocess.STDOUT, text=True)
+        code = stop_at(proc, args.timeout, args.grace)
     wall = time.time() - t
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
     (args.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     steps = [r for r in records if "perf/rollout_s" in r]
+    resumed = [x for x in log.read_text().splitlines() if x.startswith("resumed from ")]
     lines = [f"# memory plan vs measured: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}",
-             f"`{' '.join(keys)}`; run exit {code}, {wall:.0f} s, {len(steps)} steps finished\n", "```", plan.stdout.strip(), "```\n",
+             f"`{' '.join(keys)}`; run exit {code}, {wall:.0f} s, {len(steps)} steps finished"
+             + (f" ({resumed[-1].split(':')[0]} in this call)" if args.resume and resumed else "") + "\n",
+             "```", plan.stdout.strip(), "```\n",
              *refusal, *plan_table(records)]  # fmt: skip
     (args.out / "memory_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -141,6 +154,26 @@ def main() -> None:
         print("\n".join(log.read_text().splitlines()[-30:]))
     over = any(row.endswith(" over") for row in lines)
     sys.exit(1 if code != 0 or over else 0)
+
+
+def stop_at(proc: subprocess.Popen, timeout: float | None, grace: float) -> int | str:
+    """Wait for the run; at `timeout` interrupt it as Ctrl-C does (it finishes the running step and checkpoints it),
+    `grace` seconds later interrupt it again (it checkpoints the last step the trainer took), 90 s after that kill it.
+    Returns its exit code, or what stopped it."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    for signum, wait in ((signal.SIGINT, grace), (signal.SIGINT, 90.0)):
+        proc.send_signal(signum)
+        try:
+            proc.wait(timeout=wait)
+            return f"interrupted after {timeout:.0f} s (checkpointed)"
+        except subprocess.TimeoutExpired:
+            pass
+    proc.kill()
+    proc.wait()
+    return f"killed {timeout + grace + 90:.0f} s in, after two interrupts"
 
 
 def tiny_tokenizer() -> Path:
