@@ -1,7 +1,8 @@
 """benchmarks/quality.py's arms on the gpu-sized embedded pair (embedded.size=gpu), on one GPU lent ten minutes a call.
 
-    # a GPU call (a fresh machine each time; only what is under $OUT comes back): build the pair (~2-4 min), then run
-    # the arms of --seed that the bundle lacks until --budget-s, rewriting the bundle after every finished run
+    # a GPU call (only what is under $OUT comes back): build the pair (~3 min; cached in /tmp, which a machine still
+    # warm from the last call keeps), then run the arms of the --seed seeds (0, or 1,2 in turn) that the bundle lacks
+    # until --budget-s, rewriting the bundle after every finished run
     python benchmarks/quality_gpu.py --env sql_db --seed 0 --out $OUT [--resume quality_gpu.json]
     # here, once the arms are in: quality.py's tables and curves of the bundle
     python benchmarks/quality_gpu.py --resume quality_gpu.json --report benchmarks/results/quality_gpu.md
@@ -79,15 +80,39 @@ def write_bundle(bundle: dict, out: Path) -> None:
 
 
 def build_pair(args: argparse.Namespace, home: Path) -> dict:
-    """`agentopd bootstrap` of the pair (a process of its own: this one never holds the GPU), and its report."""
+    """`agentopd bootstrap` of the pair (a process of its own: this one never holds the GPU), and its report; with a
+    privileged arm, also whether the pair reads the privileged context (benchmarks/privileged_context.py)."""
     from agentopd.bootstrap import bootstrap
 
     t0 = time.perf_counter()
     size_overrides = [o for o in run_overrides(args) if o.startswith(("embedded.", "run.device"))]
-    cmd = [sys.executable, "-m", "agentopd.cli", "bootstrap", "--env", args.env, *size_overrides]
-    subprocess.run(cmd, env=dict(os.environ, AGENTOPD_HOME=str(home)), check=True)
+    env = dict(os.environ, AGENTOPD_HOME=str(home))
+    subprocess.run([sys.executable, "-m", "agentopd.cli", "bootstrap", "--env", args.env, *size_overrides], env=env, check=True)
     report = bootstrap(args.env, size=args.size, home=home).report  # the cache just built: nothing trained here
-    return {**report, "built_s": round(time.perf_counter() - t0, 1), "machine": machine()}
+    pair = {**report, "built_s": round(time.perf_counter() - t0, 1), "machine": machine()}
+    if any("privileged" in m for m in args.methods):
+        pair["context"] = context_check(args, env, size_overrides)
+    return pair
+
+
+def context_check(args: argparse.Namespace, env: dict, size_overrides: list[str]) -> dict:
+    """Greedy held-out success of the pair with the plain prompt and with the privileged one: a privileged teacher
+    can only help where its privileged column beats its plain one."""
+    out = args.work / "context.json"
+    device = "cpu" if args.tiny else "cuda"
+    num_tasks = 2 if args.tiny else 100
+    script = Path(__file__).with_name("privileged_context.py")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, str(script), "--env", args.env, "--kind", args.privileged, "--num-tasks", str(num_tasks),
+                    "--device", device, "--json", str(out), *[o for o in size_overrides if o.startswith("embedded.")]],
+                   env=env, check=True)  # fmt: skip
+    return {**json.loads(out.read_text()), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def same_pair(a: dict, b: dict) -> bool:
+    """The same built pair (a warm machine's cache read again): everything but when and where it was read."""
+    skip = ("built_s", "machine", "context")
+    return {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
 
 
 def machine() -> str:
@@ -99,20 +124,25 @@ def machine() -> str:
 
 def quality_args(args: argparse.Namespace, bundle: dict) -> argparse.Namespace:
     """The namespace quality.py's plan_runs / report read."""
-    return argparse.Namespace(env=[args.env], methods=args.methods, seeds=args.seed + 1, steps=args.steps, eval_every=args.eval_every,
+    return argparse.Namespace(env=[args.env], methods=args.methods, seeds=max(args.seeds) + 1, steps=args.steps, eval_every=args.eval_every,
                               intervene_below=-1.0, support_below=0.3, privileged=args.privileged, work=args.work,
                               overrides=bundle["overrides"], report_only=False)  # fmt: skip
 
 
 def run_arms(args: argparse.Namespace, bundle: dict, home: Path, deadline: float) -> None:
-    """The runs of --seed the bundle lacks, --jobs at a time, none launched past `deadline`; the bundle rewritten
-    after each."""
+    """The runs of the --seed seeds the bundle lacks (seed by seed), --jobs at a time, none launched past `deadline`;
+    the bundle rewritten after each. A pair already in the bundle (a warm machine's cache) is not added again."""
     qargs = quality_args(args, bundle)
-    specs = [s for s in quality.plan_runs(qargs) if s["seed"] == args.seed and Path(s["result"]).stem not in bundle["results"]]
+    specs = [s for s in quality.plan_runs(qargs) if s["seed"] in args.seeds and Path(s["result"]).stem not in bundle["results"]]
+    specs.sort(key=lambda s: args.seeds.index(s["seed"]))
     if not specs:
-        print(f"every arm of seed {args.seed} is in the bundle", flush=True)
+        print(f"every arm of seed(s) {args.seeds} is in the bundle", flush=True)
         return
-    bundle["pairs"].append(build_pair(args, home))
+    built = build_pair(args, home)
+    if bundle["pairs"] and same_pair(built, bundle["pairs"][-1]):
+        print("the pair is the bundle's last one (cached on this machine)", flush=True)
+    else:
+        bundle["pairs"].append(built)
     write_bundle(bundle, args.out)
     pair = len(bundle["pairs"]) - 1
     lock = threading.Lock()
@@ -154,6 +184,13 @@ def write_report(args: argparse.Namespace, bundle: dict) -> None:
         t, s = p["teacher"], p["student"]
         head.append(f"| {i} | {p['machine']} | {t['parameters'] / 1e6:.1f}M, {t['success']:.0%} held-out, {t['steps']} steps | "
                     f"{s['parameters'] / 1e6:.1f}M, {s['success']:.0%} held-out, {s['steps']} steps | {p['built_s']:.0f} s |")  # fmt: skip
+    checks = [(i, p["context"]) for i, p in enumerate(bundle["pairs"]) if p.get("context")]
+    if checks:
+        head += ["", f"Does the pair read the privileged context (`{checks[0][1]['kind']}`)? Greedy held-out success with the plain "
+                     "prompt and the privileged one (benchmarks/privileged_context.py):", "",
+                 "| pair | model | plain | privileged | tasks |", "|---|---|---|---|---|"]  # fmt: skip
+        for i, c in checks:
+            head += [f"| {i} | {m} | {v['plain']:.0%} | {v['privileged']:.0%} | {c['num_tasks']} |" for m, v in c["models"].items()]
     args.report.write_text("\n".join(head) + "\n\n" + quality.report(results, qargs, png))
     print(f"wrote {args.report}" + (f" and {png.name}" if png else ""))
 
@@ -161,7 +198,7 @@ def write_report(args: argparse.Namespace, bundle: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--env", default="sql_db", help="an env or preset (sql_db, sql_db_explore, calculator, ...)")
-    ap.add_argument("--seed", type=int, default=0, help="the seed this call runs")
+    ap.add_argument("--seed", default="0", help="the seed(s) this call runs, in turn: 0 or 1,2")
     ap.add_argument("--methods", default=",".join(ARMS), help=f"comma-separated subset of {','.join(quality.METHODS)}")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=25)
@@ -176,6 +213,12 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="dotted overrides for every run")
     args = ap.parse_args()
     t0 = time.monotonic()
+    try:
+        args.seeds = [int(x) for x in args.seed.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--seed {args.seed!r}: a seed or a comma-separated list of seeds (0 or 1,2)")
+    if not args.seeds or min(args.seeds) < 0:
+        ap.error(f"--seed {args.seed!r}: seeds are integers >= 0")
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(args.methods) - set(quality.METHODS))
     if unknown:
@@ -196,8 +239,8 @@ def main() -> None:
         (args.work / "results" / f"{name}.json").write_text(json.dumps(result))
     run_arms(args, bundle, args.work / "home", deadline=t0 + args.budget_s)
     write_bundle(bundle, args.out)
-    done = sorted(n for n in bundle["results"] if f"-s{args.seed}-" in n)
-    print(f"bundle {args.out / BUNDLE}: {len(bundle['results'])} results ({len(done)} of seed {args.seed}: {', '.join(done)}) "
+    done = sorted(n for n in bundle["results"] if any(f"-s{seed}-" in n for seed in args.seeds))
+    print(f"bundle {args.out / BUNDLE}: {len(bundle['results'])} results ({len(done)} of seed(s) {args.seed}: {', '.join(done)}) "
           f"in {time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
 
 

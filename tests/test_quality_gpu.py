@@ -48,6 +48,7 @@ def _main(monkeypatch, *args) -> None:
 
 
 def test_a_call_bundles_its_arms_and_the_next_continues(tmp_path, monkeypatch, capsys):
+    """...and a warm machine's next call (the same work folder) reuses the pair it built."""
     out = tmp_path / "out"
     printed = _call("--methods", "opd", "--out", out, "--work", _machine(tmp_path, "call1"))
     assert "1 results" in printed
@@ -56,8 +57,15 @@ def test_a_call_bundles_its_arms_and_the_next_continues(tmp_path, monkeypatch, c
 
     _main(monkeypatch, "--methods", "opd", "--out", tmp_path / "out2", "--resume", out / "quality_gpu.json",
           "--work", tmp_path / "call2")  # fmt: skip
-    assert "every arm of seed 0 is in the bundle" in capsys.readouterr().out  # nothing run, no pair built
+    assert "every arm of seed(s) [0] is in the bundle" in capsys.readouterr().out  # nothing run, no pair built
     assert json.loads((tmp_path / "out2" / "quality_gpu.json").read_text()) == bundle
+
+    # the next call on the same (warm) machine: the cached pair is the bundle's, not a second one
+    _main(monkeypatch, "--methods", "opd", "--seed", "1", "--out", tmp_path / "out3", "--resume", out / "quality_gpu.json",
+          "--work", tmp_path / "call1")  # fmt: skip
+    assert "the pair is the bundle's last one" in capsys.readouterr().out
+    warm = json.loads((tmp_path / "out3" / "quality_gpu.json").read_text())
+    assert len(warm["pairs"]) == 1 and sorted((r["seed"], r["pair"]) for r in warm["results"].values()) == [(0, 0), (1, 0)]
 
     report = tmp_path / "quality_gpu.md"
     _main(monkeypatch, "--resume", out / "quality_gpu.json", "--report", report)
@@ -74,4 +82,8 @@ def test_every_default_arm_runs(tmp_path):
     spec = spec_from_file_location("quality_gpu", SCRIPT)
     module = module_from_spec(spec)
     spec.loader.exec_module(module)
-    _check_bundle(json.loads((out / "quality_gpu.json").read_text()), list(module.ARMS))
+    bundle = json.loads((out / "quality_gpu.json").read_text())
+    _check_bundle(bundle, list(module.ARMS))
+    # a privileged arm among them: the pair's reading of the privileged context checked first
+    context = bundle["pairs"][0]["context"]
+    assert context["kind"] == "solution" and set(context["models"]) == {"builtin student", "builtin teacher"}
