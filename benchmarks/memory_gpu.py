@@ -139,6 +139,9 @@ def main() -> None:
         proc = subprocess.Popen([*cli, "run", "--run-dir", str(run), *resume, *keys], stdout=f, stderr=subprocess.STDOUT, text=True)
         code = stop_at(proc, args.timeout, args.grace)
     wall = time.time() - t
+    if not isinstance(code, int):  # stopped: which checkpoint a --resume would continue from
+        done = sorted(p.parent.name for p in (run / "checkpoints").glob("step_*/DONE"))
+        code += f" ({done[-1]} written)" if done else " (no checkpoint: a --resume starts over)"
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
     (args.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     steps = [r for r in records if "perf/rollout_s" in r]
@@ -157,9 +160,9 @@ def main() -> None:
 
 
 def stop_at(proc: subprocess.Popen, timeout: float | None, grace: float) -> int | str:
-    """Wait for the run; at `timeout` interrupt it as Ctrl-C does (it finishes the running step and checkpoints it),
-    `grace` seconds later interrupt it again (it checkpoints the last step the trainer took), 90 s after that kill it.
-    Returns its exit code, or what stopped it."""
+    """Wait for the run; at `timeout` interrupt it as Ctrl-C does (in its step loop it finishes the running step and
+    checkpoints it), `grace` seconds later interrupt it again (it checkpoints the last step the trainer took), 90 s
+    after that kill it. Returns its exit code, or what stopped it."""
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -168,7 +171,7 @@ def stop_at(proc: subprocess.Popen, timeout: float | None, grace: float) -> int 
         proc.send_signal(signum)
         try:
             proc.wait(timeout=wait)
-            return f"interrupted after {timeout:.0f} s (checkpointed)"
+            return f"interrupted after {timeout:.0f} s"
         except subprocess.TimeoutExpired:
             pass
     proc.kill()
