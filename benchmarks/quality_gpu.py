@@ -2,8 +2,10 @@
 
     # a GPU call (only what is under $OUT comes back): build the pair (~3 min; cached in /tmp, which a machine still
     # warm from the last call keeps), then run the arms of the --seed seeds (0, or 1,2 in turn) that the bundle lacks
-    # until --budget-s, rewriting the bundle after every finished run
+    # until --budget-s, rewriting the bundle (in $OUT and --work) after every finished run
     python benchmarks/quality_gpu.py --env sql_db --seed 0 --out $OUT [--resume quality_gpu.json]
+    # a call started while the machine is still warm: the last call's bundle and pair are still in --work
+    python benchmarks/quality_gpu.py --env sql_db --seed 1,2 --out $OUT --resume /tmp/quality_gpu/quality_gpu.json
     # here, once the arms are in: quality.py's tables and curves of the bundle
     python benchmarks/quality_gpu.py --resume quality_gpu.json --report benchmarks/results/quality_gpu.md
     # the whole path on the CPU in a minute (the test size, 2 steps; tests/test_quality_gpu.py)
@@ -71,12 +73,13 @@ def load_bundle(args: argparse.Namespace) -> dict:
     return bundle
 
 
-def write_bundle(bundle: dict, out: Path) -> None:
-    """Atomically: a call killed at its limit still leaves a whole bundle behind."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{BUNDLE}.tmp"
-    tmp.write_text(json.dumps(bundle, indent=1))
-    tmp.replace(out / BUNDLE)
+def write_bundle(bundle: dict, *outs: Path) -> None:
+    """Atomically, into each folder: a call killed at its limit still leaves a whole bundle behind."""
+    for out in outs:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".{BUNDLE}.tmp"
+        tmp.write_text(json.dumps(bundle, indent=1))
+        tmp.replace(out / BUNDLE)
 
 
 def build_pair(args: argparse.Namespace, home: Path) -> dict:
@@ -143,7 +146,7 @@ def run_arms(args: argparse.Namespace, bundle: dict, home: Path, deadline: float
         print("the pair is the bundle's last one (cached on this machine)", flush=True)
     else:
         bundle["pairs"].append(built)
-    write_bundle(bundle, args.out)
+    write_bundle(bundle, args.out, args.work)
     pair = len(bundle["pairs"]) - 1
     lock = threading.Lock()
     os.environ["AGENTOPD_HOME"] = str(home)  # the workers find the pair there
@@ -157,7 +160,7 @@ def run_arms(args: argparse.Namespace, bundle: dict, home: Path, deadline: float
         if result is not None:
             with lock:
                 bundle["results"][name] = {**result, "pair": pair}
-                write_bundle(bundle, args.out)
+                write_bundle(bundle, args.out, args.work)
 
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, specs))
@@ -238,7 +241,7 @@ def main() -> None:
         (args.work / "results").mkdir(parents=True, exist_ok=True)
         (args.work / "results" / f"{name}.json").write_text(json.dumps(result))
     run_arms(args, bundle, args.work / "home", deadline=t0 + args.budget_s)
-    write_bundle(bundle, args.out)
+    write_bundle(bundle, args.out, args.work)
     done = sorted(n for n in bundle["results"] if any(f"-s{seed}-" in n for seed in args.seeds))
     print(f"bundle {args.out / BUNDLE}: {len(bundle['results'])} results ({len(done)} of seed(s) {args.seed}: {', '.join(done)}) "
           f"in {time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip

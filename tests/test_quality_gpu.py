@@ -61,8 +61,8 @@ def test_a_call_bundles_its_arms_and_the_next_continues(tmp_path, monkeypatch, c
     assert json.loads((tmp_path / "out2" / "quality_gpu.json").read_text()) == bundle
 
     # the next call on the same (warm) machine: the cached pair is the bundle's, not a second one
-    _main(monkeypatch, "--methods", "opd", "--seed", "1", "--out", tmp_path / "out3", "--resume", out / "quality_gpu.json",
-          "--work", tmp_path / "call1")  # fmt: skip
+    _main(monkeypatch, "--methods", "opd", "--seed", "1", "--out", tmp_path / "out3", "--resume",
+          tmp_path / "call1" / "quality_gpu.json", "--work", tmp_path / "call1")  # the last call's bundle, kept in --work
     assert "the pair is the bundle's last one" in capsys.readouterr().out
     warm = json.loads((tmp_path / "out3" / "quality_gpu.json").read_text())
     assert len(warm["pairs"]) == 1 and sorted((r["seed"], r["pair"]) for r in warm["results"].values()) == [(0, 0), (1, 0)]
