@@ -83,32 +83,33 @@ def write_bundle(bundle: dict, *outs: Path) -> None:
 
 
 def build_pair(args: argparse.Namespace, home: Path) -> dict:
-    """`agentopd bootstrap` of the pair (a process of its own: this one never holds the GPU), and its report; with a
-    privileged arm, also whether the pair reads the privileged context (benchmarks/privileged_context.py)."""
+    """`agentopd bootstrap` of the pair (a process of its own: this one never holds the GPU), and its report."""
     from agentopd.bootstrap import bootstrap
 
     t0 = time.perf_counter()
     size_overrides = [o for o in run_overrides(args) if o.startswith(("embedded.", "run.device"))]
-    env = dict(os.environ, AGENTOPD_HOME=str(home))
-    subprocess.run([sys.executable, "-m", "agentopd.cli", "bootstrap", "--env", args.env, *size_overrides], env=env, check=True)
+    cmd = [sys.executable, "-m", "agentopd.cli", "bootstrap", "--env", args.env, *size_overrides]
+    subprocess.run(cmd, env=dict(os.environ, AGENTOPD_HOME=str(home)), check=True)
     report = bootstrap(args.env, size=args.size, home=home).report  # the cache just built: nothing trained here
-    pair = {**report, "built_s": round(time.perf_counter() - t0, 1), "machine": machine()}
-    if any("privileged" in m for m in args.methods):
-        pair["context"] = context_check(args, env, size_overrides)
-    return pair
+    return {**report, "built_s": round(time.perf_counter() - t0, 1), "machine": machine()}
 
 
-def context_check(args: argparse.Namespace, env: dict, size_overrides: list[str]) -> dict:
-    """Greedy held-out success of the pair with the plain prompt and with the privileged one: a privileged teacher
-    can only help where its privileged column beats its plain one."""
+def context_check(args: argparse.Namespace, home: Path) -> dict:
+    """Greedy held-out success of the pair with the plain prompt and with the privileged one
+    (benchmarks/privileged_context.py): a privileged teacher can only help where its privileged column beats its plain
+    one. A check that fails is recorded as such; the arms still run."""
     out = args.work / "context.json"
-    device = "cpu" if args.tiny else "cuda"
-    num_tasks = 2 if args.tiny else 100
+    device, num_tasks = ("cpu", 2) if args.tiny else ("cuda", 100)
     script = Path(__file__).with_name("privileged_context.py")
+    sized = [o for o in run_overrides(args) if o.startswith("embedded.")]
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, str(script), "--env", args.env, "--kind", args.privileged, "--num-tasks", str(num_tasks),
-                    "--device", device, "--json", str(out), *[o for o in size_overrides if o.startswith("embedded.")]],
-                   env=env, check=True)  # fmt: skip
+    done = subprocess.run([sys.executable, str(script), "--env", args.env, "--kind", args.privileged, "--num-tasks", str(num_tasks),
+                           "--device", device, "--json", str(out), *sized],
+                          env=dict(os.environ, AGENTOPD_HOME=str(home)), capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        print(f"privileged-context check failed (exit {done.returncode}):\n{done.stderr[-2000:]}", flush=True)
+        return {"error": done.stderr[-500:], "seconds": round(time.perf_counter() - t0, 1)}
+    print(done.stdout, flush=True)
     return {**json.loads(out.read_text()), "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -146,6 +147,8 @@ def run_arms(args: argparse.Namespace, bundle: dict, home: Path, deadline: float
         print("the pair is the bundle's last one (cached on this machine)", flush=True)
     else:
         bundle["pairs"].append(built)
+    if any("privileged" in m for m in args.methods) and "context" not in bundle["pairs"][-1]:
+        bundle["pairs"][-1]["context"] = context_check(args, home)  # once a pair: before the arms, which need it
     write_bundle(bundle, args.out, args.work)
     pair = len(bundle["pairs"]) - 1
     lock = threading.Lock()
@@ -187,7 +190,7 @@ def write_report(args: argparse.Namespace, bundle: dict) -> None:
         t, s = p["teacher"], p["student"]
         head.append(f"| {i} | {p['machine']} | {t['parameters'] / 1e6:.1f}M, {t['success']:.0%} held-out, {t['steps']} steps | "
                     f"{s['parameters'] / 1e6:.1f}M, {s['success']:.0%} held-out, {s['steps']} steps | {p['built_s']:.0f} s |")  # fmt: skip
-    checks = [(i, p["context"]) for i, p in enumerate(bundle["pairs"]) if p.get("context")]
+    checks = [(i, p["context"]) for i, p in enumerate(bundle["pairs"]) if p.get("context", {}).get("models")]
     if checks:
         head += ["", f"Does the pair read the privileged context (`{checks[0][1]['kind']}`)? Greedy held-out success with the plain "
                      "prompt and the privileged one (benchmarks/privileged_context.py):", "",
