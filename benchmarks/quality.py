@@ -22,7 +22,8 @@ Reported per env and method, as mean +- std over the seeds: held-out success at 
 the student tokens trained on, the teacher tokens scored and generated, the teacher's and the student's
 FLOPs (agentopd.flops: the run's `flops/teacher_cum`, `flops/student_cum`), wall time; held-out success at
 equal teacher FLOPs (each curve interpolated at shares of the smallest final teacher budget among the methods
-that use the teacher); at the last eval, success per task template and the recovery rate (success among
+that use the teacher, a teacher far cheaper than the rest, such as the student's own copy, left out of that
+choice); at the last eval, success per task template and the recovery rate (success among
 episodes with a tool error). Each run is a subprocess (`--jobs` at once, one torch thread each) that writes
 its result JSON under `--work`; a result already there is reused, so an interrupted sweep continues where it
 was (a result written before the FLOPs were logged has none: "-" in those columns, left out of that plot).
