@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -136,7 +137,8 @@ def main() -> None:
     t = time.time()
     with log.open("a" if args.resume else "w") as f:  # written as it runs: a run stopped by the call's limit leaves its log
         resume = ["--resume"] if args.resume else []
-        proc = subprocess.Popen([*cli, "run", "--run-dir", str(run), *resume, *keys], stdout=f, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen([*cli, "run", "--run-dir", str(run), *resume, *keys], stdout=f, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # its own process group: a kill takes its local Ray cluster too
         code = stop_at(proc, args.timeout, args.grace)
     wall = time.time() - t
     if not isinstance(code, int):  # stopped: which checkpoint a --resume would continue from
@@ -162,7 +164,8 @@ def main() -> None:
 def stop_at(proc: subprocess.Popen, timeout: float | None, grace: float) -> int | str:
     """Wait for the run; at `timeout` interrupt it as Ctrl-C does (in its step loop it finishes the running step and
     checkpoints it), `grace` seconds later interrupt it again (it checkpoints the last step the trainer took), 90 s
-    after that kill it. Returns its exit code, or what stopped it."""
+    after that kill its process group (the interrupts go to the driver alone: it stops its Ray actors itself). Returns
+    its exit code, or what stopped it."""
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -174,7 +177,7 @@ def stop_at(proc: subprocess.Popen, timeout: float | None, grace: float) -> int 
             return f"interrupted after {timeout:.0f} s"
         except subprocess.TimeoutExpired:
             pass
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and what it started (a Ray run's raylet and actors hold the GPUs)
     proc.wait()
     return f"killed {timeout + grace + 90:.0f} s in, after two interrupts"
 

@@ -343,17 +343,18 @@ def test_the_memory_gpu_benchmark_stops_with_a_checkpoint_and_resumes(tmp_path):
     """memory_gpu.py --timeout interrupts the run as Ctrl-C does (it checkpoints), and --resume in a later call
     continues it from the models and run directory under --work: every step played once (a run longer than one
     device call, in two)."""
-    import json
     import subprocess
     import sys
     from pathlib import Path
+
+    from _faults import loss_steps
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_gpu.py"
     common = [sys.executable, str(script), "--tiny", "--work", str(tmp_path / "work"), "run.steps=200"]
     first = subprocess.run([*common, "--out", str(tmp_path / "a"), "--timeout", "20", "--grace", "60"],
                            capture_output=True, text=True, timeout=300, cwd=script.parent.parent)  # fmt: skip
     report = (tmp_path / "a" / "memory_gpu.md").read_text()
-    stopped_at = len([r for r in map(json.loads, (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) if "loss" in r])
+    stopped_at = len(loss_steps(tmp_path / "a"))  # the run's metrics.jsonl, copied into --out
     assert f"interrupted after 20 s (step_{stopped_at:06d} written)" in report, first.stdout[-2000:] + first.stderr[-2000:]
     assert 0 < stopped_at < 200
     second = subprocess.run([*common, "--out", str(tmp_path / "b"), "--resume", "--timeout", "240"],
@@ -361,8 +362,7 @@ def test_the_memory_gpu_benchmark_stops_with_a_checkpoint_and_resumes(tmp_path):
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     report = (tmp_path / "b" / "memory_gpu.md").read_text()
     assert "run exit 0" in report and "200 steps finished (resumed from step_" in report
-    steps = [r["step"] for r in map(json.loads, (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
-    assert steps == list(range(1, 201))
+    assert loss_steps(tmp_path / "b") == list(range(1, 201))
     # a fresh machine has no run to continue: said in one line, nothing run
     gone = subprocess.run([*common[:3], "--work", str(tmp_path / "empty"), "--out", str(tmp_path / "c"), "--resume"],
                           capture_output=True, text=True, timeout=120, cwd=script.parent.parent)  # fmt: skip
