@@ -38,6 +38,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -137,9 +138,14 @@ def main() -> None:
     t = time.time()
     with log.open("a" if args.resume else "w") as f:  # written as it runs: a run stopped by the call's limit leaves its log
         resume = ["--resume"] if args.resume else []
-        proc = subprocess.Popen([*cli, "run", "--run-dir", str(run), *resume, *keys], stdout=f, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen([*cli, "run", "--run-dir", str(run), *resume, *keys], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 start_new_session=True)  # its own process group: a kill takes its local Ray cluster too
-        code = stop_at(proc, args.timeout, args.grace)
+        ready = threading.Event()
+        copier = threading.Thread(target=stamp_lines, args=(proc.stdout, f, t, ready), daemon=True)
+        copier.start()
+        code = stop_at(proc, args.timeout, args.grace, ready)
+        copier.join(timeout=10)
     wall = time.time() - t
     if not isinstance(code, int):  # stopped: which checkpoint a --resume would continue from
         done = sorted(p.parent.name for p in (run / "checkpoints").glob("step_*/DONE"))
@@ -147,7 +153,7 @@ def main() -> None:
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
     (args.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     steps = [r for r in records if "perf/rollout_s" in r]
-    resumed = [x for x in log.read_text().splitlines() if x.startswith("resumed from ")]
+    resumed = [x.split("] ", 1)[-1] for x in log.read_text().splitlines() if "] resumed from " in x]
     lines = [f"# memory plan vs measured: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}",
              f"`{' '.join(keys)}`; run exit {code}, {wall:.0f} s, {len(steps)} steps finished"
              + (f" ({resumed[-1].split(':')[0]} in this call)" if args.resume and resumed else "") + "\n",
@@ -161,25 +167,46 @@ def main() -> None:
     sys.exit(1 if code != 0 or over else 0)
 
 
-def stop_at(proc: subprocess.Popen, timeout: float | None, grace: float) -> int | str:
-    """Wait for the run; at `timeout` interrupt it as Ctrl-C does (in its step loop it finishes the running step and
+# a line the run prints once it takes Ctrl-C as "stop after this step" (before it, during set-up, Ctrl-C ends it)
+IN_LOOP = ("eval @ step ", "resumed from ", "step ")
+
+
+def stamp_lines(stream, log, t0: float, ready: threading.Event) -> None:
+    """Copy the run's output into the log, each line with the seconds since the run started (where the time of a
+    stopped run went); set `ready` at the first line printed from the run's step loop."""
+    for line in stream:
+        log.write(f"[{time.time() - t0:6.0f} s] {line}")
+        log.flush()
+        if line.startswith(IN_LOOP):
+            ready.set()
+    ready.set()
+
+
+def stop_at(proc: subprocess.Popen, timeout: float | None, grace: float, ready: threading.Event) -> int | str:
+    """Wait for the run; at `timeout`, or later when the run is still setting up (`ready` unset: a Ctrl-C then would
+    end it without a checkpoint), interrupt it as Ctrl-C does (in its step loop it finishes the running step and
     checkpoints it), `grace` seconds later interrupt it again (it checkpoints the last step the trainer took), 90 s
     after that kill its process group (the interrupts go to the driver alone: it stops its Ray actors itself). Returns
     its exit code, or what stopped it."""
+    t0 = time.monotonic()
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
+    while not ready.wait(timeout=1.0):
+        if proc.poll() is not None:
+            return proc.returncode
+    first = time.monotonic() - t0
     for signum, wait in ((signal.SIGINT, grace), (signal.SIGINT, 90.0)):
         proc.send_signal(signum)
         try:
             proc.wait(timeout=wait)
-            return f"interrupted after {timeout:.0f} s"
+            return f"interrupted after {first:.0f} s"
         except subprocess.TimeoutExpired:
             pass
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and what it started (a Ray run's raylet and actors hold the GPUs)
     proc.wait()
-    return f"killed {timeout + grace + 90:.0f} s in, after two interrupts"
+    return f"killed {first + grace + 90:.0f} s in, after two interrupts"
 
 
 def tiny_tokenizer() -> Path:
