@@ -46,9 +46,8 @@ Roles and formulas (bytes):
   2kv + 3I), the gathered hidden rows 2 x 16,384 x H_t, three fp32 head_chunk x V buffers (logits,
   log-softmax, top-k) 12 x 1,024 x V. The head is never copied to fp32 whole (it is cast in row blocks).
 - the teacher's eval (`eval.teacher`, before training): a second engine on the teacher (2P_t + its own KV
-  pool). The local backend closes it after that eval (and the student's engine sleeps through it when
-  `engine.sleep` is on); a Ray rollout worker keeps it for the whole run, and so does a run whose
-  `recipe.intervene_below` guide generates with it.
+  pool). Both backends close it after that eval (and the local student's engine sleeps through it when
+  `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it.
 - every process on a GPU: 1 GiB of CUDA context, cuBLAS workspace and allocator slack.
 
 Placement follows `run.backend`: local puts every role on one GPU (`run.device`); ray packs the
@@ -342,9 +341,9 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
                   Item("engine", f"KV pool x{workers}", kv * workers, g, awake),
                   Item("engine", "sampling logits", _gib(8 * cfg.engine.max_batch_size * s.vocab) * workers, g, awake)]  # fmt: skip
         guide = cfg.recipe.intervene_below is not None  # the teacher's engine guides every rollout
-        if (cfg.eval.teacher or guide) and t is not None:  # local closes an eval-only one; a Ray rollout worker keeps it
+        if (cfg.eval.teacher or guide) and t is not None:  # closed after the teacher's eval unless it guides
             items.append(Item("eval", f"teacher's engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers, g,
-                              (Phase.EVAL,) if local and not guide else ALL))  # fmt: skip
+                              ALL if guide else (Phase.EVAL,)))  # fmt: skip
     if t is not None and cfg.run.objective != "grpo":
         Tt = TEACHER_TOKENS
         work = 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab

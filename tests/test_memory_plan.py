@@ -88,6 +88,10 @@ def test_qwen3_gpu_example_with_1_7b_and_8b_shapes_fits_one_and_two_gpus():
     assert two.fits
     assert {i.role for i in two.items if i.gpu == 0} == {"trainer", "cuda"}
     assert {"engine", "teacher"} <= {i.role for i in two.items if i.gpu == 1}
+    # the teacher's eval engine (31 GiB for 8B) is closed after the step-0 eval on Ray too: only the eval phase holds it
+    (eval_engine,) = [i for i in two.items if i.role == "eval"]
+    assert eval_engine.gpu == 1 and tuple(eval_engine.phases) == (Phase.EVAL,)
+    assert two.peak(1, Phase.TEACHER) < two.peak(1, Phase.EVAL) - 25
 
 
 def test_kv_cache_keys():

@@ -161,3 +161,24 @@ def test_full_vocabulary_loss_on_ray_keeps_the_hidden_rows_out_of_the_driver(ray
     assert seen and all(isinstance(h, HiddenRef) and h.rows > 0 for h in seen)
     assert all(math.isfinite(m["loss"]) and m["loss"] > 0 and m["train/student_tokens"] > 0 for m in metrics)
     assert set(heads) == {"calculator", "sql_db"}
+
+
+def test_the_teachers_eval_engine_is_closed_on_every_rollout_worker_after_its_eval(ray_cluster, home, tmp_path):
+    """eval.teacher on Ray: the rollout workers build an engine on the teacher for the step-0 eval and close it once
+    that eval is played (as the local backend does), instead of holding it beside the teacher's scoring all run."""
+    from agentopd.runner import RunSummary
+
+    overrides = [*SHORT, *RAY, "steps=1", "ray.trainer_workers=1", "eval.teacher=true"]
+    runner = Runner(load_config("sql_db", overrides=overrides), tmp_path / "run")
+    runner._setup(resume_after=None)
+    try:
+        def engines():
+            return [sorted(ray_cluster.get(w.__ray_call__.remote(lambda self: list(self.players.engines))))
+                    for w in runner.backend.workers]  # fmt: skip
+
+        assert engines() == [["student"], ["student"]]
+        runner._eval(0, with_teacher=True, summary=RunSummary(tmp_path / "run", steps=1))
+        assert runner._teacher_result is not None and runner._teacher_result.n > 0  # the teacher played its eval
+        assert engines() == [["student"], ["student"]]  # and its engines are gone
+    finally:
+        runner.backend.close()

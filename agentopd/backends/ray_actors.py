@@ -104,6 +104,13 @@ class RolloutWorker(_WeightMember):
     def wake(self) -> None:
         self.players.wake()
 
+    def drop(self, who: str) -> None:
+        """Close the engine of `who` (a teacher whose evals are done) and give its memory back to the GPU: the
+        teacher actor sharing this GPU allocates from another process, which this one's cached blocks would starve."""
+        self.players.drop(who)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     # ---- weight sync other than the object store (agentopd.backends.weight_sync) ----------------
     def join_weights(self, addr: str, port: int, rank: int, world: int) -> int:
         self.leave_weights()
