@@ -49,6 +49,8 @@ import sys
 import time
 from pathlib import Path
 
+from _measured import commit_measured
+
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "benchmarks" / "results" / "gpu_baseline.json"
 PARTS = ("engine", "trainer", "loss", "opd", "loop", "tests")
@@ -203,10 +205,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="logs, each part's raw results, check.md, check.json")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma list of parts: {', '.join(PARTS)}")
     ap.add_argument("--baseline", type=Path, default=BASELINE)
-    ap.add_argument("--commit", default=os.environ.get("GPU_CHECK_COMMIT", "unknown"),
-                    help="the commit measured (the device machine's copy of the tree has no .git)")
+    ap.add_argument("--commit", default=None,
+                    help="the commit measured (default: AGENTOPD_COMMIT, else the checkout's HEAD; a device machine's copy of the tree has no .git)")
     ap.add_argument("--record", action="store_true", help="write OUT/gpu_baseline.json with new figures added")
     args = ap.parse_args()
+    args.commit = args.commit or commit_measured()
     import torch
 
     if not torch.cuda.is_available():

@@ -43,6 +43,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _measured import commit_measured
+
 SHAPES = {  # hidden, layers, heads, kv heads, head_dim, intermediate, tied embeddings (the Qwen3 model cards)
     "0.6b": (1024, 28, 16, 8, 128, 3072, True),
     "1.7b": (2048, 28, 16, 8, 128, 6144, True),
@@ -155,6 +157,7 @@ def main() -> None:
     steps = [r for r in records if "perf/rollout_s" in r]
     resumed = [x.split("] ", 1)[-1] for x in log.read_text().splitlines() if "] resumed from " in x]
     lines = [f"# memory plan vs measured: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}",
+             f"commit {commit_measured()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"`{' '.join(keys)}`; run exit {code}, {wall:.0f} s, {len(steps)} steps finished"
              + (f" ({resumed[-1].split(':')[0]} in this call)" if args.resume and resumed else "") + "\n",
              "```", plan.stdout.strip(), "```\n",

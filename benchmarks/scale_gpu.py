@@ -64,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 from _faults import lost_or_duplicated  # noqa: E402
+from _measured import commit_measured  # noqa: E402
 from _scale_run import Fault  # noqa: E402
 from memory_gpu import SHAPES, build_folder, build_pair, plan_table, tiny_tokenizer  # noqa: E402
 
@@ -357,7 +358,7 @@ def busy_shares(samples: list[tuple[float, int, float, float]], child: dict, win
 
 
 def write_report(args: argparse.Namespace, runs: list[Run], shapes: tuple[str, str], tok_dir: Path, gpus: int) -> None:
-    commit = os.environ.get("AGENTOPD_COMMIT") or _git_commit()
+    commit = commit_measured()
     device = _device_name() or "CPU (no nvidia-smi)"
     lines = [f"# scale_gpu: {shapes[0]} student, {shapes[1]} teacher, tokenizer {tok_dir.name}", "",
              f"`python benchmarks/scale_gpu.py {' '.join(sys.argv[1:])}`; {gpus} x {device}; commit {commit}; "
@@ -441,11 +442,6 @@ def _device_name() -> str:
         return ""
     done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
     return done.stdout.splitlines()[0].strip() if done.stdout.strip() else ""
-
-
-def _git_commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return done.stdout.strip() if done.returncode == 0 else "unknown (set AGENTOPD_COMMIT)"
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ completion, no padding) / train seconds (agentopd: its train step; TRL: train + 
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
+
+from _measured import commit_measured
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -47,9 +47,7 @@ def rows(task: str, r: dict, median) -> list[str]:
 
 
 def write_report(results: dict, args, median) -> str:
-    # a device machine's copy of the tree may carry no (or a stale) .git: AGENTOPD_COMMIT names the commit measured
-    commit = os.environ.get("AGENTOPD_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    commit = commit_measured()
     s = results["settings"]
     lines = [f"# agentopd vs TRL DistillationTrainer ({args.device}{', tiny' if args.tiny else ''})", "",
              f"date {time.strftime('%Y-%m-%d')}, commit {commit}; models: {results['models']}", "",
