@@ -3,6 +3,7 @@
     python benchmarks/gpu_check.py --commit $(git rev-parse --short HEAD) --out DIR   # ~7.5 min on an H100
     python benchmarks/gpu_check.py --only engine,loss --out DIR                      # some parts
     python benchmarks/gpu_check.py --out DIR --record                                # + DIR/gpu_baseline.json
+    python benchmarks/gpu_check.py --only opd --out DIR --against /tmp/old --against-commit ea9f3b9   # A/B, one call
 
 CI has no GPU, so nothing else notices when a change slows the GPU path (one line once cut the trainer's
 throughput 42% and every test passed). Run this before resolving any change to `engines/`, `trainer/`, `losses/`,
@@ -34,6 +35,13 @@ only with its baseline on the same card kind. The exit code is 1 when a gated fi
 worse than its baseline (a throughput 10% lower, a memory peak or a time 10% higher) or a GPU test fails, else 0.
 A baseline moves only in a commit that says why; `--record` writes DIR/gpu_baseline.json with this run's
 figures added for every figure that has no baseline on this card yet (copy it over the repository's file).
+
+A recorded baseline comes from another call, often another host: CPU-bound figures (the agent loop, the OPD step's
+rollout) moved ~10% between H100 hosts with no change to the code. `--against DIR` runs each part (the GPU tests
+aside) in another commit's tree as well, right before this tree's, in the same call, and judges the figures against
+those; the recorded baseline stays in the row. Make DIR with `git archive REF | tar -x -C DIR` and carry it (both
+trees use this checkout's installed entry points; a part whose script or output changed between the commits cannot
+be compared so).
 """
 
 from __future__ import annotations
@@ -68,13 +76,16 @@ def card_kind(name: str) -> str:
     return found.group(1) if found else name
 
 
+TREE = ROOT  # the tree a part runs in: this checkout, or --against's for the same-call baseline
+
+
 def run(cmd: list[str], log: Path, timeout: int) -> subprocess.CompletedProcess:
-    print(f"$ {' '.join(cmd)}", flush=True)
+    print(f"$ {' '.join(cmd)}" + (f"   (in {TREE})" if TREE != ROOT else ""), flush=True)
     t = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{TREE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(cmd, cwd=TREE, capture_output=True, text=True, timeout=timeout, env=env)
     with log.open("a") as f:
-        f.write(f"$ {' '.join(cmd)}\n{done.stdout}\n{done.stderr}\n(exit {done.returncode}, {time.perf_counter() - t:.0f} s)\n")
+        f.write(f"$ {' '.join(cmd)} (in {TREE})\n{done.stdout}\n{done.stderr}\n(exit {done.returncode}, {time.perf_counter() - t:.0f} s)\n")
     print(f"  exit {done.returncode} in {time.perf_counter() - t:.0f} s", flush=True)
     return done
 
@@ -148,7 +159,7 @@ def loop(out: Path, log: Path) -> dict[str, float]:
 
 def tests(out: Path, log: Path) -> dict[str, float]:
     # only the files that hold GPU-marked tests: the others import what a GPU machine may lack (fastapi, ray, vllm)
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
+    files = sorted(str(p.relative_to(TREE)) for p in (TREE / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
     done = run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files], log, 400)
     counts = {w: int(n) for n, w in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", done.stdout)}
     failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
@@ -157,12 +168,20 @@ def tests(out: Path, log: Path) -> dict[str, float]:
     return {"tests/gpu_passed": counts.get("passed", 0), "tests/gpu_failed": failed}
 
 
-def compare(figures: dict[str, float], baseline: dict, card: str) -> tuple[list[str], bool]:
-    """The table rows, and whether every gated figure holds against its baseline on this card."""
+def compare(figures: dict[str, float], baseline: dict, card: str, against: dict[str, float] | None = None,
+            against_commit: str = "") -> tuple[list[str], bool]:
+    """The table rows, and whether every gated figure holds against its baseline on this card. With `against` (the
+    same parts run in another commit's tree in this call) a figure it has is judged against that instead: the same
+    host and card, so what the host adds or takes (one H100 host's CPU-bound figures ran ~10% under another's) cancels;
+    the recorded baseline stays beside it in the row."""
     rows = ["| figure | now | baseline | ratio | baseline from | verdict |", "|---|---|---|---|---|---|"]
     ok = True
     for name in sorted(set(figures) | {k for k, cards in baseline.items() if card in cards}):
         now, base = figures.get(name), baseline.get(name, {}).get(card)
+        if against and name in against and now is not None and not name.startswith("tests/"):
+            kept = base or {"better": "lower" if _lower(name) else "higher", "gate": True}
+            recorded_note = f"; recorded {fmt(base['value'])} ({base['commit']}): {now / base['value']:.2f}" if base else ""
+            base = {**kept, "value": against[name], "commit": f"same call, {against_commit}", "date": recorded_note.lstrip("; ")}
         if name == "tests/gpu_failed":
             ok &= now == 0
             rows.append(f"| {name} | {now} | 0 | - | - | {'ok' if now == 0 else 'FAIL'} |")
@@ -185,15 +204,19 @@ def compare(figures: dict[str, float], baseline: dict, card: str) -> tuple[list[
     return rows, ok
 
 
+def _lower(name: str) -> bool:
+    """Seconds and memory: lower is better; rates and ratios: higher."""
+    return name.endswith(("_s", "_gib")) and not name.endswith("tok_s")
+
+
 def recorded(figures: dict[str, float], baseline: dict, card: str, commit: str) -> dict:
     """The baseline with this run's figures added where it has none on this card (never moving one it has)."""
     new = {name: dict(cards) for name, cards in baseline.items()}
     for name, value in figures.items():
         if name.startswith("tests/") or card in new.get(name, {}):
             continue
-        lower = name.endswith(("_s", "_gib")) and not name.endswith("tok_s")
         new.setdefault(name, {})[card] = {
-            "value": round(value, 4), "better": "lower" if lower else "higher", "commit": commit,
+            "value": round(value, 4), "better": "lower" if _lower(name) else "higher", "commit": commit,
             "date": datetime.date.today().isoformat(), "source": "benchmarks/gpu_check.py",
             "gate": not name.endswith("weight_sync_s"),  # ~0.01 s: a few ms either way is noise, not a regression
         }
@@ -208,6 +231,10 @@ def main() -> None:
     ap.add_argument("--commit", default=None,
                     help="the commit measured (default: AGENTOPD_COMMIT, else the checkout's HEAD; a device machine's copy of the tree has no .git)")
     ap.add_argument("--record", action="store_true", help="write OUT/gpu_baseline.json with new figures added")
+    ap.add_argument("--against", type=Path, metavar="DIR",
+                    help="another commit's tree (`git archive REF | tar -x -C DIR`): each part runs there too, right "
+                         "before this tree's, and its figures are the baseline (same host, same call)")
+    ap.add_argument("--against-commit", default="", help="the commit --against holds (for the table)")
     args = ap.parse_args()
     args.commit = args.commit or commit_measured()
     import torch
@@ -225,21 +252,32 @@ def main() -> None:
     log.write_text("")
     recorded_all = json.loads(args.baseline.read_text())["figures"] if args.baseline.exists() else {}
     figures: dict[str, float] = {}
+    against: dict[str, float] = {}
+    if args.against is not None and not (args.against / "benchmarks" / "gpu_check.py").exists():
+        raise SystemExit(f"--against {args.against}: not a tree of agentopd (no benchmarks/gpu_check.py in it)")
+    global TREE
     t0 = time.perf_counter()
     for part in PARTS:
         if part in parts:
+            if args.against is not None and part != "tests":  # its tests are its own commit's business
+                print(f"## {part} (against: {args.against})", flush=True)
+                TREE = args.against.resolve()
+                (args.out / "against").mkdir(exist_ok=True)
+                against |= globals()[part](args.out / "against", log)
+                TREE = ROOT
             print(f"## {part}", flush=True)
             figures |= globals()[part](args.out, log)
     wall = time.perf_counter() - t0
     baseline = {k: v for k, v in recorded_all.items() if k.split("/")[0] in parts}  # compare only what was measured
-    rows, ok = compare(figures, baseline, card)
+    rows, ok = compare(figures, baseline, card, against, args.against_commit or str(args.against))
     head = (f"gpu_check: {device} ({card}), torch {torch.__version__}, commit {args.commit}, "
             f"{datetime.date.today().isoformat()}, {wall:.0f} s: {'PASS' if ok else 'FAIL'}")
     text = "\n".join([head, "", *rows])
     print("\n" + text, flush=True)
     (args.out / "check.md").write_text(text + "\n")
     (args.out / "check.json").write_text(json.dumps({"device": device, "card": card, "commit": args.commit,
-                                                     "figures": figures, "ok": ok}, indent=1))
+                                                     "figures": figures, "ok": ok, "against": against,
+                                                     "against_commit": args.against_commit}, indent=1))
     if args.record:
         new = recorded(figures, recorded_all, card, args.commit)
         (args.out / "gpu_baseline.json").write_text(json.dumps({"figures": new}, indent=1, sort_keys=True) + "\n")

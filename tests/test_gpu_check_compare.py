@@ -1,0 +1,50 @@
+"""benchmarks/gpu_check.py's verdicts, on the CPU (the check itself needs a GPU): a figure against its recorded
+baseline, and against the same parts run in another commit's tree in the same call (`--against`)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+BASELINE = {
+    "opd/rollout_s": {"H100": {"value": 0.705, "better": "lower", "commit": "fce7c5f", "date": "2026-11-27"}},
+    "opd/rollout_tok_s": {"H100": {"value": 15183.0, "better": "higher", "commit": "fce7c5f", "date": "2026-11-27"}},
+    "opd/weight_sync_s": {"H100": {"value": 0.0104, "better": "lower", "commit": "2af619f", "date": "2026-11-27",
+                                   "gate": False}},
+}  # fmt: skip
+
+
+def _row(rows, name):
+    (row,) = [r for r in rows if r.startswith(f"| {name} |")]
+    return row
+
+
+def test_a_figure_more_than_ten_percent_worse_than_its_recorded_baseline_fails():
+    rows, ok = gpu_check.compare({"opd/rollout_s": 0.856, "opd/rollout_tok_s": 14000.0, "opd/weight_sync_s": 0.02},
+                                 BASELINE, "H100")  # fmt: skip
+    assert not ok
+    assert _row(rows, "opd/rollout_s").endswith("| FAIL |")  # 1.21x the time
+    assert _row(rows, "opd/rollout_tok_s").endswith("| ok |")  # 0.92x the rate: within 10%
+    assert _row(rows, "opd/weight_sync_s").endswith("| worse (not gated) |")
+    rows, ok = gpu_check.compare({"opd/rollout_s": 0.72, "opd/rollout_tok_s": 15000.0, "opd/weight_sync_s": 0.01},
+                                 BASELINE, "H100")  # fmt: skip
+    assert ok
+
+
+def test_the_same_call_baseline_judges_a_figure_the_host_moved():
+    """The host slows both trees alike: 0.856 s against the recorded 0.705 fails, against the old tree's 0.85 s in
+    the same call it holds, and the row keeps the recorded comparison beside it."""
+    now = {"opd/rollout_s": 0.856, "opd/rollout_tok_s": 12353.0}
+    baseline = {k: v for k, v in BASELINE.items() if k in now}
+    rows, ok = gpu_check.compare(now, baseline, "H100", against={"opd/rollout_s": 0.85, "opd/rollout_tok_s": 12400.0},
+                                 against_commit="ea9f3b9")  # fmt: skip
+    row = _row(rows, "opd/rollout_s")
+    assert row.endswith("| ok |") and "same call, ea9f3b9" in row and "recorded 0.705 (fce7c5f): 1.21" in row
+    assert "| 0.85 |" in row  # the baseline column holds the same-call figure
+    assert ok
+    # a real slowdown shows against the same-call baseline too
+    rows, ok = gpu_check.compare(now, baseline, "H100", against={"opd/rollout_s": 0.70, "opd/rollout_tok_s": 15100.0},
+                                 against_commit="ea9f3b9")  # fmt: skip
+    assert not ok and _row(rows, "opd/rollout_s").endswith("| FAIL |")
