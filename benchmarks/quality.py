@@ -26,7 +26,9 @@ that use the teacher, a teacher far cheaper than the rest, such as the student's
 choice); at the last eval, success per task template and the recovery rate (success among
 episodes with a tool error). Each run is a subprocess (`--jobs` at once, one torch thread each) that writes
 its result JSON under `--work`; a result already there is reused, so an interrupted sweep continues where it
-was (a result written before the FLOPs were logged has none: "-" in those columns, left out of that plot).
+was (a result written before the FLOPs were logged has none: "-" in those columns, left out of that plot). A run
+stopped mid-way (Ctrl-C, or `stop_runs()` at the end of a GPU call: each finishes its step and checkpoints it)
+continues from its checkpoint at the next launch; its seconds add up across the launches.
 Writes the markdown (--out) and a PNG next to it: success against student tokens (top row) and against
 teacher FLOPs (bottom row).
 """
@@ -37,9 +39,12 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -70,14 +75,22 @@ def run_one(spec: dict) -> dict:
     import torch
 
     from agentopd.config import load_config
+    from agentopd.rundir import RunDir
     from agentopd.runner import Runner
 
     torch.set_num_threads(1)  # the built-in models are tiny: one thread each, many runs at once
     cfg = load_config(spec["env"], overrides=spec["overrides"])
     run_dir = Path(spec["run_dir"])
+    resume = RunDir(run_dir).latest_checkpoint() is not None  # a run stopped by stop_runs() (the end of a GPU call)
+    if not resume and run_dir.exists():  # stopped before its first step: nothing to continue
+        shutil.rmtree(run_dir)
+    spent = run_dir / SECONDS
     t0 = time.perf_counter()
-    summary = Runner(cfg, run_dir).run()
-    seconds = time.perf_counter() - t0
+    summary = Runner(cfg, run_dir).run(resume=resume)
+    seconds = time.perf_counter() - t0 + (float(spent.read_text()) if resume and spent.exists() else 0.0)
+    spent.write_text(f"{seconds:.1f}")
+    if summary.interrupted:
+        raise SystemExit(STOPPED)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     curve, teacher = learning_curve(records, summary.evals)
     intervene = [r["intervene/rate"] for r in records if "intervene/rate" in r]
@@ -162,9 +175,24 @@ def plan_runs(args: argparse.Namespace) -> list[dict]:
     return specs
 
 
+STOPPED = 3  # a worker's exit code: its run was stopped with a checkpoint, and the next launch continues it
+SECONDS = "quality_seconds"  # a run's seconds so far, across the launches that played it
+_running: set[subprocess.Popen] = set()
+_stopping = threading.Event()
+
+
+def stop_runs() -> None:
+    """Stop every run now playing as Ctrl-C does (each finishes its step and checkpoints it) and launch no more: a GPU
+    call about to end keeps its runs' progress, which the next call's launch continues (`run(resume=True)`) where the
+    run directories are still there (a machine still warm keeps --work)."""
+    _stopping.set()
+    for proc in list(_running):
+        proc.send_signal(signal.SIGINT)
+
+
 def launch(spec: dict, report_only: bool = False) -> dict | None:
-    """A run's result: the one already under --work, else the run played in a worker process (None when it failed,
-    or with `report_only`)."""
+    """A run's result: the one already under --work, else the run played in a worker process, continued from its
+    checkpoint where an earlier launch was stopped (None when it failed or was stopped, or with `report_only`)."""
     out = Path(spec["result"])
     if out.exists():
         return json.loads(out.read_text())
@@ -175,10 +203,21 @@ def launch(spec: dict, report_only: bool = False) -> dict | None:
     log.parent.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    with log.open("w") as f:
-        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], stdout=f, stderr=subprocess.STDOUT, env=env, check=False)
-    if proc.returncode != 0:
-        print(f"FAILED {Path(spec['run_dir']).name} (exit {proc.returncode}): see {log}", flush=True)
+    if _stopping.is_set():
+        return None
+    with log.open("a") as f:  # a continued run's log follows its first part
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], stdout=f, stderr=subprocess.STDOUT, env=env)
+        _running.add(proc)
+        if _stopping.is_set():  # stop_runs() came between the check above and the start
+            proc.send_signal(signal.SIGINT)
+        code = proc.wait()
+        _running.discard(proc)
+    if code == STOPPED or (code != 0 and _stopping.is_set()):  # stopped before its first step: started over next time
+        print(f"stopped {Path(spec['run_dir']).name}" + (" with a checkpoint: the next launch continues it" if code == STOPPED else ""),
+              flush=True)  # fmt: skip
+        return None
+    if code != 0:
+        print(f"FAILED {Path(spec['run_dir']).name} (exit {code}): see {log}", flush=True)
         return None
     result = json.loads(out.read_text())
     print(f"done {Path(spec['run_dir']).name}: success {result['curve'][-1]['success']:.0%} in {result['seconds']:.0f} s", flush=True)

@@ -16,8 +16,9 @@ steps, overrides), each call's pair (its bootstrap report: the models themselves
 so each call builds the pair again: seeded, but GPU kernels are not bit-exact, so every call's pair is kept and each
 result names the pair it ran on) and every run's result as quality.py writes it. The next call's --resume is that
 file put in the checkout (the working tree travels to the GPU machine; the bundle is a few hundred KB). A run still
-going when a call ends is lost (it runs again next call): --budget-s stops launching runs early enough for the last
-ones to finish. Every run starts from the pair's student, `embedded.size=gpu run.device=cuda`, at the student's own
+going at --stop-s is stopped as Ctrl-C stops a run (it finishes its step and checkpoints it): a call started while
+the machine is still warm continues it from there (its run directory and the pair are in --work); on a fresh machine
+it starts over. --budget-s stops launching runs. Every run starts from the pair's student, `embedded.size=gpu run.device=cuda`, at the student's own
 SFT learning rate.
 """
 
@@ -133,12 +134,15 @@ def quality_args(args: argparse.Namespace, bundle: dict) -> argparse.Namespace:
                               overrides=bundle["overrides"], report_only=False)  # fmt: skip
 
 
-def run_arms(args: argparse.Namespace, bundle: dict, home: Path, deadline: float) -> None:
-    """The runs of the --seed seeds the bundle lacks (seed by seed), --jobs at a time, none launched past `deadline`;
-    the bundle rewritten after each. A pair already in the bundle (a warm machine's cache) is not added again."""
+def run_arms(args: argparse.Namespace, bundle: dict, home: Path, deadline: float, stop_at: float) -> None:
+    """The runs of the --seed seeds the bundle lacks (seed by seed, runs stopped by an earlier call first), --jobs at
+    a time, none launched past `deadline`, the ones still playing at `stop_at` stopped with a checkpoint (the next
+    call on this machine continues them); the bundle rewritten after each finished run. A pair already in the bundle
+    (a warm machine's cache) is not added again."""
     qargs = quality_args(args, bundle)
     specs = [s for s in quality.plan_runs(qargs) if s["seed"] in args.seeds and Path(s["result"]).stem not in bundle["results"]]
-    specs.sort(key=lambda s: args.seeds.index(s["seed"]))
+    # runs an earlier call stopped with a checkpoint (a warm machine keeps them) first: they are the nearest to done
+    specs.sort(key=lambda s: (not (Path(s["run_dir"]) / "checkpoints").is_dir(), args.seeds.index(s["seed"])))
     if not specs:
         print(f"every arm of seed(s) {args.seeds} is in the bundle", flush=True)
         return
@@ -165,8 +169,14 @@ def run_arms(args: argparse.Namespace, bundle: dict, home: Path, deadline: float
                 bundle["results"][name] = {**result, "pair": pair}
                 write_bundle(bundle, args.out, args.work)
 
-    with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(one, specs))
+    stop = threading.Timer(max(0.0, stop_at - time.monotonic()), quality.stop_runs)
+    stop.daemon = True
+    stop.start()
+    try:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(one, specs))
+    finally:
+        stop.cancel()
 
 
 def write_report(args: argparse.Namespace, bundle: dict) -> None:
@@ -211,6 +221,9 @@ def main() -> None:
     ap.add_argument("--privileged", default="solution", choices=("solution", "schema"))
     ap.add_argument("--jobs", type=int, default=3, help="runs at once (they share the GPU)")
     ap.add_argument("--budget-s", type=float, default=420, help="launch no run after this many seconds of the call")
+    ap.add_argument("--stop-s", type=float, default=540,
+                    help="after this many seconds of the call, stop the runs still playing with a checkpoint (each "
+                         "finishes its step first); a next call on the still-warm machine continues them")
     ap.add_argument("--out", type=Path, help="where the bundle is written ($OUT on the GPU machine)")
     ap.add_argument("--resume", type=Path, help="a bundle of an earlier call: its runs are not run again")
     ap.add_argument("--work", type=Path, default=Path("/tmp/quality_gpu"), help="run directories, results and AGENTOPD_HOME")
@@ -243,7 +256,7 @@ def main() -> None:
     for name, result in bundle["results"].items():  # where quality.launch looks for a run's result first
         (args.work / "results").mkdir(parents=True, exist_ok=True)
         (args.work / "results" / f"{name}.json").write_text(json.dumps(result))
-    run_arms(args, bundle, args.work / "home", deadline=t0 + args.budget_s)
+    run_arms(args, bundle, args.work / "home", deadline=t0 + args.budget_s, stop_at=t0 + args.stop_s)
     write_bundle(bundle, args.out, args.work)
     done = sorted(n for n in bundle["results"] if any(f"-s{seed}-" in n for seed in args.seeds))
     print(f"bundle {args.out / BUNDLE}: {len(bundle['results'])} results ({len(done)} of seed(s) {args.seed}: {', '.join(done)}) "
