@@ -21,7 +21,11 @@ Roles and formulas (bytes):
 - trainer (agentopd/trainer/core.py): fp32 master weights 4P/W; AdamW exp_avg + exp_avg_sq 8P/W (kept
   between steps); fp32 gradients 4P/W (train phase only: `zero_grad(set_to_none=True)`); bf16 compute
   copies 2P (one process: autocast caches the cast of each weight for the step; FSDP2: 2P/W + the root
-  unit's 2VH, gathered).
+  unit's 2VH, gathered). With `trainer.cpu_offload` (FSDP2's CPUOffloadPolicy, Ray trainer ranks only) the
+  master weights, AdamW state and gradients live in pinned host memory (16P/W a rank, in the plan's notes)
+  and the GPU holds what a unit computes with while it runs: the root unit's embeddings and head (E = VH, 2VH
+  untied) as bf16 parameters and fp32 gradients, 6E, and two decoder layers' (one running, one prefetched),
+  2 x 6P_l; modelled from FSDP2's documented behaviour, not yet checked against a GPU's measured peak.
 - activations at T = `trainer.micro_batch_tokens` (train phase). Per token and decoder layer, what
   backward keeps: a = 2rH (the two RMSNorm inputs, r = 4 bytes in one process, where autocast leaves the
   residual stream fp32; 2 under FSDP2's bf16 parameters) + 4H (the norms' bf16 outputs) + 6q + 6kv
@@ -54,7 +58,7 @@ Placement follows `run.backend`: local puts every role on one GPU (`run.device`)
 trainer ranks, rollout workers and teacher replicas onto GPUs by their `ray.gpus_per_*` shares, in that
 order. A GPU fits when its peak phase stays within 95% of its memory (fragmentation). vLLM sizes its own
 memory: the plan counts `engine.vllm.gpu_memory_utilization` of the GPU for it, in every phase. Not
-modelled: `trainer.cpu_offload`, async overlap, the teacher's eval engine under vLLM.
+modelled: async overlap, the teacher's eval engine under vLLM.
 """
 
 from __future__ import annotations
@@ -193,7 +197,7 @@ class MemoryPlanError(ValueError):
 
     KEYS = ("trainer.micro_batch_tokens", "trainer.activation_checkpointing=true", "engine.kv_cache_gib",
             "engine.sleep=true", "teacher.offload=true", "eval.teacher=false", "run.backend=ray with ray.gpus_per_*",
-            "a smaller student or teacher")
+            "trainer.cpu_offload=true (run.backend=ray)", "a smaller student or teacher")
 
     def __init__(self, plan: MemoryPlan) -> None:
         self.plan = plan
@@ -306,12 +310,22 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     world = len(tr)
     tc, P = cfg.trainer, s.params
     train_only = (Phase.TRAIN,)
+    notes = []
+    if tc.cpu_offload and tr:
+        notes.append(f"trainer.cpu_offload: fp32 master weights, AdamW state and gradients in pinned host memory, "
+                     f"{_gib(16 * P / world):.1f} GiB a trainer rank")  # fmt: skip
     for g in sorted(set(tr) - {-1}):
-        items += [Item("trainer", f"fp32 master weights ({P / 1e9:.2f}B / {world})", _gib(4 * P / world), g),
-                  Item("trainer", "AdamW state (2 x fp32)", _gib(8 * P / world), g),
-                  Item("trainer", "fp32 gradients", _gib(4 * P / world), g, train_only)]  # fmt: skip
-        copies = 2 * P if world == 1 else 2 * P / world + 2 * s.vocab * s.hidden
-        items.append(Item("trainer", "bf16 compute copies", _gib(copies), g, train_only))
+        if tc.cpu_offload:
+            E = s.vocab * s.hidden * (1 if s.tied else 2)
+            per_layer = (P - E) / s.layers
+            items += [Item("trainer", "offloaded: root unit (embeddings, head) bf16 + fp32 grads", _gib(6 * E), g, train_only),
+                      Item("trainer", "offloaded: 2 layers in flight, bf16 + fp32 grads", _gib(2 * 6 * per_layer), g, train_only)]  # fmt: skip
+        else:
+            items += [Item("trainer", f"fp32 master weights ({P / 1e9:.2f}B / {world})", _gib(4 * P / world), g),
+                      Item("trainer", "AdamW state (2 x fp32)", _gib(8 * P / world), g),
+                      Item("trainer", "fp32 gradients", _gib(4 * P / world), g, train_only)]  # fmt: skip
+            copies = 2 * P if world == 1 else 2 * P / world + 2 * s.vocab * s.hidden
+            items.append(Item("trainer", "bf16 compute copies", _gib(copies), g, train_only))
         T, r = tc.micro_batch_tokens, 4 if world == 1 else 2
         a = s.layer_activation_bytes(r)
         if tc.activation_checkpointing:
@@ -356,7 +370,8 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     for g, n in procs.items():
         if n:
             items.append(Item("cuda", f"context + slack x{n}", CONTEXT_GIB * n, g))
-    plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload)
+    plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload,
+                      notes=notes)  # fmt: skip
     need = s.kv_bytes_per_token() * min(cfg.rollout.max_context, 1 << 20)
     if _gib(need) > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "

@@ -94,6 +94,29 @@ def test_qwen3_gpu_example_with_1_7b_and_8b_shapes_fits_one_and_two_gpus():
     assert two.peak(1, Phase.TEACHER) < two.peak(1, Phase.EVAL) - 25
 
 
+def test_trainer_cpu_offload_moves_the_trainers_fp32_state_to_the_host_in_the_plan():
+    """trainer.cpu_offload (FSDP2's CPUOffloadPolicy, Ray trainer ranks): the plan no longer puts the master weights,
+    AdamW state and gradients on the trainer's GPU (a run that fits only offloaded was refused before), names the
+    host memory they take, and keeps on the GPU the root unit and two layers in flight, by hand for 1.7B; on the
+    local backend the key is refused at once (the trainer needs a process group to offload)."""
+    shapes = {"student": ModelShape.from_hf_config(Q8), "teacher": ModelShape.from_hf_config(Q32)}
+    keys = ["backend=ray", "ray.gpus_per_trainer_worker=1", "ray.rollout_workers=1", "ray.gpus_per_rollout_worker=1",
+            "ray.gpus_per_teacher=1", "teacher.offload=false", "eval.teacher=false"]  # fmt: skip
+    cfg = load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=keys)
+    resident = plan_memory(cfg, shapes, [79.2, 79.2, 79.2])
+    offloaded = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=[*keys, "trainer.cpu_offload=true"]),
+                            shapes, [79.2, 79.2, 79.2])  # fmt: skip
+    assert not resident.fits  # an 8B student's fp32 state (131 GiB) alone does not fit one H100
+    assert offloaded.fits, offloaded.table()
+    P = shapes["student"].params
+    assert abs(resident.peak(0, Phase.TRAIN) - offloaded.peak(0, Phase.TRAIN)
+               - (16 * P + 2 * P) / GIB + (6 * 151936 * 4096 * 2 + 12 * (P - 151936 * 4096 * 2) / 36) / GIB) < 0.01  # fmt: skip
+    assert any(f"pinned host memory, {16 * P / GIB:.1f} GiB a trainer rank" in n for n in offloaded.notes)
+    assert not [i for i in offloaded.items if i.what.startswith(("fp32 master", "AdamW"))]
+    with pytest.raises(ValueError, match="trainer.cpu_offload=true on run.backend=local"):
+        load_config("sql_db", overrides=["trainer.cpu_offload=true"])
+
+
 def test_kv_cache_keys():
     s = ModelShape.from_hf_config(Q06)
     cfg = load_config("sql_db", overrides=["engine.kv_cache_gib=4"])
