@@ -67,7 +67,7 @@ import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from agentopd.config import Config
@@ -213,6 +213,39 @@ class MemoryPlanError(ValueError):
 
 class OutOfMemory(RuntimeError):
     """A CUDA out-of-memory during a run: the phase it struck in and the plan (agentopd.runner)."""
+
+
+class PhaseMemory(NamedTuple):
+    """What a phase took on a GPU, measured: peak reserved and peak allocated GiB, and the caching allocator's
+    retries (a cudaMalloc that failed, the allocator's cache freed, tried again: a synchronising stall, the sign
+    of a GPU run within a few GiB of its memory)."""
+
+    reserved: float
+    allocated: float
+    retries: int = 0
+
+    def __add__(self, other: PhaseMemory) -> PhaseMemory:  # actors sharing a GPU (each its own peak: an upper bound)
+        return PhaseMemory(self.reserved + other.reserved, self.allocated + other.allocated, self.retries + other.retries)
+
+
+_retries_seen: dict[int, int] = {}
+
+
+def measure_since_last(device: Any = None) -> PhaseMemory:
+    """This process's PhaseMemory on `device` (the current CUDA device) since the last call, then reset; zeros where
+    CUDA is absent or not yet used."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return PhaseMemory(0.0, 0.0)
+    given = torch.device(device) if device is not None else None
+    index = given.index if given is not None and given.index is not None else torch.cuda.current_device()
+    retries = int(torch.cuda.memory_stats(index).get("num_alloc_retries", 0))
+    peak = PhaseMemory(torch.cuda.max_memory_reserved(index) / GIB, torch.cuda.max_memory_allocated(index) / GIB,
+                       retries - _retries_seen.get(index, 0))  # fmt: skip
+    _retries_seen[index] = retries
+    torch.cuda.reset_peak_memory_stats(index)
+    return peak
 
 
 def cuda_gpus() -> list[float]:

@@ -268,8 +268,9 @@ class Runner:
         its phases do not overlap (not async on Ray): the phase's peak memory per GPU beside the plan's prediction,
         reported with the next step's metrics: `mem/<phase>_peak_gib` (reserved by the caching allocator: what the
         GPU holds, blocks cached from earlier phases included), `mem/<phase>_alloc_gib` (held in tensors: what the
-        plan models) and `mem/<phase>_plan_gib` on the local backend (its one GPU); `mem/gpu<g>_<phase>_...` per GPU
-        of the plan on Ray."""
+        plan models), `mem/<phase>_alloc_retries` (the caching allocator's failed-and-retried cudaMallocs: stalls of a
+        GPU run near its memory) and `mem/<phase>_plan_gib` on the local backend (its one GPU);
+        `mem/gpu<g>_<phase>_...` per GPU of the plan on Ray."""
         self.phase = name
         overlap = self.cfg.run.backend != BackendKind.LOCAL and self.cfg.async_.enabled
         measure = self.plan is not None and not overlap
@@ -279,10 +280,11 @@ class Runner:
             yield advance
         if measure:
             local = self.cfg.run.backend == BackendKind.LOCAL
-            for gpu, (reserved, allocated) in self.backend.memory_peaks().items():
+            for gpu, measured in self.backend.memory_peaks().items():
                 key = f"mem/{name}" if local else f"mem/gpu{gpu}_{name}"
-                self._mem[f"{key}_peak_gib"] = reserved
-                self._mem[f"{key}_alloc_gib"] = allocated
+                self._mem[f"{key}_peak_gib"] = measured.reserved
+                self._mem[f"{key}_alloc_gib"] = measured.allocated
+                self._mem[f"{key}_alloc_retries"] = float(measured.retries)
                 self._mem[f"{key}_plan_gib"] = self.plan.peak(gpu, Phase(name))
 
     def _out_of_memory(self, error: BaseException, start: int, summary: RunSummary) -> OutOfMemory:

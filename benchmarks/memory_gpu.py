@@ -255,12 +255,14 @@ def _refusal(cli: list[str], common: list[str], args: argparse.Namespace, tok_di
 
 
 def plan_table(records: list[dict]) -> list[str]:
-    """Plan against measured peak reserved GiB per phase (per GPU on Ray), and seconds per phase."""
+    """Plan against measured peak allocated and reserved GiB per phase (per GPU on Ray), the allocator's retries, and
+    seconds per phase."""
     seconds = {"rollout": "perf/rollout_s", "teacher": "perf/teacher_s", "train": "perf/train_step_s"}
     gpus = sorted({k.split("_")[0][len("mem/gpu"):] for r in records for k in r if k.startswith("mem/gpu")}, key=int)
     prefixes = [(f"GPU {g}", f"mem/gpu{g}_") for g in gpus] or [("GPU 0", "mem/")]
     lines = ["| GPU | phase | plan GiB | measured peak allocated GiB (tensors) | allocated / plan | peak reserved GiB "
-             "(allocator, cached blocks included) | seconds (mean over steps) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "(allocator, cached blocks included) | allocator retries | seconds (mean over steps) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, prefix in prefixes:
         for phase in PHASES:
             def peak(kind: str) -> float:
@@ -272,8 +274,11 @@ def plan_table(records: list[dict]) -> list[str]:
             predicted, allocated, reserved = peak("plan"), peak("alloc"), peak("peak")
             secs = [r[seconds[phase]] for r in records if seconds.get(phase) in r]
             mean_s = f"{sum(secs) / len(secs):.1f}" if secs else ""
+            retried = [r[f"{prefix}{phase}_alloc_retries"] for r in records if f"{prefix}{phase}_alloc_retries" in r]
+            retries = f"{sum(retried):.0f}" if retried else "-"  # summed over the steps (and the actors on the GPU)
             verdict = " over" if allocated > predicted else ""
-            lines.append(f"| {label} | {phase} | {predicted:.1f} | {allocated:.1f} | {allocated / predicted:.2f} | {reserved:.1f} | {mean_s} |{verdict}")
+            lines.append(f"| {label} | {phase} | {predicted:.1f} | {allocated:.1f} | {allocated / predicted:.2f} | {reserved:.1f} | "
+                         f"{retries} | {mean_s} |{verdict}")  # fmt: skip
     for key in ("perf/weight_sync_s", "perf/engine_sleep_s", "perf/engine_wake_s", "perf/rollout_tokens_per_s",
                 "perf/teacher_tokens_per_s", "perf/train_tokens_per_s", "perf/mfu", "episodes", "num_turns/mean"):  # fmt: skip
         values = [r[key] for r in records if key in r]

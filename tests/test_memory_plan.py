@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from agentopd.config import load_config
-from agentopd.memory_plan import GIB, MemoryPlanError, ModelShape, OutOfMemory, Phase, plan_memory
+from agentopd.memory_plan import (
+    GIB,
+    MemoryPlanError,
+    ModelShape,
+    OutOfMemory,
+    Phase,
+    PhaseMemory,
+    measure_since_last,
+    plan_memory,
+)
 
 QWEN3 = {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936}
 Q06 = {**QWEN3, "num_hidden_layers": 28, "hidden_size": 1024, "intermediate_size": 3072, "tie_word_embeddings": True}
@@ -313,17 +322,18 @@ def test_ray_memory_peaks_sum_the_actors_the_plan_puts_on_each_gpu():
 
     from agentopd.backends.ray import RayBackend
 
-    def actor(gib):
-        return SimpleNamespace(memory_peak=SimpleNamespace(remote=lambda: (int(gib * GIB), int(gib / 2 * GIB))))
+    def actor(gib, retries=0):
+        return SimpleNamespace(memory_peak=SimpleNamespace(remote=lambda: PhaseMemory(gib, gib / 2, retries)))
 
     cfg = load_config("sql_db", config_file="configs/examples/qwen3-2gpu.yaml")  # trainer GPU 0; engine + teacher GPU 1
     backend = RayBackend()
     backend.ctx = SimpleNamespace(cfg=cfg)
     backend.ray = SimpleNamespace(get=lambda refs: refs)
     backend.group = SimpleNamespace(ranks=[actor(40.0)])
-    backend.workers = [actor(20.5)]
-    backend.teachers = {"default": [actor(18.0)]}
-    assert backend.memory_peaks() == {0: pytest.approx((40.0, 20.0)), 1: pytest.approx((38.5, 19.25))}
+    backend.workers = [actor(20.5, retries=1)]
+    backend.teachers = {"default": [actor(18.0, retries=3)]}  # the allocator's retries of the actors sharing GPU 1
+    assert backend.memory_peaks() == {0: pytest.approx((40.0, 20.0, 0)), 1: pytest.approx((38.5, 19.25, 4))}
+    assert measure_since_last() == (0.0, 0.0, 0)  # a process without CUDA measures nothing
 
 
 def test_ray_teacher_head_is_fetched_once_and_handed_on_by_its_ref():

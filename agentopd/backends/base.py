@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from agentopd.backends.stages import OnEpisode, RunContext
     from agentopd.batch import TrainSample
     from agentopd.config import Config
+    from agentopd.memory_plan import PhaseMemory
     from agentopd.plan import Planned
     from agentopd.rollout import RolloutConfig
     from agentopd.teacher import TeacherMode, TeacherScores
@@ -104,8 +105,8 @@ class Backend(Protocol):
 
     def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None: ...
 
-    # GPU (the memory plan's index) -> peak (reserved, allocated) GiB since the last call
-    def memory_peaks(self) -> dict[int, tuple[float, float]]: ...
+    # GPU (the memory plan's index) -> what the actors there took since the last call (peaks, allocator retries)
+    def memory_peaks(self) -> dict[int, PhaseMemory]: ...
 
     def stats(self) -> dict[str, float]: ...
 

@@ -38,6 +38,7 @@ from agentopd.backends.stages import (
 )
 from agentopd.env import Split
 from agentopd.flops import ModelShape
+from agentopd.memory_plan import PhaseMemory, measure_since_last
 from agentopd.plan import Planned
 from agentopd.recipes.intervene import guide_for, intervene_metrics
 from agentopd.rollout import RolloutConfig
@@ -160,14 +161,11 @@ class LocalBackend:
     def export(self, out_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         self.trainer.export(out_dir, tokenizer)
 
-    def memory_peaks(self) -> dict[int, tuple[float, float]]:
-        """{0: (peak reserved, peak allocated) GiB of this process's CUDA device since the last call} ({} off CUDA)."""
-        device = self.ctx.device
-        if device.type != "cuda":
+    def memory_peaks(self) -> dict[int, PhaseMemory]:
+        """{0: this process's PhaseMemory on its CUDA device since the last call} ({} off CUDA)."""
+        if self.ctx.device.type != "cuda":
             return {}
-        peaks = torch.cuda.max_memory_reserved(device) / 2**30, torch.cuda.max_memory_allocated(device) / 2**30
-        torch.cuda.reset_peak_memory_stats(device)
-        return {0: peaks}
+        return {0: measure_since_last(self.ctx.device)}
 
     def stats(self) -> dict[str, float]:
         """The metrics of the step since the last call (intervene/*)."""

@@ -70,6 +70,7 @@ from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
 from agentopd.backends.weight_sync import WeightLayout, WeightSync
 from agentopd.env import Split
+from agentopd.memory_plan import PhaseMemory
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
 from agentopd.rundir import RunDir
@@ -485,11 +486,10 @@ class RayBackend:
             tokenizer.save_pretrained(tok_dir)
         self.group.call("export", str(out_dir), str(tok_dir))
 
-    def memory_peaks(self) -> dict[int, tuple[float, float]]:
-        """Per GPU of the memory plan's placement (agentopd.memory_plan): the peak reserved and allocated GiB of the
-        actors placed there since the last call, summed (each actor's own peak: an upper bound where they peaked
-        apart). Asks every actor, so it waits for one that is busy: the runner measures only where the phases do not
-        overlap."""
+    def memory_peaks(self) -> dict[int, PhaseMemory]:
+        """Per GPU of the memory plan's placement (agentopd.memory_plan): the PhaseMemory of the actors placed there
+        since the last call, summed (each actor's own peak: an upper bound where they peaked apart). Asks every
+        actor, so it waits for one that is busy: the runner measures only where the phases do not overlap."""
         from agentopd.memory_plan import _placement
 
         tr, ro, te = _placement(self.ctx.cfg)
@@ -497,10 +497,9 @@ class RayBackend:
         actors += [(g, a) for pool in self.teachers.values() for g, a in zip(te, pool)]
         placed = [(g, a) for g, a in actors if g >= 0]
         peaks = self.ray.get([a.memory_peak.remote() for _, a in placed])
-        out: dict[int, tuple[float, float]] = {}
-        for (g, _), (reserved, allocated) in zip(placed, peaks):
-            before = out.get(g, (0.0, 0.0))
-            out[g] = (before[0] + reserved / 2**30, before[1] + allocated / 2**30)
+        out: dict[int, PhaseMemory] = {}
+        for (g, _), peak in zip(placed, peaks):
+            out[g] = out.get(g, PhaseMemory(0.0, 0.0)) + PhaseMemory(*peak)
         return out
 
     def stats(self) -> dict[str, float]:

@@ -27,6 +27,7 @@ from agentopd.backends.weight_sync import (
     from_ipc,
     ipc_handle,
 )
+from agentopd.memory_plan import PhaseMemory, measure_since_last
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
 from agentopd.types import Episode
@@ -44,14 +45,9 @@ class _OnGPU:
 
         return [str(g) for g in ray.get_gpu_ids()]
 
-    def memory_peak(self) -> tuple[int, int]:
-        """Peak CUDA memory this actor's allocator reserved, and held in tensors, since the last call, in bytes
-        ((0, 0) without CUDA)."""
-        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return 0, 0
-        peaks = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        return peaks
+    def memory_peak(self) -> PhaseMemory:
+        """This actor's PhaseMemory since the last call (zeros without CUDA)."""
+        return measure_since_last()
 
 
 class _WeightMember(_OnGPU):
