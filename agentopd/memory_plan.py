@@ -161,6 +161,7 @@ class MemoryPlan:
     engine_sleep: bool
     teacher_offload: bool = True
     notes: list[str] = field(default_factory=list)
+    changes: tuple[str, ...] = ()  # the keys a refusal offers: MemoryPlanError.KEYS less what the run already has
 
     def peak(self, gpu: int, phase: Phase) -> float:
         return sum(i.gib for i in self.items if i.gpu == gpu and phase in i.phases)
@@ -207,7 +208,7 @@ class MemoryPlanError(ValueError):
         super().__init__(
             f"this run does not fit its GPUs: GPU {worst} needs {pk[phase]:.1f} GiB in the {phase} phase, "
             f"{HEADROOM:.0%} of {plan.gpus_gib[worst]:.1f} GiB is {HEADROOM * plan.gpus_gib[worst]:.1f}; "
-            f"keys to change: {', '.join(self.KEYS)}\n{plan.table()}"
+            f"keys to change: {', '.join(plan.changes or self.KEYS)}\n{plan.table()}"
         )
 
 
@@ -351,8 +352,8 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
         if tc.cpu_offload:
             E = s.vocab * s.hidden * (1 if s.tied else 2)
             per_layer = (P - E) / s.layers
-            items += [Item("trainer", "offloaded: root unit (embeddings, head) bf16 + fp32 grads", _gib(6 * E), g, train_only),
-                      Item("trainer", "offloaded: 2 layers in flight, bf16 + fp32 grads", _gib(2 * 6 * per_layer), g, train_only)]  # fmt: skip
+            items += [Item("trainer", "offloaded: root unit bf16 + fp32 grads", _gib(6 * E), g, train_only),
+                      Item("trainer", "offloaded: 2 layers bf16 + fp32 grads", _gib(2 * 6 * per_layer), g, train_only)]  # fmt: skip
         else:
             items += [Item("trainer", f"fp32 master weights ({P / 1e9:.2f}B / {world})", _gib(4 * P / world), g),
                       Item("trainer", "AdamW state (2 x fp32)", _gib(8 * P / world), g),
@@ -403,8 +404,13 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     for g, n in procs.items():
         if n:
             items.append(Item("cuda", f"context + slack x{n}", CONTEXT_GIB * n, g))
+    in_effect = {key for on, key in ((tc.activation_checkpointing, "trainer.activation_checkpointing=true"), (engine_sleep, "engine.sleep=true"),
+                                     (teacher_offload and t is not None, "teacher.offload=true"), (not cfg.eval.teacher, "eval.teacher=false"),
+                                     (tc.cpu_offload, "trainer.cpu_offload=true (run.backend=ray)")) if on}  # fmt: skip
+    renamed = {} if local else {"engine.sleep=true": "ray.engine_sleep=true"}  # the Ray backend's key for it
+    changes = tuple(renamed.get(k, k) for k in MemoryPlanError.KEYS if k not in in_effect)
     plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload,
-                      notes=notes)  # fmt: skip
+                      notes=notes, changes=changes)  # fmt: skip
     need = s.kv_bytes_per_token() * min(cfg.rollout.max_context, 1 << 20)
     if _gib(need) > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "

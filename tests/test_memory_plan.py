@@ -84,6 +84,16 @@ def test_an_8b_student_and_a_32b_teacher_are_refused_on_one_80gib_gpu_in_well_un
     assert "trainer.micro_batch_tokens" in first and "engine.kv_cache_gib" in first
     assert any("DOES NOT FIT" in line for line in table)
     assert plan.engine_sleep  # auto tried sleeping the engine first
+    # what the run already has is not offered as a change (the example checkpoints activations; auto slept the
+    # engine and offloaded the teacher)
+    assert plan.teacher_offload
+    for done in ("engine.sleep=true", "teacher.offload=true", "trainer.activation_checkpointing=true"):
+        assert done not in first
+    assert "eval.teacher=false" in first and "trainer.cpu_offload=true" in first
+    on_ray = load_config("sql_db", config_file="configs/examples/qwen3-2gpu.yaml", overrides=["ray.engine_sleep=false"])
+    with pytest.raises(MemoryPlanError, match=r"ray\.engine_sleep=true") as err:  # the Ray backend's name for it
+        plan_memory(on_ray, shapes, [80.0, 80.0]).check()
+    assert "engine.sleep=true," not in str(err.value).splitlines()[0].replace("ray.engine_sleep", "")
     assert isinstance(err.value, ValueError)  # the CLI's one-line error, exit code 2
 
 
