@@ -37,7 +37,7 @@ A baseline moves only in a commit that says why; `--record` writes DIR/gpu_basel
 figures added for every figure that has no baseline on this card yet (copy it over the repository's file).
 
 A recorded baseline comes from another call, often another host: CPU-bound figures (the agent loop, the OPD step's
-rollout) moved ~10% between H100 hosts with no change to the code. `--against DIR` runs each part (the GPU tests
+rollout) moved 10-20% between H100 hosts with no change to the code. `--against DIR` runs each part (the GPU tests
 aside) in another commit's tree as well, right before this tree's, in the same call, and judges the figures against
 those; the recorded baseline stays in the row. Make DIR with `git archive REF | tar -x -C DIR` and carry it (both
 trees use this checkout's installed entry points; a part whose script or output changed between the commits cannot
@@ -237,6 +237,7 @@ def main() -> None:
     ap.add_argument("--against-commit", default="", help="the commit --against holds (for the table)")
     args = ap.parse_args()
     args.commit = args.commit or commit_measured()
+    args.out = args.out.resolve()  # the parts of --against run in its tree: a relative path would land there
     import torch
 
     if not torch.cuda.is_available():
