@@ -92,7 +92,7 @@ def check_run(cfg: Config) -> None:
             "ray.engine_sleep with async.enabled=true: the engines play the next step while the trainer runs, so "
             "they cannot free their KV pool then; turn one off"
         )
-    if cfg.trainer.cpu_offload and cfg.run.backend == "local":
+    if cfg.trainer.cpu_offload and cfg.run.backend == BackendKind.LOCAL:
         raise ValueError(
             "trainer.cpu_offload=true on run.backend=local: the offload is FSDP2's, which needs the trainer in a process "
             "group; run.backend=ray starts its trainer ranks in one (ray.trainer_workers=1 will do)"

@@ -18,8 +18,8 @@ result names the pair it ran on) and every run's result as quality.py writes it.
 file put in the checkout (the working tree travels to the GPU machine; the bundle is a few hundred KB). A run still
 going at --stop-s is stopped as Ctrl-C stops a run (it finishes its step and checkpoints it): a call started while
 the machine is still warm continues it from there (its run directory and the pair are in --work); on a fresh machine
-it starts over. --budget-s stops launching runs. Every run starts from the pair's student, `embedded.size=gpu run.device=cuda`, at the student's own
-SFT learning rate.
+it starts over. --budget-s stops launching runs. Every run starts from the pair's student, `embedded.size=gpu
+run.device=cuda`, at the student's own SFT learning rate.
 """
 
 from __future__ import annotations

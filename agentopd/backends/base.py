@@ -66,6 +66,14 @@ class RolloutHandle:
     who: str
     id: int = field(default_factory=lambda: next(_handle_ids))
 
+    @property
+    def teacher_evals(self) -> bool:
+        """A teacher playing held-out tasks (`eval.teacher`): once collected, its engine is needed only by a guide."""
+        from agentopd.backends.stages import STUDENT
+        from agentopd.env import Split
+
+        return self.who != STUDENT and bool(self.planned) and self.planned[0].spec.split != Split.TRAIN
+
 
 class TrainerRestarted(RuntimeError):
     """The trainer group was rebuilt from the checkpoint of `step` (0: the initial weights): the runner

@@ -98,8 +98,7 @@ class LocalBackend:
         """The played episodes; the student's training episodes play under the guide (recipe.intervene_below)."""
         guide = self.guide if handle.who == STUDENT else None
         # a teacher that plays only evals (eval.teacher), its engine not serving a guide (recipe.intervene_below)
-        evals_only = handle.who != STUDENT and bool(handle.planned) and handle.planned[0].spec.split != Split.TRAIN \
-            and self.guide is None
+        evals_only = handle.teacher_evals and self.guide is None
         self._asleep(handle.who != STUDENT)
         episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
         if evals_only:  # free its engine at once

@@ -69,7 +69,6 @@ from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker, with_hidd
 from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
 from agentopd.backends.weight_sync import WeightLayout, WeightSync
-from agentopd.env import Split
 from agentopd.memory_plan import PhaseMemory
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
@@ -261,7 +260,7 @@ class RayBackend:
                 if on_episode is not None:
                     for p, ep in zip(item.planned, episodes):
                         on_episode(p, ep)
-        if handle.who != STUDENT and handle.planned and handle.planned[0].spec.split != Split.TRAIN:
+        if handle.teacher_evals:
             # a teacher's evals (eval.teacher, step 0 only) are done: free its engine on every worker at once, as the
             # local backend does, instead of keeping a second 8B engine beside the teacher's scoring for the whole run
             self.ray.get([w.drop.remote(handle.who) for w in self.workers])
