@@ -217,7 +217,8 @@ def launch(spec: dict, report_only: bool = False) -> dict | None:
               flush=True)  # fmt: skip
         return None
     if code != 0:
-        print(f"FAILED {Path(spec['run_dir']).name} (exit {code}): see {log}", flush=True)
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])  # a GPU machine's log does not come back
+        print(f"FAILED {Path(spec['run_dir']).name} (exit {code}): see {log}; its last lines:\n{tail}", flush=True)
         return None
     result = json.loads(out.read_text())
     print(f"done {Path(spec['run_dir']).name}: success {result['curve'][-1]['success']:.0%} in {result['seconds']:.0f} s", flush=True)

@@ -194,7 +194,8 @@ def write_report(args: argparse.Namespace, bundle: dict) -> None:
     seeds = sorted({r["seed"] for r in results})
     head = [f"# Quality on the gpu-sized embedded pair (embedded.size={bundle['size']})", "",
             f"`python benchmarks/quality_gpu.py --env {bundle['env']} --steps {bundle['steps']} --eval-every {bundle['eval_every']} "
-            f"--seed N --out $OUT --resume quality_gpu.json` for N in {seeds}; every run: `{' '.join(bundle['overrides'])}`.", "",
+            f"--methods {','.join(methods)} --seed {','.join(map(str, seeds))} --out $OUT --resume quality_gpu.json` (in as many calls "
+            f"as it takes; each call's pair below); every run: `{' '.join(bundle['overrides'])}`.", "",
             "| pair | machine | teacher | student | built in |", "|---|---|---|---|---|"]  # fmt: skip
     for i, p in enumerate(bundle["pairs"]):
         t, s = p["teacher"], p["student"]
@@ -219,7 +220,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--privileged", default="solution", choices=("solution", "schema"))
-    ap.add_argument("--jobs", type=int, default=3, help="runs at once (they share the GPU)")
+    ap.add_argument("--jobs", type=int, default=3, help="runs at once (they share the GPU; five sql_db runs of the "
+                    "gpu pair showed 71 GiB used on an 80 GB H100 at nvidia-smi's minute samples, eight lost 10 of 15 runs)")
     ap.add_argument("--budget-s", type=float, default=420, help="launch no run after this many seconds of the call")
     ap.add_argument("--stop-s", type=float, default=540,
                     help="after this many seconds of the call, stop the runs still playing with a checkpoint (each "
