@@ -52,3 +52,18 @@ def test_a_stopped_run_continues_from_its_checkpoint(tiny_home, tmp_path, monkey
     assert [p["step"] for p in result["curve"]] == [0, 40, 80, 120]
     assert "resumed from" in Path(spec["run_dir"] + ".log").read_text()
     assert result["seconds"] > first_part > 0  # both parts' seconds
+
+
+def test_a_failed_run_prints_the_end_of_its_log(tmp_path, capsys):
+    """A GPU call returns only what it printed and its $OUT: the log of a failed run stays on the machine, so the
+    failure's reason has to be in the printout."""
+    spec_ = spec_from_file_location("quality", SCRIPT)
+    quality = module_from_spec(spec_)
+    spec_.loader.exec_module(quality)
+    args = Namespace(env=["sql_db"], methods=["opd"], seeds=1, steps=2, eval_every=1, intervene_below=-1.0,
+                     support_below=0.3, privileged="solution", work=tmp_path,
+                     overrides=[f"student={tmp_path / 'no_such_model'}"])  # fmt: skip
+    (spec,) = quality.plan_runs(args)
+    assert quality.launch(spec) is None
+    printed = capsys.readouterr().out
+    assert "FAILED" in printed and "no_such_model" in printed.split("its last lines:")[-1]  # the worker's own error, not only the log's path
