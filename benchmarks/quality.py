@@ -9,6 +9,8 @@ steps and seeds, so each trains on about the same number of tokens (its student-
     opd               the student plays, the teacher scores every student token (trainer.loss of the preset)
     opd_mixed         GKD's lambda: half of each step's tasks played by the teacher, the same loss
     sft_then_opd      SFT warm start on teacher episodes for the first third of the steps, then OPD
+    sft_late_opd      SFT for the first two thirds (near where SFT's curve flattens on the gpu pair), then OPD:
+                      against `sft` of the same steps, "SFT to a plateau, then OPD or more SFT"
     opd_intervene     the teacher replays student turns it finds unlikely (recipe.intervene_below)
     opd_turn_weights  turns outside the teacher's support count less (recipe.turn_support_below)
     sft               cross-entropy on the teacher's episodes of the same tasks (sequence-level KD)
@@ -50,8 +52,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-METHODS = ("opd", "opd_mixed", "sft_then_opd", "opd_intervene", "opd_turn_weights", "sft", "grpo", "opd_self_privileged",
-           "opd_privileged", "opd_horizon")  # fmt: skip
+METHODS = ("opd", "opd_mixed", "sft_then_opd", "sft_late_opd", "opd_intervene", "opd_turn_weights", "sft", "grpo",
+           "opd_self_privileged", "opd_privileged", "opd_horizon")  # fmt: skip
 
 
 def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_below: float, support_below: float,
@@ -60,6 +62,7 @@ def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_bel
         "opd": ["objective=opd"],
         "opd_mixed": ["objective=opd", "recipe.teacher_fraction=0.5"],
         "sft_then_opd": ["objective=opd", f"recipe.sft_steps={max(1, steps // 3)}"],
+        "sft_late_opd": ["objective=opd", f"recipe.sft_steps={max(1, 2 * steps // 3)}"],
         "opd_intervene": ["objective=opd", f"recipe.intervene_below={intervene_below}"],
         "opd_turn_weights": ["objective=opd", f"recipe.turn_support_below={support_below}"],
         "sft": ["objective=sft"],

@@ -40,7 +40,7 @@ _spec = importlib.util.spec_from_file_location("quality", Path(__file__).with_na
 quality = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(quality)
 
-ARMS = ("sft", "opd", "sft_then_opd", "opd_mixed", "opd_self_privileged", "opd_horizon")
+ARMS = ("sft", "opd", "sft_then_opd", "sft_late_opd", "opd_mixed", "opd_self_privileged", "opd_horizon")
 BUNDLE = "quality_gpu.json"
 SHARED = ("env", "size", "steps", "eval_every", "privileged", "overrides")  # what every result of a bundle has in common
 # --tiny: the test-size pair on the CPU, runs of 2 steps on 2 tasks: the whole path in about a minute
