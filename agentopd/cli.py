@@ -221,7 +221,7 @@ def run_command(
         raise typer.Exit(1) from None
     if summary.interrupted:
         raise typer.Exit(130)
-    table = _table(f"{cfg.env.name}: held-out success ({summary.seconds / 60:.1f} min this session)", "model", "step", "success", "mean turns", "tool error rate")
+    table = _table(f"{cfg.env.name}: held-out success ({summary.seconds / 60:.1f} min{' since the resume' if resume else ''})", "model", "step", "success", "mean turns", "tool error rate")
     first, last = (summary.evals[0], summary.evals[-1]) if summary.evals else ({}, {})
     for label, rec in (("student before", first), ("student after", last)):
         if rec:

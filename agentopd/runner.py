@@ -106,7 +106,7 @@ class Runner:
         self._trained_through = 0  # the last step whose optimizer step was taken (what a checkpoint holds)
         self._unlogged: tuple[int, dict[str, Any]] | None = None  # a trained step's metrics not yet written
         self._stop_requested = False
-        self._checkpointed = -1  # the step of the last checkpoint written this session
+        self._checkpointed = -1  # the step of the last checkpoint this process wrote
         self._teacher_result: EvalResult | None = None
         self.phase = "setup"  # the phase running now (what a CUDA out-of-memory names)
         self.plan: MemoryPlan | None = None  # on CUDA: the memory plan (agentopd.memory_plan)
