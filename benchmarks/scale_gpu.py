@@ -167,7 +167,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # Ray's GPU ids in nvidia-smi's order (the busy shares' roles)
     gpus = _gpus()
-    names = (args.layout or ("1gpu,2gpu,4gpu,8gpu" if args.scaling else "2gpu")).split(",")
+    names = [n.strip() for n in (args.layout or ("1gpu,2gpu,4gpu,8gpu" if args.scaling else "2gpu")).split(",") if n.strip()]
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown or not names:
+        ap.error(f"--layout {args.layout!r}: unknown layout(s) {', '.join(unknown) or '(none given)'}; choose among {', '.join(LAYOUTS)}")
+    if args.tiny and (args.scaling or names != ["2gpu"]):
+        ap.error(f"--tiny runs the 2gpu layout alone, with CPU actors (no GPUs to place a {','.join(names)} layout on): "
+                 "leave out --layout and --scaling")  # fmt: skip
     if args.tiny:
         names, tok_dir, shapes = ["2gpu"], tiny_tokenizer(), ("tiny-s", "tiny-t")
         args.tasks, args.steps = min(args.tasks, 2), args.steps or 3

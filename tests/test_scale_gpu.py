@@ -34,3 +34,18 @@ def test_scale_benchmark_runs_sync_and_a_rollout_fault_at_toy_sizes(tmp_path):
     assert fault["records"][-1]["ray/rollout_restarts"] == 1
     report = (tmp_path / "scale_gpu.md").read_text()
     assert "nothing lost or duplicated" in report and "no nvidia-smi here" in report
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--tiny", "--layout", "4gpu"], "--tiny runs the 2gpu layout alone"),
+        (["--tiny", "--scaling"], "--tiny runs the 2gpu layout alone"),
+        (["--layout", "3gpu", "--tokenizer", "x"], "unknown layout(s) 3gpu; choose among 1gpu, 2gpu, 4gpu, 8gpu"),
+    ],
+)
+def test_a_layout_that_would_not_run_as_asked_is_refused_by_name(tmp_path, argv, says):
+    """Before anything is built or started: a --tiny command once ran the 2gpu layout when asked for 4gpu, silently."""
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
