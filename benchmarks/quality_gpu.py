@@ -6,6 +6,12 @@
     python benchmarks/quality_gpu.py --env sql_db --seed 0 --out $OUT [--resume quality_gpu.json]
     # a call started while the machine is still warm: the last call's bundle and pair are still in --work
     python benchmarks/quality_gpu.py --env sql_db --seed 1,2 --out $OUT --resume /tmp/quality_gpu/quality_gpu.json
+    # a sweep longer than a call (the explore family): a process session of its own outlives the call while the
+    # machine stays warm (it goes back after 30 s idle), so no run stops between calls; each call, this one and the
+    # next ones, brings back the bundle as it stands
+    setsid python benchmarks/quality_gpu.py --env sql_db_explore ... --out /tmp/quality_gpu/out \
+        --budget-s 1e9 --stop-s 1e9 > /tmp/quality_gpu.log 2>&1 < /dev/null &
+    for i in $(seq 55); do sleep 10; cp /tmp/quality_gpu/out/quality_gpu.json $OUT/ 2>/dev/null; done; tail /tmp/quality_gpu.log
     # here, once the arms are in: quality.py's tables and curves of the bundle
     python benchmarks/quality_gpu.py --resume quality_gpu.json --report benchmarks/results/quality_gpu.md
     # the whole path on the CPU in a minute (the test size, 2 steps; tests/test_quality_gpu.py)
