@@ -25,7 +25,8 @@ episodes end after ~1 turn (num_turns/mean in the report says how many they took
 
 Before each run `agentopd plan-memory` prints the plan per GPU (for the layout's GPU count where the machine has
 fewer: that layout is then not run); a layout the plan refuses is not run either. Each run is a process of its own
-(benchmarks/_scale_run.py), stopped after `--timeout` seconds with the steps it finished; `--budget S` bounds the whole command
+(benchmarks/_scale_run.py), stopped once its last step is logged (the resumable checkpoint and the final export
+that follow are not measured: ~20 GiB written at 1.7B) or after `--timeout` seconds with the steps it finished; `--budget S` bounds the whole command
 (a device call's limit less the install): each run stops 20 s before it, and one with under a minute left is not
 started, so the report is always written. Measured per run, over the steps after
 the first (which compiles and captures CUDA graphs): episodes/s and sampled student tokens/s per GPU, seconds per
@@ -259,16 +260,10 @@ def measure(args: argparse.Namespace, run: Run, log, deadline: float | None) -> 
     t = time.time()
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_scale_run.py"), str(run_dir / "spec.json")],
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
-    try:
-        run.exit = str(proc.wait(timeout=None if timeout == float("inf") else timeout))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the run's local Ray cluster goes with it
-        proc.wait()
-        run.exit = f"stopped after {timeout:.0f} s"
-        time.sleep(5)  # its actors release their GPUs
+    metrics = run_dir / "run" / "metrics.jsonl"
+    run.exit = _wait(proc, timeout, metrics, _steps(run.keys))
     run.wall_s = time.time() - t
     samples = sampler.stop() if sampler else []
-    metrics = run_dir / "run" / "metrics.jsonl"
     lines = metrics.read_text().splitlines() if metrics.exists() else []
     run.records = [r for x in lines if (r := _json(x))]  # a killed run's last line may be cut
     run.child = _json((run_dir / "child.json").read_text()) if (run_dir / "child.json").exists() else {}
@@ -283,6 +278,30 @@ def measure(args: argparse.Namespace, run: Run, log, deadline: float | None) -> 
             run.wrong.append(f"ray/{run.fault}_restarts is {last.get(f'ray/{run.fault}_restarts')}: no actor was replaced")
     wrong = f", wrong: {run.wrong}" if run.fault else ""
     print(f"== {run.name}: exit {run.exit}, {run.wall_s:.0f} s, {json.dumps(run.summary)}{wrong}", flush=True)
+
+
+def _steps(keys: list[str]) -> int:
+    return int(next(k.split("=", 1)[1] for k in keys if k.startswith("run.steps=")))
+
+
+def _wait(proc: subprocess.Popen, timeout: float, metrics: Path, steps: int) -> str:
+    """The run's exit: its exit code; or, once its last step's record is in `metrics` (everything the report reads),
+    stopped there: what a run does after it (a resumable checkpoint with the optimizer state, the final export: tens
+    ~20 GiB at 1.7B) is not what is measured, and a call's minutes are few; or stopped after `timeout` seconds."""
+    until = time.time() + timeout
+    while True:
+        try:
+            return str(proc.wait(timeout=1.0))
+        except subprocess.TimeoutExpired:
+            pass
+        done = metrics.exists() and any((r := _json(x)) and r.get("step") == steps and "loss" in r for x in metrics.read_text().splitlines())
+        if done or time.time() >= until:
+            os.killpg(proc.pid, signal.SIGKILL)  # the run's local Ray cluster goes with it
+            proc.wait()
+            time.sleep(5)  # its actors release their GPUs
+            if done:
+                return "stopped after its last step"
+            return f"stopped after {timeout:.0f} s"
 
 
 def summarize(records: list[dict], child: dict, layout: Layout) -> dict:

@@ -27,7 +27,9 @@ def test_scale_benchmark_runs_sync_and_a_rollout_fault_at_toy_sizes(tmp_path):
     sync, fault = bundle["runs"]
     assert (sync["mode"], sync["fault"], fault["fault"]) == ("sync", None, "rollout")
     for run in (sync, fault):
-        assert run["exit"] == "0" and run["summary"]["steps"] == 3 and run["summary"]["episodes_per_s_per_gpu"] > 0
+        # stopped once step 3 is logged (its checkpoint and export are not measured), or done by then
+        assert run["exit"] in ("stopped after its last step", "0"), run["exit"]
+        assert run["summary"]["steps"] == 3 and run["summary"]["episodes_per_s_per_gpu"] > 0
         assert "fits" in run["plan"]  # planned for the layout's two GPUs
         assert {a["role"] for a in run["child"]["actors"]} == {"trainer", "rollout", "teacher"}
     assert fault["child"]["fault"]["step"] == 2 and fault["wrong"] == []
