@@ -176,7 +176,7 @@ def main() -> None:
         ap.error(f"--tiny runs the 2gpu layout alone, with CPU actors (no GPUs to place a {','.join(names)} layout on): "
                  "leave out --layout and --scaling")  # fmt: skip
     if args.tiny:
-        names, tok_dir, shapes = ["2gpu"], tiny_tokenizer(), ("tiny-s", "tiny-t")
+        tok_dir, shapes = tiny_tokenizer(), ("tiny-s", "tiny-t")
         args.tasks, args.steps = min(args.tasks, 2), args.steps or 3
     elif args.tokenizer is None:
         sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
@@ -281,12 +281,13 @@ def measure(args: argparse.Namespace, run: Run, log, deadline: float | None) -> 
 
 
 def _steps(keys: list[str]) -> int:
-    return int(next(k.split("=", 1)[1] for k in keys if k.startswith("run.steps=")))
+    """The run's run.steps: the last such key, as the config applies them (a user's override comes after _keys')."""
+    return int([k for k in keys if k.startswith("run.steps=")][-1].split("=", 1)[1])
 
 
 def _wait(proc: subprocess.Popen, timeout: float, metrics: Path, steps: int) -> str:
     """The run's exit: its exit code; or, once its last step's record is in `metrics` (everything the report reads),
-    stopped there: what a run does after it (a resumable checkpoint with the optimizer state, the final export: tens
+    stopped there: what a run does after it (a resumable checkpoint with the optimizer state and the final export,
     ~20 GiB at 1.7B) is not what is measured, and a call's minutes are few; or stopped after `timeout` seconds."""
     until = time.time() + timeout
     while True:

@@ -51,3 +51,16 @@ def test_a_layout_that_would_not_run_as_asked_is_refused_by_name(tmp_path, argv,
     done = subprocess.run([sys.executable, str(SCRIPT), *argv, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_is_waited_for_up_to_the_steps_its_config_applies(monkeypatch):
+    """A user's run.steps override comes after the benchmark's own: the run plays that many steps, and is not stopped
+    as done at the benchmark's count."""
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("scale_gpu", SCRIPT)
+    scale_gpu = module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "scale_gpu", scale_gpu)  # its dataclasses look their module up there
+    spec.loader.exec_module(scale_gpu)
+    assert scale_gpu._steps(["student=s", "run.steps=4", "rollout.n=8", "run.steps=6"]) == 6
+    assert scale_gpu._steps(["run.steps=4"]) == 4
