@@ -373,6 +373,21 @@ class Runner:
         return self.rollout_cfg if k is None else horizon_rollout(self.rollout_cfg, k)
 
     def _submit(self, step: int) -> list[RolloutHandle]:
+        """`step`'s rollouts, submitted; in async mode (async.score_ahead) their scoring too, started as each is played."""
+        handles = self._submit_rollouts(step)
+        if self._scores_ahead() and self._objective(step).scores:
+            for h in handles:
+                self.backend.score_ahead(h, [self.router.teacher_of(p) for p in h.planned], self.mode)
+        return handles
+
+    def _scores_ahead(self) -> bool:
+        """Teacher scoring can start before the driver sees the episodes: the teacher scores the student's own token
+        stream (no privileged prompt, no re-rendering for another tokenizer, no branches of recipe.intervene_below)."""
+        cfg = self.cfg
+        return (cfg.async_.enabled and cfg.async_.score_ahead and self.privileged is None and self.cross_scorer is None
+                and cfg.recipe.intervene_below is None)  # fmt: skip
+
+    def _submit_rollouts(self, step: int) -> list[RolloutHandle]:
         cfg = self.cfg
         planned = self.mixture.plan(step, tasks_per_step=cfg.rollout.tasks_per_step, n=cfg.rollout.n, seed=cfg.run.seed,
                                     policy_version=self.backend.policy_version)  # fmt: skip
@@ -404,8 +419,9 @@ class Runner:
             planned += handle.planned
         return planned, episodes
 
-    def _rollout(self, step: int, advance: Callable[[], None]) -> tuple[list[Planned], list[Episode], dict[str, float]]:
-        """This step's episodes (stored as they arrive); in async mode the next steps' rollouts are submitted first."""
+    def _rollout(self, step: int, advance: Callable[[], None]) -> tuple[list[Planned], list[Episode], dict[str, float], list | None]:
+        """This step's episodes (stored as they arrive) and the scores started on them ahead (async.score_ahead: None
+        where missing; None if none); in async mode the next steps' rollouts are submitted first."""
         cfg = self.cfg
         handles = self._pending.pop(step, None) or self._submit(step)
         if cfg.async_.enabled:
@@ -422,10 +438,15 @@ class Runner:
             advance()
 
         planned, episodes = self._collect(handles, on_episode)
+        ahead = [self.backend.ahead_scores(h) for h in handles]
+        ahead = None if any(a is None for a in ahead) else [sc for a in ahead for sc in a]
         stats: dict[str, float] = {}
         if cfg.async_.enabled:
             planned, episodes, stats = self._bound_staleness(planned, episodes, on_episode)
-        return planned, episodes, stats
+            if stats["async/dropped"] or stats["async/regenerated"]:
+                ahead = None  # the step's episodes changed: scored here
+            stats["async/scored_ahead"] = 0.0 if ahead is None else sum(sc is not None for sc in ahead) / max(len(ahead), 1)
+        return planned, episodes, stats, ahead
 
     def _bound_staleness(self, planned: list[Planned], episodes: list[Episode], on_episode: OnEpisode):
         """Episodes older than async.max_staleness policy versions are dropped or re-generated now."""
@@ -456,9 +477,11 @@ class Runner:
     def _teacher_name(self, p: Planned) -> str | None:
         return None if self.router.single else self.router.teacher_of(p)
 
-    def _score(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str], objective: Objective) -> list[TeacherScores] | None:
+    def _score(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str], objective: Objective,
+               ahead: list[TeacherScores | None] | None = None) -> list[TeacherScores] | None:  # fmt: skip
         """The teachers' scores of every episode, in order, then of every branch (Episode.branches: student turns that
-        recipe.intervene_below replaced, each scored by its episode's teacher), episode by episode."""
+        recipe.intervene_below replaced, each scored by its episode's teacher), episode by episode. `ahead`: the
+        episodes' scores the backend already has (async.score_ahead), None where it has none."""
         if not objective.scores or not episodes:
             return None
         if self.cross_scorer is not None:
@@ -469,7 +492,13 @@ class Runner:
         branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
         self._scored = [(name, len(s.token_ids)) for name, s in zip([*teacher_of, *branch_teachers], streams)]
         with self._in_phase("teacher"):
-            scores = score_episodes(self.backend, [*teacher_of, *branch_teachers], streams, self.mode)
+            if ahead is None or len(ahead) != len(streams):
+                scores = score_episodes(self.backend, [*teacher_of, *branch_teachers], streams, self.mode)
+            else:  # those missing (an actor died) scored now
+                scores, missing = list(ahead), [i for i, sc in enumerate(ahead) if sc is None]
+                late = score_episodes(self.backend, [teacher_of[i] for i in missing], [streams[i] for i in missing], self.mode) if missing else []
+                for i, sc in zip(missing, late, strict=True):
+                    scores[i] = sc
         with self.store.batch():  # one transaction: the scores arrive together
             for p, ep, sc in zip(planned, episodes, scores):
                 ep.teacher_logprobs = sc.logprobs
@@ -493,12 +522,12 @@ class Runner:
         objective = self._objective(step)
         t = time.perf_counter()
         with self._in_phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
-            planned, episodes, async_stats = self._rollout(step, advance)
+            planned, episodes, async_stats, ahead = self._rollout(step, advance)
         rollout_s = time.perf_counter() - t
 
         teacher_of = [self.router.teacher_of(p) for p in planned]
         t = time.perf_counter()
-        scores = self._score(planned, episodes, teacher_of, objective)
+        scores = self._score(planned, episodes, teacher_of, objective, ahead)
         teacher_s = time.perf_counter() - t
 
         r = cfg.recipe  # recipe.turn_support_below: per-token loss weights of each episode (its turns' reliability)

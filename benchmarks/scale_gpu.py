@@ -30,7 +30,8 @@ that follow are not measured: ~20 GiB written at 1.7B) or after `--timeout` seco
 (a device call's limit less the install): each run stops 20 s before it, and one with under a minute left is not
 started, so the report is always written. Measured per run, over the steps after
 the first (which compiles and captures CUDA graphs): episodes/s and sampled student tokens/s per GPU, seconds per
-phase (perf/rollout_s, perf/teacher_s, perf/train_step_s, perf/weight_sync_s and the NCCL broadcast's share), the
+phase (perf/rollout_s, perf/teacher_s, perf/train_step_s, perf/weight_sync_s and the NCCL broadcast's share; in async
+mode rollout and teacher seconds are what the driver waited, the share of episodes scored ahead is `async/scored_ahead`), the
 GPU busy share per role (nvidia-smi every 200 ms; roles mapped to GPUs by the GPU ids Ray gave each actor; not on
 CPU) and, in sync mode, each GPU's peak memory per phase beside the plan (mem/gpu<g>_<phase>_*_gib).
 `--scaling`: every layout the machine holds, with the episodes/s per GPU relative to the 2gpu layout's.
@@ -325,7 +326,7 @@ def summarize(records: list[dict], child: dict, layout: Layout) -> dict:
            "episodes_per_s": episodes / wall, "episodes_per_s_per_gpu": episodes / wall / layout.gpus,
            "student_tokens_per_s_per_gpu": sampled / wall / layout.gpus}  # fmt: skip
     for key in ("perf/rollout_s", "perf/teacher_s", "perf/train_step_s", "perf/weight_sync_s", "perf/weight_broadcast_s",
-                "perf/weight_push_s", "async/staleness_mean", "num_turns/mean", "kl/mean"):  # fmt: skip
+                "perf/weight_push_s", "async/staleness_mean", "async/scored_ahead", "num_turns/mean", "kl/mean"):  # fmt: skip
         values = [r[key] for r in timed if r.get(key) is not None]
         if values:
             out[key] = statistics.mean(values)
@@ -391,17 +392,17 @@ def write_report(args: argparse.Namespace, runs: list[Run], shapes: tuple[str, s
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              "Rates over the steps after the first (wall clock from the end of step 1); student tokens are the ones sampled.", "",
              "| run | exit | steps | episodes/step | episodes/s | episodes/s per GPU | student tok/s per GPU | rollout s | teacher s | "
-             "train s | weight sync s (broadcast) | staleness | turns |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "train s | weight sync s (broadcast) | staleness | scored ahead | turns |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         s = r.summary
         if not s.get("steps"):
-            lines.append(f"| {r.name} | {r.exit} | 0 |" + " |" * 10)
+            lines.append(f"| {r.name} | {r.exit} | 0 |" + " |" * 11)
             continue
         f = lambda k, p=".2f": format(s[k], p) if k in s else ""  # noqa: E731  (a cell: blank where not measured)
         sync = f("perf/weight_sync_s", ".3f") + (f" ({f('perf/weight_broadcast_s', '.3f')})" if "perf/weight_broadcast_s" in s else "")
         lines.append(f"| {r.name} | {r.exit} | {s['steps']} | {s['episodes_per_step']:.0f} | {f('episodes_per_s')} | "
                      f"{f('episodes_per_s_per_gpu')} | {f('student_tokens_per_s_per_gpu', ',.0f')} | {f('perf/rollout_s')} | "
-                     f"{f('perf/teacher_s')} | {f('perf/train_step_s')} | {sync} | {f('async/staleness_mean')} | {f('num_turns/mean')} |")  # fmt: skip
+                     f"{f('perf/teacher_s')} | {f('perf/train_step_s')} | {sync} | {f('async/staleness_mean')} | {f('async/scored_ahead')} | {f('num_turns/mean')} |")  # fmt: skip
     modes = {(r.layout, r.mode): r.summary.get("episodes_per_s") for r in runs if not r.fault}
     for (layout, mode), rate in modes.items():
         base = modes.get((layout, Mode.SYNC))

@@ -70,3 +70,81 @@ def test_local_backend_refuses_async(home, tmp_path):
     cfg = load_config("calculator", overrides=["async.enabled=true", "steps=1"])
     with pytest.raises(ValueError, match="async.enabled=true needs run.backend=ray"):
         Runner(cfg, tmp_path / "run").run()
+
+
+
+def _rescored(runner, last_step):
+    """Every stored training episode up to `last_step`: the teacher logprobs the run stored, and what its teacher gives
+    the same stream asked now (`score`, no scoring ahead)."""
+    from agentopd.store import row_to_episode
+
+    out = []
+    for row in runner.store.iter_rows("split = 'train' and step <= ?", [last_step]):
+        ep = row_to_episode(row)
+        name = next(iter(runner.router.refs)) if runner.router.single else row["teacher"]
+        fresh = runner.backend.score({name: [ep.tokens]}, runner.mode)[name][0]
+        out.append((row["id"], ep.teacher_logprobs, fresh.logprobs))
+    return out
+
+
+def _same_scores(pairs):
+    assert pairs
+    for episode, stored, fresh in pairs:
+        assert stored is not None and len(stored) == len(fresh), episode
+        assert max(abs(a - b) for a, b in zip(stored, fresh)) < 1e-4, episode
+
+
+def test_each_step_is_scored_ahead_by_its_teachers(ray_cluster, home, tmp_path):
+    """async.score_ahead (on by default): every work item goes to its episodes' teachers (two, routed by env) as an
+    ObjectRef when submitted, so the driver never calls `score`; the scores (full-vocabulary loss: the hidden rows stay
+    in the object store) are the ones the teacher gives the same streams."""
+    overrides = [*BASE, "async.max_staleness=1", "steps=3", "trainer.loss=forward_kl", "teacher_key=env",
+                 "teachers.calculator=builtin:calculator", "teachers.sql_db=builtin:sql_db"]  # fmt: skip
+    runner = Runner(load_config("calculator,sql_db", overrides=overrides), tmp_path / "run")
+    runner._setup(resume_after=None)
+    backend, calls = runner.backend, []
+    score = backend.score
+    backend.score = lambda by_teacher, mode: calls.append(by_teacher) or score(by_teacher, mode)
+    try:
+        records = [runner._step(step) for step in (1, 2, 3)]
+        assert calls == []  # every score came ahead
+        backend.score = score
+        pairs = _rescored(runner, 3)
+    finally:
+        backend.close()
+    assert [r["async/scored_ahead"] for r in records] == [1.0, 1.0, 1.0]
+    assert len(pairs) == 3 * 4 * 2
+    _same_scores(pairs)
+    assert all(r["train/student_tokens"] > 0 for r in records)
+
+
+def test_scoring_ahead_survives_a_dead_teacher_and_a_dead_rollout_worker(ray_cluster, home, tmp_path):
+    """The teacher replica dies before step 1's scoring starts: the calls sent to it (steps 1 and 2, submitted ahead)
+    fail, it is replaced once, and both steps are scored by the replacement. Then a rollout worker dies: its work items
+    of step 3 are played again, their scores ahead are void (the teacher waited on the dead actor's episodes) and the
+    driver scores them; the other worker's arrive ahead. Nothing is lost or stored twice, every score is the teacher's."""
+    cfg = load_config("calculator", overrides=[*BASE, "async.max_staleness=1", "steps=3", "ray.episodes_per_call=2"])
+    runner = Runner(cfg, tmp_path / "run")
+    runner._setup(resume_after=None)
+    backend = runner.backend
+    try:
+        (pool,) = backend.teachers.values()
+        ray_cluster.kill(pool[0], no_restart=True)
+        records = [runner._step(1)]
+        ray_cluster.kill(backend.workers[0], no_restart=True)
+        records += [runner._step(2), runner._step(3)]
+        pairs = _rescored(runner, 3)
+    finally:
+        backend.close()
+    assert [r["async/scored_ahead"] for r in records[:2]] == [0.0, 0.0]
+    assert 0.0 < records[2]["async/scored_ahead"] < 1.0
+    assert records[-1]["ray/teacher_restarts"] == 1 and records[-1]["ray/rollout_restarts"] >= 1
+    rows = [i for i, _, _ in pairs]
+    assert len(rows) == len(set(rows)) == 3 * 4 * 2
+    _same_scores(pairs)
+
+
+def test_score_ahead_off_scores_on_the_driver(ray_cluster, home, tmp_path):
+    records, rows = _run(tmp_path, ["async.max_staleness=1", "async.score_ahead=false", "steps=2"])
+    assert [r["async/scored_ahead"] for r in records] == [0.0, 0.0]
+    assert len(rows) == 2 * 4 * 2

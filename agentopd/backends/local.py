@@ -125,6 +125,12 @@ class LocalBackend:
         self._asleep(True)
         return score_routed(self.teachers, by_teacher, mode)
 
+    def score_ahead(self, handle: RolloutHandle, teacher_of: Sequence[str], mode: TeacherMode) -> bool:
+        return False  # rollouts run when collected: there is nothing to score beside
+
+    def ahead_scores(self, handle: RolloutHandle) -> list[TeacherScores | None] | None:
+        return None
+
     def teacher_head(self, name: str) -> torch.Tensor:
         return self.teachers[name].head_weight()
 

@@ -31,7 +31,9 @@ The driver owns the store, metrics and viewer files, so a run directory looks as
 Async mode (`async.enabled`): the runner submits the rollouts of the next `max_staleness` steps
 before training the current one; rollout actors run calls in order, so those episodes are played
 with the weights the actor holds then and carry that version (`Episode.policy_version`). Weight
-pushes are not waited for in async mode (they queue behind the in-flight rollouts).
+pushes are not waited for in async mode (they queue behind the in-flight rollouts). With
+`async.score_ahead` each work item is handed to its teacher as an ObjectRef when it is submitted, so
+its scoring starts the moment it is played, beside the trainer's step (`score_ahead`).
 
 Fault tolerance (each role up to `ray.max_restarts` times per run): a rollout or teacher actor that
 dies is replaced; the replacement starts from the latest weights, and the work items the dead actor
@@ -96,6 +98,16 @@ class _Item:
     actor: Any = None  # the actor it was sent to
 
 
+@dataclass
+class _Ahead:
+    """The teacher calls `score_ahead` made on one work item: (teacher, replica, the item's episodes it scores, the
+    call's ObjectRefs, the actor), and the item's ref they wait on (an item played again has another: they are void)."""
+
+    item: _Item
+    played: Any
+    calls: list[tuple[str, int, list[int], list[Any], Any]]
+
+
 class RayBackend:
     name = BackendKind.RAY
     rollout_worker_cls: type = RolloutWorker  # the actor classes (benchmarks/ray_orchestration.py puts stand-ins here)
@@ -104,6 +116,7 @@ class RayBackend:
     def __init__(self) -> None:
         self.placement: Placement | None = None
         self._in_flight: dict[int, list[_Item]] = {}  # RolloutHandle.id -> its work items
+        self._ahead: dict[int, tuple[list[_Ahead], TeacherMode]] = {}  # RolloutHandle.id -> scoring started on its items
 
     def connect(self, cfg: Config, teachers: list[str]) -> None:
         """Join (or start) the cluster and size every role for it: a run it cannot hold fails here,
@@ -267,6 +280,59 @@ class RayBackend:
         return [ep for k in range(len(items)) for ep in results[k]]
 
     # ---- teachers -----------------------------------------------------------------------------
+    def _replace_teacher(self, name: str, replica: int, dead: Any, error: Exception) -> None:
+        if self.teachers[name][replica] is dead:  # several calls of one dead actor: replace it once
+            self._restart("teacher", error)
+            self.ray.kill(dead, no_restart=True)
+            self.teachers[name][replica] = self._new_teacher(name, replica)
+
+    def score_ahead(self, handle: RolloutHandle, teacher_of: Sequence[str], mode: TeacherMode) -> bool:
+        """Async mode: every work item of `handle` (not collected yet) is scored by its episodes' teachers as soon as
+        it is played. The teacher call takes the item's ObjectRef, so Ray starts it when the episodes exist, with no
+        trip through the driver: a step's scoring runs while the trainer takes the step before. `ahead_scores` returns
+        the scores; work item k goes to replica k of each teacher's pool (round-robin)."""
+        aheads, start = [], 0
+        for k, item in enumerate(self._in_flight[handle.id]):
+            groups: dict[str, list[int]] = {}
+            for j in range(len(item.planned)):
+                groups.setdefault(teacher_of[start + j], []).append(j)
+            start += len(item.planned)
+            calls = []
+            for name, idx in groups.items():
+                r = k % len(self.teachers[name])
+                actor = self.teachers[name][r]
+                calls.append((name, r, idx, actor.score_played.options(num_returns=len(idx) + 1).remote(item.ref, idx, mode), actor))
+            aheads.append(_Ahead(item, item.ref, calls))
+        self._ahead[handle.id] = (aheads, mode)
+        return True
+
+    def ahead_scores(self, handle: RolloutHandle) -> list[TeacherScores | None] | None:
+        """The scores `score_ahead` started on `handle`'s episodes (collected), in plan order; None for an episode whose
+        item was played again (its rollout actor died) or whose teacher replica died (replaced here): the caller scores
+        those with `score`. None if no scoring was started on `handle`."""
+        from ray.exceptions import RayActorError
+
+        from agentopd.teacher.base import TeacherMode
+
+        if handle.id not in self._ahead:
+            return None
+        aheads, mode = self._ahead.pop(handle.id)
+        out: list[TeacherScores | None] = []
+        for ahead in aheads:
+            part: list[TeacherScores | None] = [None] * len(ahead.item.planned)
+            for name, r, idx, refs, actor in ahead.calls if ahead.item.ref is ahead.played else ():
+                try:
+                    scores = self.ray.get(refs[0])
+                except RayActorError as e:
+                    self._replace_teacher(name, r, actor, e)
+                    continue
+                if mode == TeacherMode.HIDDEN:  # the rows stay in the object store for the trainer (HiddenRef)
+                    scores = with_hidden_refs(scores, refs[1:])
+                for j, sc in zip(idx, scores, strict=True):
+                    part[j] = sc
+            out += part
+        return out
+
     def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
         from ray.exceptions import RayActorError
 
@@ -294,10 +360,7 @@ class RayBackend:
                     out[name][part] = scores
                     break
                 except RayActorError as e:
-                    if self.teachers[name][r] is job[4]:
-                        self._restart("teacher", e)
-                        self.ray.kill(job[4], no_restart=True)
-                        self.teachers[name][r] = self._new_teacher(name, r)
+                    self._replace_teacher(name, r, job[4], e)
                     job[4] = self.teachers[name][r]
                     job[3] = submit(job[4], by_teacher[name][part])
         return out

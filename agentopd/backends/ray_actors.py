@@ -168,6 +168,11 @@ class TeacherWorker(_OnGPU):
         scores = self.score(streams, mode)
         return ([dataclasses.replace(s, hidden=None) for s in scores], *(s.hidden for s in scores))
 
+    def score_played(self, episodes: list[Any], idx: list[int], mode: Any) -> tuple[Any, ...]:
+        """`score_apart` of the episodes `idx` of one work item, passed as the rollout call's ObjectRef: Ray runs it
+        once the item is played (RayBackend.score_ahead)."""
+        return self.score_apart([episodes[i].tokens for i in idx], mode)
+
     def head_weight(self) -> torch.Tensor:
         return self.teacher.head_weight()
 

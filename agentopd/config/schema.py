@@ -288,6 +288,8 @@ class AsyncConfig(Section):
     enabled: bool = False
     max_staleness: int = Field(1, ge=0, description="largest allowed (trainer version - episode's policy version)")
     stale: Stale = Field(Stale.DROP, description="what happens to an episode past the bound: drop | regenerate")
+    score_ahead: bool = Field(True, description="each work item scored by its teacher as soon as it is played, beside the "
+                              "trainer's step (Ray; not with teacher.privileged, a cross-tokenizer loss or recipe.intervene_below)")
 
 
 class RecipeConfig(Section):
