@@ -8,9 +8,11 @@
     python benchmarks/quality_gpu.py --env sql_db --seed 1,2 --out $OUT --resume /tmp/quality_gpu/quality_gpu.json
     # a sweep longer than a call (the explore family): a process session of its own outlives the call while the
     # machine stays warm (it goes back after 30 s idle), so no run stops between calls; each call, this one and the
-    # next ones, brings back the bundle as it stands
-    setsid python benchmarks/quality_gpu.py --env sql_db_explore ... --out /tmp/quality_gpu/out \
-        --budget-s 1e9 --stop-s 1e9 > /tmp/quality_gpu.log 2>&1 < /dev/null &
+    # next ones, brings back the bundle as it stands. The same command serves every call: a machine that went back
+    # between two calls (a reply 30 s late) comes fresh, without the log, and the sweep starts again there from
+    # --resume instead of the call sleeping beside nothing (on 2026-11-28 a whole call was lost that way)
+    [ -f /tmp/quality_gpu.log ] || setsid python benchmarks/quality_gpu.py --env sql_db_explore ... \
+        --out /tmp/quality_gpu/out --budget-s 1e9 --stop-s 1e9 > /tmp/quality_gpu.log 2>&1 < /dev/null &
     for i in $(seq 55); do sleep 10; cp /tmp/quality_gpu/out/quality_gpu.json $OUT/ 2>/dev/null; done; tail /tmp/quality_gpu.log
     # here, once the arms are in: quality.py's tables and curves of the bundle
     python benchmarks/quality_gpu.py --resume quality_gpu.json --report benchmarks/results/quality_gpu.md
