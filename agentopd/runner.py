@@ -322,6 +322,7 @@ class Runner:
             self.store.delete_after(step)
             self.log.close()
             self.log = self._open_log(resume_after=step)
+            self.backend.forget([h for handles in self._pending.values() for h in handles])
             self._pending.clear()
             summary.evals = [e for e in summary.evals if e["step"] <= step]
             self._trained_through, self._unlogged = step, None

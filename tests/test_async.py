@@ -8,7 +8,8 @@ import sqlite3
 import pytest
 
 from agentopd.config import load_config
-from agentopd.runner import Runner
+from agentopd.backends.base import TrainerRestarted
+from agentopd.runner import Runner, RunSummary
 
 STEPS = 4
 BASE = [
@@ -110,6 +111,11 @@ def test_each_step_is_scored_ahead_by_its_teachers(ray_cluster, home, tmp_path):
         assert calls == []  # every score came ahead
         backend.score = score
         pairs = _rescored(runner, 3)
+        # the trainer group went back to step 2 while step 3's rollouts were in flight (and scored ahead): let go
+        runner._pending[3] = runner._submit(3)
+        assert backend._ahead and backend._in_flight
+        assert runner._rewind(TrainerRestarted(2, "a test"), RunSummary(tmp_path / "run", 3)) == 3
+        assert not backend._ahead and not backend._in_flight and not runner._pending
     finally:
         backend.close()
     assert [r["async/scored_ahead"] for r in records] == [1.0, 1.0, 1.0]

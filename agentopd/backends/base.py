@@ -106,6 +106,8 @@ class Backend(Protocol):
 
     def ahead_scores(self, handle: RolloutHandle) -> list[TeacherScores | None] | None: ...
 
+    def forget(self, handles: Sequence[RolloutHandle]) -> None: ...  # submitted, never to be collected (a rewind)
+
     def teacher_head(self, name: str) -> torch.Tensor: ...
 
     def train(self, samples: list[TrainSample], head: torch.Tensor | list[torch.Tensor] | None, loss: LossKind | None = None,

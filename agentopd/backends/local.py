@@ -131,6 +131,9 @@ class LocalBackend:
     def ahead_scores(self, handle: RolloutHandle) -> list[TeacherScores | None] | None:
         return None
 
+    def forget(self, handles: Sequence[RolloutHandle]) -> None:
+        pass  # a handle holds all there is: nothing runs before it is collected
+
     def teacher_head(self, name: str) -> torch.Tensor:
         return self.teachers[name].head_weight()
 

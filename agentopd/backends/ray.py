@@ -279,6 +279,13 @@ class RayBackend:
             self.ray.get([w.drop.remote(handle.who) for w in self.workers])
         return [ep for k in range(len(items)) for ep in results[k]]
 
+    def forget(self, handles: Sequence[RolloutHandle]) -> None:
+        """Handles submitted that will never be collected (the runner went back to a checkpoint): their work items and
+        any scores started on them (hidden rows in the object store, in HIDDEN mode) are let go."""
+        for handle in handles:
+            self._in_flight.pop(handle.id, None)
+            self._ahead.pop(handle.id, None)
+
     # ---- teachers -----------------------------------------------------------------------------
     def _replace_teacher(self, name: str, replica: int, dead: Any, error: Exception) -> None:
         if self.teachers[name][replica] is dead:  # several calls of one dead actor: replace it once
