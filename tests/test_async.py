@@ -98,9 +98,11 @@ def _same_scores(pairs):
 def test_each_step_is_scored_ahead_by_its_teachers(ray_cluster, home, tmp_path):
     """async.score_ahead (on by default): every work item goes to its episodes' teachers (two, routed by env) as an
     ObjectRef when submitted, so the driver never calls `score`; the scores (full-vocabulary loss: the hidden rows stay
-    in the object store) are the ones the teacher gives the same streams."""
+    in the object store) are the ones the teacher gives the same streams. Half the tasks are the teachers' to play
+    (recipe.teacher_fraction): a step is three rollouts, each scored ahead."""
     overrides = [*BASE, "async.max_staleness=1", "steps=3", "trainer.loss=forward_kl", "teacher_key=env",
-                 "teachers.calculator=builtin:calculator", "teachers.sql_db=builtin:sql_db"]  # fmt: skip
+                 "teachers.calculator=builtin:calculator", "teachers.sql_db=builtin:sql_db",
+                 "recipe.teacher_fraction=0.5"]  # fmt: skip
     runner = Runner(load_config("calculator,sql_db", overrides=overrides), tmp_path / "run")
     runner._setup(resume_after=None)
     backend, calls = runner.backend, []
@@ -119,6 +121,7 @@ def test_each_step_is_scored_ahead_by_its_teachers(ray_cluster, home, tmp_path):
     finally:
         backend.close()
     assert [r["async/scored_ahead"] for r in records] == [1.0, 1.0, 1.0]
+    assert [r["recipe/teacher_episodes"] for r in records] == [4.0, 4.0, 4.0]
     assert len(pairs) == 3 * 4 * 2
     _same_scores(pairs)
     assert all(r["train/student_tokens"] > 0 for r in records)
