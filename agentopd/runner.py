@@ -116,6 +116,7 @@ class Runner:
         self.privileged: PrivilegedView | None = None  # teacher.privileged: the streams the teacher scores instead
         self.shapes: dict[str, ModelShape | None] = {}  # student and teachers by name: their FLOPs per token (None: a server)
         self._scored: list[tuple[str, int]] = []  # the step's scored streams: (teacher, length), for flops/teacher_score
+        self._scored_ahead = 0.0  # the share of the step's scores the backend started ahead (async.score_ahead)
         self._flops_cum = {"teacher": 0.0, "student": 0.0}  # flops/teacher_cum, flops/student_cum so far
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -420,9 +421,10 @@ class Runner:
             planned += handle.planned
         return planned, episodes
 
-    def _rollout(self, step: int, advance: Callable[[], None]) -> tuple[list[Planned], list[Episode], dict[str, float], list | None]:
-        """This step's episodes (stored as they arrive) and the scores started on them ahead (async.score_ahead: None
-        where missing; None if none); in async mode the next steps' rollouts are submitted first."""
+    def _rollout(self, step: int, advance: Callable[[], None]) -> tuple[list[Planned], list[Episode], dict[str, float], list[RolloutHandle]]:
+        """This step's episodes (stored as they arrive) and the rollouts whose scores `_score` may take from the backend
+        (async.score_ahead; none when staleness changed the episodes); in async mode the next steps' rollouts are
+        submitted first."""
         cfg = self.cfg
         handles = self._pending.pop(step, None) or self._submit(step)
         if cfg.async_.enabled:
@@ -439,15 +441,13 @@ class Runner:
             advance()
 
         planned, episodes = self._collect(handles, on_episode)
-        ahead = [self.backend.ahead_scores(h) for h in handles]
-        ahead = None if any(a is None for a in ahead) else [sc for a in ahead for sc in a]
         stats: dict[str, float] = {}
         if cfg.async_.enabled:
             planned, episodes, stats = self._bound_staleness(planned, episodes, on_episode)
-            if stats["async/dropped"] or stats["async/regenerated"]:
-                ahead = None  # the step's episodes changed: scored here
-            stats["async/scored_ahead"] = 0.0 if ahead is None else sum(sc is not None for sc in ahead) / max(len(ahead), 1)
-        return planned, episodes, stats, ahead
+            if stats["async/dropped"] or stats["async/regenerated"]:  # the step's episodes changed: scored by _score
+                self.backend.forget(handles)
+                handles = []
+        return planned, episodes, stats, handles
 
     def _bound_staleness(self, planned: list[Planned], episodes: list[Episode], on_episode: OnEpisode):
         """Episodes older than async.max_staleness policy versions are dropped or re-generated now."""
@@ -479,11 +479,14 @@ class Runner:
         return None if self.router.single else self.router.teacher_of(p)
 
     def _score(self, planned: list[Planned], episodes: list[Episode], teacher_of: list[str], objective: Objective,
-               ahead: list[TeacherScores | None] | None = None) -> list[TeacherScores] | None:  # fmt: skip
+               collected: Sequence[RolloutHandle] = ()) -> list[TeacherScores] | None:  # fmt: skip
         """The teachers' scores of every episode, in order, then of every branch (Episode.branches: student turns that
-        recipe.intervene_below replaced, each scored by its episode's teacher), episode by episode. `ahead`: the
-        episodes' scores the backend already has (async.score_ahead), None where it has none."""
+        recipe.intervene_below replaced, each scored by its episode's teacher), episode by episode. `collected`: the
+        rollouts the episodes came from, in order, whose scores the backend may have started ahead (async.score_ahead;
+        the share that came ahead in self._scored_ahead)."""
+        self._scored_ahead = 0.0
         if not objective.scores or not episodes:
+            self.backend.forget(collected)
             return None
         if self.cross_scorer is not None:
             return self._score_cross(planned, episodes, teacher_of)
@@ -493,10 +496,13 @@ class Runner:
         branch_teachers = [name for e, name in zip(episodes, teacher_of) for _ in e.branches]
         self._scored = [(name, len(s.token_ids)) for name, s in zip([*teacher_of, *branch_teachers], streams)]
         with self._in_phase("teacher"):
-            if ahead is None or len(ahead) != len(streams):
+            ahead = [self.backend.ahead_scores(h) for h in collected]
+            if not ahead or any(a is None for a in ahead) or sum(map(len, ahead)) != len(streams):
                 scores = score_episodes(self.backend, [*teacher_of, *branch_teachers], streams, self.mode)
             else:  # those missing (an actor died) scored now
-                scores, missing = list(ahead), [i for i, sc in enumerate(ahead) if sc is None]
+                scores = [sc for a in ahead for sc in a]
+                missing = [i for i, sc in enumerate(scores) if sc is None]
+                self._scored_ahead = 1 - len(missing) / len(scores)
                 late = score_episodes(self.backend, [teacher_of[i] for i in missing], [streams[i] for i in missing], self.mode) if missing else []
                 for i, sc in zip(missing, late, strict=True):
                     scores[i] = sc
@@ -523,13 +529,15 @@ class Runner:
         objective = self._objective(step)
         t = time.perf_counter()
         with self._in_phase("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
-            planned, episodes, async_stats, ahead = self._rollout(step, advance)
+            planned, episodes, async_stats, collected = self._rollout(step, advance)
         rollout_s = time.perf_counter() - t
 
         teacher_of = [self.router.teacher_of(p) for p in planned]
         t = time.perf_counter()
-        scores = self._score(planned, episodes, teacher_of, objective, ahead)
+        scores = self._score(planned, episodes, teacher_of, objective, collected)
         teacher_s = time.perf_counter() - t
+        if cfg.async_.enabled:
+            async_stats["async/scored_ahead"] = self._scored_ahead
 
         r = cfg.recipe  # recipe.turn_support_below: per-token loss weights of each episode (its turns' reliability)
         token_weights, recipe_metrics = (None, {}) if r.turn_support_below is None or scores is None else \
