@@ -73,7 +73,6 @@ def test_local_backend_refuses_async(home, tmp_path):
         Runner(cfg, tmp_path / "run").run()
 
 
-
 def _rescored(runner, last_step):
     """Every stored training episode up to `last_step`: the teacher logprobs the run stored, and what its teacher gives
     the same stream asked now (`score`, no scoring ahead)."""
@@ -127,6 +126,15 @@ def test_each_step_is_scored_ahead_by_its_teachers(ray_cluster, home, tmp_path):
     assert all(r["train/student_tokens"] > 0 for r in records)
 
 
+def _kill(ray, actor):
+    """Kill `actor` and return once it is dead (ray.kill only asks): what is sent to it from now on fails."""
+    from ray.exceptions import RayActorError
+
+    ray.kill(actor, no_restart=True)
+    with pytest.raises(RayActorError):
+        ray.get(actor.__ray_ready__.remote(), timeout=30)
+
+
 def test_scoring_ahead_survives_a_dead_teacher_and_a_dead_rollout_worker(ray_cluster, home, tmp_path):
     """The teacher replica dies before step 1's scoring starts: the calls sent to it (steps 1 and 2, submitted ahead)
     fail, it is replaced once, and both steps are scored by the replacement. Then a rollout worker dies: its work items
@@ -138,9 +146,9 @@ def test_scoring_ahead_survives_a_dead_teacher_and_a_dead_rollout_worker(ray_clu
     backend = runner.backend
     try:
         (pool,) = backend.teachers.values()
-        ray_cluster.kill(pool[0], no_restart=True)
+        _kill(ray_cluster, pool[0])
         records = [runner._step(1)]
-        ray_cluster.kill(backend.workers[0], no_restart=True)
+        _kill(ray_cluster, backend.workers[0])
         records += [runner._step(2), runner._step(3)]
         pairs = _rescored(runner, 3)
     finally:
