@@ -125,8 +125,8 @@ class LocalBackend:
         self._asleep(True)
         return score_routed(self.teachers, by_teacher, mode)
 
-    def score_ahead(self, handle: RolloutHandle, teacher_of: Sequence[str], mode: TeacherMode) -> bool:
-        return False  # rollouts run when collected: there is nothing to score beside
+    def score_ahead(self, handle: RolloutHandle, teacher_of: Sequence[str], mode: TeacherMode) -> None:
+        pass  # rollouts run when collected: there is nothing to score beside (ahead_scores gives None)
 
     def ahead_scores(self, handle: RolloutHandle) -> list[TeacherScores | None] | None:
         return None

@@ -293,7 +293,16 @@ class RayBackend:
             self.ray.kill(dead, no_restart=True)
             self.teachers[name][replica] = self._new_teacher(name, replica)
 
-    def score_ahead(self, handle: RolloutHandle, teacher_of: Sequence[str], mode: TeacherMode) -> bool:
+    def _scores(self, refs: list[Any], mode: TeacherMode) -> list[TeacherScores]:
+        """The scores of a `TeacherWorker.score_apart` call from its ObjectRefs (the scores, then each stream's rows)."""
+        from agentopd.teacher.base import TeacherMode
+
+        scores = self.ray.get(refs[0])
+        if mode == TeacherMode.HIDDEN:  # the rows stay in the object store for the trainer (HiddenRef)
+            scores = with_hidden_refs(scores, refs[1:])
+        return scores
+
+    def score_ahead(self, handle: RolloutHandle, teacher_of: Sequence[str], mode: TeacherMode) -> None:
         """Async mode: every work item of `handle` (not collected yet) is scored by its episodes' teachers as soon as
         it is played. The teacher call takes the item's ObjectRef, so Ray starts it when the episodes exist, with no
         trip through the driver: a step's scoring runs while the trainer takes the step before. `ahead_scores` returns
@@ -311,15 +320,12 @@ class RayBackend:
                 calls.append((name, r, idx, actor.score_played.options(num_returns=len(idx) + 1).remote(item.ref, idx, mode), actor))
             aheads.append(_Ahead(item, item.ref, calls))
         self._ahead[handle.id] = (aheads, mode)
-        return True
 
     def ahead_scores(self, handle: RolloutHandle) -> list[TeacherScores | None] | None:
         """The scores `score_ahead` started on `handle`'s episodes (collected), in plan order; None for an episode whose
         item was played again (its rollout actor died) or whose teacher replica died (replaced here): the caller scores
         those with `score`. None if no scoring was started on `handle`."""
         from ray.exceptions import RayActorError
-
-        from agentopd.teacher.base import TeacherMode
 
         if handle.id not in self._ahead:
             return None
@@ -329,12 +335,10 @@ class RayBackend:
             part: list[TeacherScores | None] = [None] * len(ahead.item.planned)
             for name, r, idx, refs, actor in ahead.calls if ahead.item.ref is ahead.played else ():
                 try:
-                    scores = self.ray.get(refs[0])
+                    scores = self._scores(refs, mode)
                 except RayActorError as e:
                     self._replace_teacher(name, r, actor, e)
                     continue
-                if mode == TeacherMode.HIDDEN:  # the rows stay in the object store for the trainer (HiddenRef)
-                    scores = with_hidden_refs(scores, refs[1:])
                 for j, sc in zip(idx, scores, strict=True):
                     part[j] = sc
             out += part
@@ -342,8 +346,6 @@ class RayBackend:
 
     def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
         from ray.exceptions import RayActorError
-
-        from agentopd.teacher.base import TeacherMode
 
         def submit(actor: Any, streams: list[TokenStream]) -> list[Any]:  # the scores' ref, then one per stream's rows
             return actor.score_apart.options(num_returns=len(streams) + 1).remote(streams, mode)
@@ -361,10 +363,7 @@ class RayBackend:
             name, r, part = job[:3]
             while True:
                 try:
-                    scores, rows = self.ray.get(job[3][0]), job[3][1:]
-                    if mode == TeacherMode.HIDDEN:  # the rows stay in the object store for the trainer (HiddenRef)
-                        scores = with_hidden_refs(scores, rows)
-                    out[name][part] = scores
+                    out[name][part] = self._scores(job[3], mode)
                     break
                 except RayActorError as e:
                     self._replace_teacher(name, r, job[4], e)
