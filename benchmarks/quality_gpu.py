@@ -9,8 +9,10 @@
     # a sweep longer than a call (the explore family): a process session of its own outlives the call while the
     # machine stays warm (it goes back after 30 s idle), so no run stops between calls; each call, this one and the
     # next ones, brings back the bundle as it stands. The same command serves every call: a machine that went back
-    # between two calls (a reply 30 s late) comes fresh, without the log, and the sweep starts again there from
-    # --resume instead of the call sleeping beside nothing (on 2026-11-28 a whole call was lost that way)
+    # between two calls (a reply 30 s late, or its 30 minutes of holding, start included, spent: two full calls and
+    # a short one) comes fresh, without the log, and the sweep starts again there from --resume instead of the call
+    # sleeping beside nothing (on 2026-11-28 a whole call was lost that way). So copy each call's bundle over the
+    # --resume file before the next call: a fresh machine then runs only what is still missing
     [ -f /tmp/quality_gpu.log ] || setsid python benchmarks/quality_gpu.py --env sql_db_explore ... \
         --out /tmp/quality_gpu/out --budget-s 1e9 --stop-s 1e9 > /tmp/quality_gpu.log 2>&1 < /dev/null &
     for i in $(seq 55); do sleep 10; cp /tmp/quality_gpu/out/quality_gpu.json $OUT/ 2>/dev/null; done; tail /tmp/quality_gpu.log
@@ -47,6 +49,9 @@ from pathlib import Path
 _spec = importlib.util.spec_from_file_location("quality", Path(__file__).with_name("quality.py"))
 quality = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(quality)
+_spec = importlib.util.spec_from_file_location("_measured", Path(__file__).with_name("_measured.py"))
+_measured = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_measured)
 
 ARMS = ("sft", "opd", "sft_then_opd", "sft_late_opd", "opd_mixed", "opd_self_privileged", "opd_horizon")
 BUNDLE = "quality_gpu.json"
@@ -100,7 +105,8 @@ def build_pair(args: argparse.Namespace, home: Path) -> dict:
     cmd = [sys.executable, "-m", "agentopd.cli", "bootstrap", "--env", args.env, *size_overrides]
     subprocess.run(cmd, env=dict(os.environ, AGENTOPD_HOME=str(home)), check=True)
     report = bootstrap(args.env, size=args.size, home=home).report  # the cache just built: nothing trained here
-    return {**report, "built_s": round(time.perf_counter() - t0, 1), "machine": machine()}
+    return {**report, "built_s": round(time.perf_counter() - t0, 1), "machine": machine(), "commit": _measured.commit_measured(),
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
 def context_check(args: argparse.Namespace, home: Path) -> dict:
@@ -124,7 +130,7 @@ def context_check(args: argparse.Namespace, home: Path) -> dict:
 
 def same_pair(a: dict, b: dict) -> bool:
     """The same built pair (a warm machine's cache read again): everything but when and where it was read."""
-    skip = ("built_s", "machine", "context")
+    skip = ("built_s", "machine", "context", "commit", "date")
     return {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
 
 
@@ -200,14 +206,16 @@ def write_report(args: argparse.Namespace, bundle: dict) -> None:
         print(f"no plot: {e} (pip install matplotlib)", file=sys.stderr)
         png = None
     seeds = sorted({r["seed"] for r in results})
+    # the privileged context reaches the runs only through privileged arms, and the pairs' context checks
+    privileged = f"--privileged {bundle['privileged']} " if any("context" in p for p in bundle["pairs"]) else ""
     head = [f"# Quality on the gpu-sized embedded pair (embedded.size={bundle['size']})", "",
             f"`python benchmarks/quality_gpu.py --env {bundle['env']} --steps {bundle['steps']} --eval-every {bundle['eval_every']} "
-            f"--methods {','.join(methods)} --seed {','.join(map(str, seeds))} --out $OUT --resume quality_gpu.json` (in as many calls "
+            f"{privileged}--methods {','.join(methods)} --seed {','.join(map(str, seeds))} --out $OUT --resume quality_gpu.json` (in as many calls "
             f"as it takes; each call's pair below); every run: `{' '.join(bundle['overrides'])}`.", "",
-            "| pair | machine | teacher | student | built in |", "|---|---|---|---|---|"]  # fmt: skip
+            "| pair | built (date, commit) | machine | teacher | student | built in |", "|---|---|---|---|---|---|"]  # fmt: skip
     for i, p in enumerate(bundle["pairs"]):
         t, s = p["teacher"], p["student"]
-        head.append(f"| {i} | {p['machine']} | {t['parameters'] / 1e6:.1f}M, {t['success']:.0%} held-out, {t['steps']} steps | "
+        head.append(f"| {i} | {p.get('date', '?')}, {p.get('commit', '?')} | {p['machine']} | {t['parameters'] / 1e6:.1f}M, {t['success']:.0%} held-out, {t['steps']} steps | "
                     f"{s['parameters'] / 1e6:.1f}M, {s['success']:.0%} held-out, {s['steps']} steps | {p['built_s']:.0f} s |")  # fmt: skip
     checks = [(i, p["context"]) for i, p in enumerate(bundle["pairs"]) if p.get("context", {}).get("models")]
     if checks:

@@ -50,10 +50,12 @@ def _main(monkeypatch, *args) -> None:
 def test_a_call_bundles_its_arms_and_the_next_continues(tmp_path, monkeypatch, capsys):
     """...and a warm machine's next call (the same work folder) reuses the pair it built."""
     out = tmp_path / "out"
+    monkeypatch.setenv("AGENTOPD_COMMIT", "c0ffee1")  # a device machine's tree has no .git: the commit comes with the call
     printed = _call("--methods", "opd", "--out", out, "--work", _machine(tmp_path, "call1"))
     assert "1 results" in printed
     bundle = json.loads((out / "quality_gpu.json").read_text())
     _check_bundle(bundle, ["opd"])
+    assert bundle["pairs"][0]["commit"] == "c0ffee1" and len(bundle["pairs"][0]["date"]) == len("2026-11-28")
 
     _main(monkeypatch, "--methods", "opd", "--out", tmp_path / "out2", "--resume", out / "quality_gpu.json",
           "--work", tmp_path / "call2")  # fmt: skip
@@ -71,6 +73,7 @@ def test_a_call_bundles_its_arms_and_the_next_continues(tmp_path, monkeypatch, c
     _main(monkeypatch, "--resume", out / "quality_gpu.json", "--report", report)
     text = report.read_text()
     assert "embedded.size=test" in text and "## sql_db" in text and "| opd | 1 |" in text
+    assert f"| 0 | {bundle['pairs'][0]['date']}, c0ffee1 |" in text  # each pair names when and at which commit it was built
 
 
 @pytest.mark.slow
