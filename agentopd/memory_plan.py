@@ -54,9 +54,10 @@ Roles and formulas (bytes):
   `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it.
 - every process on a GPU: 1 GiB of CUDA context, cuBLAS workspace and allocator slack.
 
-Placement follows `run.backend`: local puts every role on one GPU (`run.device`); ray packs the
-trainer ranks, rollout workers and teacher replicas onto GPUs by their `ray.gpus_per_*` shares, in that
-order. A GPU fits when its peak phase stays within 95% of its memory (fragmentation). vLLM sizes its own
+Placement follows `run.backend`: local puts every role on one GPU (`run.device`); ray places the
+trainer ranks, rollout workers and teacher replicas (of each local teacher) by their `ray.gpus_per_*` shares as
+Ray places the run's bundles (agentopd.backends.placement: whole GPUs to trainer ranks first, then a rollout
+worker and each teacher's replica in turn, a fraction to the GPU it fills best). A GPU fits when its peak phase stays within 95% of its memory (fragmentation). vLLM sizes its own
 memory: the plan counts `engine.vllm.gpu_memory_utilization` of the GPU for it, in every phase. Not
 modelled: async overlap, the teacher's eval engine under vLLM.
 """
@@ -262,29 +263,24 @@ def _gib(nbytes: float) -> float:
     return nbytes / GIB
 
 
-def _placement(cfg: Config) -> tuple[list[int], list[int], list[int]]:
-    """GPU index of each trainer rank, rollout worker and teacher replica (see the module docstring)."""
+def _placement(cfg: Config, teachers: int | list[str] = 1) -> tuple[list[int], list[int], list[int]]:
+    """GPU index of each trainer rank, rollout worker and teacher replica (of every teacher: `teachers` names them, or
+    counts them; replicas of the first teacher first), -1 for an actor on CPU: Ray's placement of the run's bundles
+    (agentopd.backends.placement.gpu_index)."""
     from agentopd.backends.base import BackendKind
+    from agentopd.backends.placement import ROLLOUT, TRAINER, Role, gpu_index, teacher_role
 
+    names = [str(k) for k in range(teachers)] if isinstance(teachers, int) else teachers
     if cfg.run.backend == BackendKind.LOCAL:
-        return [0], [0], [0]
+        return [0], [0], [0] * len(names)
     r = cfg.ray
-    gpu, used, out = 0, 0.0, []
-    for count, share in ((r.trainer_workers, r.gpus_per_trainer_worker), (r.rollout_workers, r.gpus_per_rollout_worker),
-                         (r.teacher_replicas, r.gpus_per_teacher)):  # fmt: skip
-        placed = []
-        for _ in range(count):
-            if share == 0:  # a role without a GPU share runs on CPU: nothing on a GPU
-                placed.append(-1)
-                continue
-            if used + share > 1.0 + 1e-9:
-                gpu, used = gpu + 1, 0.0
-            placed.append(gpu)
-            used += share
-            if used >= 1.0 - 1e-9:
-                gpu, used = gpu + 1, 0.0
-        out.append(placed)
-    return out[0], out[1], out[2]
+    roles = [Role(ROLLOUT, r.rollout_workers, 0.0, r.gpus_per_rollout_worker, ""),
+             *(Role(teacher_role(t), r.teacher_replicas, 0.0, r.gpus_per_teacher, "") for t in names),
+             Role(TRAINER, r.trainer_workers, 0.0, r.gpus_per_trainer_worker, "")]  # fmt: skip
+    gpu = gpu_index(roles)
+    return ([gpu.get((TRAINER, i), -1) for i in range(r.trainer_workers)],
+            [gpu.get((ROLLOUT, i), -1) for i in range(r.rollout_workers)],
+            [gpu.get((teacher_role(t), i), -1) for t in names for i in range(r.teacher_replicas)])  # fmt: skip
 
 
 def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], teachers: int = 1) -> MemoryPlan:
@@ -337,7 +333,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
 
     s, t = shapes["student"], shapes.get("teacher")
     local = cfg.run.backend == BackendKind.LOCAL
-    tr, ro, te = _placement(cfg)
+    tr, ro, te = _placement(cfg, teachers)
     if max(tr + ro + te) >= len(gpus_gib):
         raise ValueError(f"the placement needs {max(tr + ro + te) + 1} GPUs (ray.gpus_per_*), {len(gpus_gib)} present")
     items: list[Item] = []
@@ -397,7 +393,9 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
         work = 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab
         resident = (Phase.TEACHER,) if teacher_offload else ALL
         for g in sorted(set(te) - {-1}):
-            n = te.count(g) * (1 if teacher_offload else teachers)  # resident: every local teacher stays (the largest's size)
+            # one process per teacher replica on Ray; the local backend's one process holds every local teacher
+            # while they stay resident (offloaded, one at a time); each counted at the largest's size
+            n = te.count(g) if not local else 1 if teacher_offload else teachers
             items += [Item("teacher", f"bf16 weights ({t.params / 1e9:.2f}B) x{n}", _gib(2 * t.params) * n, g, resident),
                       Item("teacher", "scoring work (16k tokens)", _gib(work) * n, g, (Phase.TEACHER,))]  # fmt: skip
     procs = {g: tr.count(g) + ro.count(g) + te.count(g) for g in range(len(gpus_gib))} if not local else {0: 1}

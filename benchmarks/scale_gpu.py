@@ -15,8 +15,12 @@ measurement; on a machine lent for 10-minute calls add `--budget 480` (the insta
 Layouts (LAYOUTS; ray.* keys on top of configs/examples/qwen3-2gpu.yaml, docs/guides/gpu.md section 6):
 - 1gpu: trainer 0.5, rollout worker 0.25, teacher 0.25 of one GPU (weights over CUDA IPC);
 - 2gpu: trainer on GPU 0; rollout worker and teacher share GPU 1 (the example as written);
-- 4gpu: two FSDP2 trainer ranks (GPUs 0-1), a rollout worker (GPU 2), the teacher (GPU 3);
-- 8gpu: four trainer ranks (GPUs 0-3), two rollout workers (4-5), two teacher replicas (6-7).
+- 4gpu: two FSDP2 trainer ranks (GPUs 0-1); on GPUs 2 and 3 a rollout worker and a teacher replica each (the 2gpu
+  layout's GPU 1, twice: agentopd.backends.placement pairs them bundle by bundle);
+- 8gpu: four trainer ranks (GPUs 0-3); on GPUs 4-7 a rollout worker and a teacher replica each;
+- 4gpu-apart, 8gpu-apart: the roles on GPUs of their own: two trainer ranks, a rollout worker, the teacher (GPUs 0-1,
+  2, 3); four ranks, two rollout workers, two teacher replicas (0-3, 4-5, 6-7). In sync mode a GPU idles while the
+  other role's phase runs (4gpu-apart measured 62% of 2gpu's episodes/s per GPU); in async mode the roles overlap.
 The student is 1.7B-shaped and the teacher 8B-shaped (bf16) unless `--shapes` says otherwise (0.6b,1.7b fits a
 10-minute call more easily); the models are built by benchmarks/memory_gpu.py (cached under /tmp/memory_gpu).
 Each step plays `--tasks` tasks x 8 per 2 GPUs: tasks_per_step scales with the layout's rollout GPUs (a quarter of
@@ -99,8 +103,10 @@ class Layout:
 LAYOUTS = {
     "1gpu": Layout(1, trainer=(1, 0.5), rollout=(1, 0.25), teacher=(1, 0.25)),
     "2gpu": Layout(2, trainer=(1, 1.0), rollout=(1, 0.5), teacher=(1, 0.5)),
-    "4gpu": Layout(4, trainer=(2, 1.0), rollout=(1, 1.0), teacher=(1, 1.0)),
-    "8gpu": Layout(8, trainer=(4, 1.0), rollout=(2, 1.0), teacher=(2, 1.0)),
+    "4gpu": Layout(4, trainer=(2, 1.0), rollout=(2, 0.5), teacher=(2, 0.5)),
+    "8gpu": Layout(8, trainer=(4, 1.0), rollout=(4, 0.5), teacher=(4, 0.5)),
+    "4gpu-apart": Layout(4, trainer=(2, 1.0), rollout=(1, 1.0), teacher=(1, 1.0)),
+    "8gpu-apart": Layout(8, trainer=(4, 1.0), rollout=(2, 1.0), teacher=(2, 1.0)),
 }
 
 SIZES = {"rollout.n": N, "rollout.max_turns": 4, "rollout.max_new_tokens": 512, "rollout.max_context": 4096, "eval.num_tasks": 8}

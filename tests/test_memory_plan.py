@@ -113,6 +113,23 @@ def test_qwen3_gpu_example_with_1_7b_and_8b_shapes_fits_one_and_two_gpus():
     assert two.peak(1, Phase.TEACHER) < two.peak(1, Phase.EVAL) - 25
 
 
+def test_eight_gpus_pair_an_engine_with_a_teacher_replica_on_each_gpu_after_the_trainer_ranks():
+    """benchmarks/scale_gpu.py's 8gpu layout at the issue's shapes (1.7B student under FSDP2 on 4 GPUs, 8B teacher):
+    the plan places actors as Ray does (agentopd.backends.placement.gpu_index), one engine and one teacher replica on
+    each of GPUs 4-7 (not two engines on GPU 4 and two teachers on GPU 6), and it fits 80 GiB cards."""
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    cfg = load_config("sql_db", config_file="configs/examples/qwen3-2gpu.yaml", overrides=[
+        "ray.trainer_workers=4", "ray.gpus_per_trainer_worker=1", "ray.rollout_workers=4", "ray.gpus_per_rollout_worker=0.5",
+        "ray.teacher_replicas=4", "ray.gpus_per_teacher=0.5"])  # fmt: skip
+    plan = plan_memory(cfg, shapes, [79.2] * 8)
+    assert plan.fits, plan.table()
+    for g in range(8):
+        roles = sorted({i.role for i in plan.items if i.gpu == g} - {"cuda", "eval"})
+        assert roles == (["trainer"] if g < 4 else ["engine", "teacher"]), (g, roles)
+        weights = [i.what for i in plan.items if i.gpu == g and i.role in ("engine", "teacher") and "weights" in i.what]
+        assert g < 4 or weights == ["student bf16 weights x1", "bf16 weights (8.19B) x1"], weights
+
+
 def test_trainer_cpu_offload_moves_the_trainers_fp32_state_to_the_host_in_the_plan():
     """trainer.cpu_offload (FSDP2's CPUOffloadPolicy, Ray trainer ranks): the plan no longer puts the master weights,
     AdamW state and gradients on the trainer's GPU (a run that fits only offloaded was refused before), names the

@@ -4,6 +4,8 @@ seconds with a message naming what was asked and what the cluster has (issue 17:
 `--env calculator,sql_db backend=ray` used to hang forever on 2 cores with every actor at 1 CPU)."""
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -92,3 +94,82 @@ def test_reservation_not_ready_in_time_fails_and_gives_everything_back(ray_clust
     assert "2 rollout workers x 0.4 CPU" in text
     assert seconds < 30, seconds
     assert ray_cluster.available_resources().get("CPU") == 2
+
+
+def _roles(trainers, rollout, teachers, names=("default",)):
+    """Roles as place() makes them: (count, GPU share) of trainer ranks, rollout workers and each teacher's replicas."""
+    from agentopd.backends.placement import ROLLOUT, TRAINER, Role, teacher_role
+
+    return [Role(ROLLOUT, rollout[0], 0.0, rollout[1], ""), *(Role(teacher_role(n), teachers[0], 0.0, teachers[1], "") for n in names),
+            Role(TRAINER, trainers[0], 0.0, trainers[1], "")]  # fmt: skip
+
+
+LAYOUTS = {  # the GPU index gpu_index gives each actor, role by role (benchmarks/scale_gpu.py's layouts)
+    "2gpu": (((1, 1.0), (1, 0.5), (1, 0.5)), {"trainer": [0], "rollout": [1], "teacher/default": [1]}),
+    # rollout workers and teacher replicas paired on GPUs 2 and 3 (bundle by bundle, not both workers on GPU 2)
+    "4gpu": (((2, 1.0), (2, 0.5), (2, 0.5)), {"trainer": [0, 1], "rollout": [2, 3], "teacher/default": [2, 3]}),
+    "8gpu": (((4, 1.0), (4, 0.5), (4, 0.5)), {"trainer": [0, 1, 2, 3], "rollout": [4, 5, 6, 7], "teacher/default": [4, 5, 6, 7]}),
+    # ranks of 0.75 GPU (benchmarks/results/ray_gpu.md): a GPU each, the quarters filling what they leave
+    "0.75": (((2, 0.75), (1, 0.25), (1, 0.25)), {"trainer": [0, 1], "rollout": [0], "teacher/default": [1]}),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_index_pairs_rollout_workers_with_teacher_replicas(layout):
+    from agentopd.backends.placement import gpu_index
+
+    shares, want = LAYOUTS[layout]
+    got = gpu_index(_roles(*shares))
+    assert {role: [got[role, i] for i in range(len(gpus))] for role, gpus in want.items()} == want
+
+
+def test_two_teachers_take_turns_after_each_rollout_worker():
+    from agentopd.backends.placement import bundle_order, gpu_index
+
+    roles = _roles((1, 1.0), (2, 0.25), (2, 0.25), names=("calculator", "sql_db"))
+    order = [(r.name, i) for r, i in bundle_order(roles)]
+    assert order == [("trainer", 0), ("rollout", 0), ("teacher/calculator", 0), ("teacher/sql_db", 0),
+                     ("rollout", 1), ("teacher/calculator", 1), ("teacher/sql_db", 1)]  # fmt: skip
+    gpus = gpu_index(roles)
+    assert [gpus[a] for a in order] == [0, 1, 1, 1, 1, 2, 2]  # a quarter each: GPU 1 holds the first four
+
+
+PROBE = """
+import json, sys
+import ray
+from agentopd.backends.placement import Placement, Reservation, Role
+
+ray.init(num_cpus=2, num_gpus=int(sys.argv[1]), include_dashboard=False, log_to_driver=False)
+
+
+@ray.remote
+class Probe:
+    def gpus(self):
+        return [int(g) for g in ray.get_gpu_ids()]
+
+
+roles = [Role(name, count, 0.0, share, name) for name, count, share in json.loads(sys.argv[2])]
+reservation = Reservation.make(ray, Placement(roles), timeout_s=60)
+probes = {f"{r.name} {i}": Probe.options(**reservation.options(r.name, i)).remote() for r in roles for i in range(r.count)}
+print(json.dumps({k: ray.get(p.gpus.remote()) for k, p in probes.items()}))
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("layout", ["4gpu", "0.75"])
+def test_ray_hands_out_the_gpus_gpu_index_says(layout):
+    """A real Ray cluster of logical GPUs (this machine has none; Ray hands out GPU ids all the same) reserves the
+    layout's bundles and places an actor in each: every actor gets the GPU that gpu_index (the memory plan's
+    placement) names for it."""
+    from agentopd.backends.placement import gpu_index
+
+    shares, _ = LAYOUTS[layout]
+    roles = _roles(*shares)
+    env = {**__import__("os").environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    gpus = max(gpu_index(roles).values()) + 1
+    done = subprocess.run([sys.executable, "-c", PROBE, str(gpus), json.dumps([(r.name, r.count, r.gpus) for r in roles])],
+                          capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {f"{name} {i}": [g] for (name, i), g in gpu_index(roles).items()}

@@ -43,7 +43,7 @@ def test_scale_benchmark_runs_sync_and_a_rollout_fault_at_toy_sizes(tmp_path):
     [
         (["--tiny", "--layout", "4gpu"], "--tiny runs the 2gpu layout alone"),
         (["--tiny", "--scaling"], "--tiny runs the 2gpu layout alone"),
-        (["--layout", "3gpu", "--tokenizer", "x"], "unknown layout(s) 3gpu; choose among 1gpu, 2gpu, 4gpu, 8gpu"),
+        (["--layout", "3gpu", "--tokenizer", "x"], "unknown layout(s) 3gpu; choose among 1gpu, 2gpu, 4gpu, 8gpu, 4gpu-apart, 8gpu-apart"),
     ],
 )
 def test_a_layout_that_would_not_run_as_asked_is_refused_by_name(tmp_path, argv, says):

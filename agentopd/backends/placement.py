@@ -14,7 +14,12 @@ cluster has. A role given explicitly gets exactly that; roles asking for nothing
 are not reserved.
 
 Reservation: one placement group holds a bundle per reserved actor (rollout workers, each teacher's
-replicas, trainer ranks), the largest GPU shares first. It must be ready within `ray.placement_timeout_s`; otherwise it is removed
+replicas, trainer ranks) in `bundle_order`: the largest GPU shares first, trainer ranks first among equal shares,
+then replica by replica (rollout worker 0, each teacher's replica 0, rollout worker 1, ...). Ray gives a bundle
+whole GPUs in index order and a fraction to the GPU it fills best (`gpu_index` models it), so rollout workers
+and teacher replicas of half a GPU pair up, one of each on a GPU: in a synchronous step each has the whole GPU
+while the other waits (rollout, then scoring), where rollout workers packed together would play on one GPU with
+the teachers idle on the next. It must be ready within `ray.placement_timeout_s`; otherwise it is removed
 and the run fails with what was asked and what is free. A replacement actor (a dead rollout worker,
 teacher replica or trainer rank) goes back into its predecessor's bundle.
 """
@@ -151,6 +156,39 @@ def place(rc: RayConfig, teachers: list[str], cluster: Cluster) -> Placement:
     return placement
 
 
+def bundle_order(roles: list[Role]) -> list[tuple[Role, int]]:
+    """The reserved actors, (role, i), in the order their bundles are made (module docstring)."""
+    position = {r.name: k for k, r in enumerate(roles)}
+    actors = [(r, i) for r in roles if r.reserved for i in range(r.count)]
+    return sorted(actors, key=lambda a: (-a[0].gpus, a[0].name != TRAINER, a[1], position[a[0].name]))
+
+
+def gpu_index(roles: list[Role]) -> dict[tuple[str, int], int]:
+    """The GPU of one node that Ray gives each actor, (role, i) -> index (-1: none), bundle by bundle in
+    `bundle_order`: a whole share takes the first wholly free GPUs (the first of them named here), a fraction the GPU
+    it leaves the least room on, the lower index on a tie (Ray's NodeResourceInstanceSet::TryAllocate)."""
+    free: list[float] = []  # per GPU of the node, what is left; one more appears when nothing fits
+    out = {}
+    for r, i in bundle_order(roles):
+        if r.gpus <= 0:
+            out[r.name, i] = -1
+            continue
+        if r.gpus >= 1.0 - 1e-9:
+            idle = [g for g, f in enumerate(free) if f >= 1.0 - 1e-9][: round(r.gpus)]
+            idle += range(len(free), len(free) + round(r.gpus) - len(idle))
+            free += [1.0] * (max(idle) + 1 - len(free))
+            for g in idle:
+                free[g] = 0.0
+            out[r.name, i] = idle[0]
+            continue
+        fits = [g for g, f in enumerate(free) if f >= r.gpus - 1e-9]
+        g = min(fits, key=lambda g: (free[g] - r.gpus, g)) if fits else len(free)
+        free += [1.0] * (g + 1 - len(free))
+        free[g] -= r.gpus
+        out[r.name, i] = g
+    return out
+
+
 @dataclass
 class Reservation:
     """A ready placement group with one bundle per reserved actor (`options(role, i)` places actor i of a role)."""
@@ -164,14 +202,9 @@ class Reservation:
         from ray.util.placement_group import placement_group
 
         bundles, index = [], {}
-        # the largest GPU shares first: Ray hands out a bundle's GPU fractions first-fit, in bundle order, so two
-        # trainer ranks of 0.75 GPU each get a GPU each before rollout workers and teachers of 0.25 fill the rest
-        for r in sorted(placement.roles, key=lambda r: -r.gpus):
-            if not r.reserved:
-                continue
-            for i in range(r.count):
-                index[r.name, i] = len(bundles)
-                bundles.append({k: v for k, v in (("CPU", r.cpus), ("GPU", r.gpus)) if v > 0})
+        for r, i in bundle_order(placement.roles):
+            index[r.name, i] = len(bundles)
+            bundles.append({k: v for k, v in (("CPU", r.cpus), ("GPU", r.gpus)) if v > 0})
         if not bundles:
             return cls(placement)
         group = placement_group(bundles, strategy=placement.strategy)

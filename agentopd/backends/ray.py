@@ -560,9 +560,9 @@ class RayBackend:
         actor, so it waits for one that is busy: the runner measures only where the phases do not overlap."""
         from agentopd.memory_plan import _placement
 
-        tr, ro, te = _placement(self.ctx.cfg)
+        tr, ro, te = _placement(self.ctx.cfg, list(self.teachers))  # te: every teacher's replicas, teacher by teacher
         actors = [*zip(tr, self.group.ranks), *zip(ro, self.workers)]
-        actors += [(g, a) for pool in self.teachers.values() for g, a in zip(te, pool)]
+        actors += zip(te, (a for pool in self.teachers.values() for a in pool))
         placed = [(g, a) for g, a in actors if g >= 0]
         peaks = self.ray.get([a.memory_peak.remote() for _, a in placed])
         out: dict[int, PhaseMemory] = {}
