@@ -54,12 +54,12 @@ Roles and formulas (bytes):
   `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it.
 - every process on a GPU: 1 GiB of CUDA context, cuBLAS workspace and allocator slack.
 
-Placement follows `run.backend`: local puts every role on one GPU (`run.device`); ray places the
-trainer ranks, rollout workers and teacher replicas (of each local teacher) by their `ray.gpus_per_*` shares as
-Ray places the run's bundles (agentopd.backends.placement: whole GPUs to trainer ranks first, then a rollout
-worker and each teacher's replica in turn, a fraction to the GPU it fills best). A GPU fits when its peak phase stays within 95% of its memory (fragmentation). vLLM sizes its own
-memory: the plan counts `engine.vllm.gpu_memory_utilization` of the GPU for it, in every phase. Not
-modelled: async overlap, the teacher's eval engine under vLLM.
+Placement follows `run.backend`: local puts every role on one GPU (`run.device`); ray places the trainer ranks,
+rollout workers and teacher replicas (of each local teacher) by their `ray.gpus_per_*` shares as Ray places the
+run's bundles (agentopd.backends.placement: whole GPUs to trainer ranks first, then a rollout worker and each
+teacher's replica in turn, a fraction to the GPU it fills best). A GPU fits when its peak phase stays within 95% of
+its memory (fragmentation). vLLM sizes its own memory: the plan counts `engine.vllm.gpu_memory_utilization` of the
+GPU for it, in every phase. Not modelled: async overlap, the teacher's eval engine under vLLM.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@
 Both runs use one local Ray cluster (`--cpus`), the env's built-in models ($AGENTOPD_HOME), the same
 seed, data order and budget; the async run sets `async.enabled=true async.max_staleness=1`, so the
 rollouts of step k+1 run while step k is scored and trained. Reported per mode: wall time of the
-run (set-up excluded: from the first step to the last), mean step time, mean staleness, final
-training-batch success and held-out success, and the final KL.
+run (set-up excluded: from the first step to the last), mean staleness, the share of episodes scored ahead
+(`async/scored_ahead`), final training-batch success, held-out success before and after and at each eval, and the
+first and last KL.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def one_run(env: str, steps: int, overrides: list[str], out: Path) -> dict:
         "eval_after": summary.evals[-1]["eval/success_rate"],
         "kl_first": steps_[0]["kl/mean"],
         "kl_last": steps_[-1]["kl/mean"],
+        "curve": [(e["step"], e["eval/success_rate"]) for e in summary.evals],
+        "scored_ahead": sum(r.get("async/scored_ahead", 0.0) for r in steps_) / len(steps_),
     }
 
 
@@ -75,12 +78,14 @@ def main() -> None:
         f"env `{args.env}`, {args.steps} steps, overrides `{' '.join(common)}`; local Ray cluster of {args.cpus} CPUs on "
         f"{platform.machine()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end); AGENTOPD_HOME={os.environ.get('AGENTOPD_HOME', '~/.cache/agentopd')}",
         "",
-        "| mode | training loop wall time (s) | whole run (s) | mean staleness | train success (last 3 steps) | held-out success before -> after | KL first -> last step |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| mode | training loop wall time (s) | whole run (s) | mean staleness | scored ahead | train success (last 3 steps) | held-out success before -> after | KL first -> last step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for mode, r in rows.items():
-        lines.append(f"| {mode} | {r['loop_s']:.1f} | {r['total_s']:.1f} | {r['staleness']:.2f} | {r['train_success_last3']:.0%} | "
+        lines.append(f"| {mode} | {r['loop_s']:.1f} | {r['total_s']:.1f} | {r['staleness']:.2f} | {r['scored_ahead']:.2f} | {r['train_success_last3']:.0%} | "
                      f"{r['eval_before']:.0%} -> {r['eval_after']:.0%} | {r['kl_first']:.3f} -> {r['kl_last']:.3f} |")  # fmt: skip
+    lines += ["", "Held-out success at each eval (step: success):", ""]
+    lines += [f"- {mode}: " + ", ".join(f"{step}: {rate:.0%}" for step, rate in r["curve"]) for mode, r in rows.items()]
     sync, asy = rows["sync"], rows["async (max_staleness=1)"]
     lines += ["", f"async / sync training-loop wall time: {asy['loop_s'] / sync['loop_s']:.2f}"]
     text = "\n".join(lines)
