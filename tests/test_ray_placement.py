@@ -163,6 +163,7 @@ def test_ray_hands_out_the_gpus_gpu_index_says(layout):
     placement) names for it."""
     from agentopd.backends.placement import gpu_index
 
+    pytest.importorskip("ray")
     shares, _ = LAYOUTS[layout]
     roles = _roles(*shares)
     env = {**__import__("os").environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
