@@ -268,16 +268,13 @@ def _placement(cfg: Config, teachers: int | list[str] = 1) -> tuple[list[int], l
     counts them; replicas of the first teacher first), -1 for an actor on CPU: Ray's placement of the run's bundles
     (agentopd.backends.placement.gpu_index)."""
     from agentopd.backends.base import BackendKind
-    from agentopd.backends.placement import ROLLOUT, TRAINER, Role, gpu_index, teacher_role
+    from agentopd.backends.placement import ROLLOUT, TRAINER, gpu_index, gpu_roles, teacher_role
 
     names = [str(k) for k in range(teachers)] if isinstance(teachers, int) else teachers
     if cfg.run.backend == BackendKind.LOCAL:
         return [0], [0], [0] * len(names)
     r = cfg.ray
-    roles = [Role(ROLLOUT, r.rollout_workers, 0.0, r.gpus_per_rollout_worker, ""),
-             *(Role(teacher_role(t), r.teacher_replicas, 0.0, r.gpus_per_teacher, "") for t in names),
-             Role(TRAINER, r.trainer_workers, 0.0, r.gpus_per_trainer_worker, "")]  # fmt: skip
-    gpu = gpu_index(roles)
+    gpu = gpu_index(gpu_roles(r, names))
     return ([gpu.get((TRAINER, i), -1) for i in range(r.trainer_workers)],
             [gpu.get((ROLLOUT, i), -1) for i in range(r.rollout_workers)],
             [gpu.get((teacher_role(t), i), -1) for t in names for i in range(r.teacher_replicas)])  # fmt: skip

@@ -97,11 +97,14 @@ def test_reservation_not_ready_in_time_fails_and_gives_everything_back(ray_clust
 
 
 def _roles(trainers, rollout, teachers, names=("default",)):
-    """Roles as place() makes them: (count, GPU share) of trainer ranks, rollout workers and each teacher's replicas."""
-    from agentopd.backends.placement import ROLLOUT, TRAINER, Role, teacher_role
+    """The roles of a run's config (gpu_roles: as place() makes them, GPU shares only): (count, GPU share) of trainer
+    ranks, rollout workers and each teacher's replicas."""
+    from agentopd.backends.placement import gpu_roles
 
-    return [Role(ROLLOUT, rollout[0], 0.0, rollout[1], ""), *(Role(teacher_role(n), teachers[0], 0.0, teachers[1], "") for n in names),
-            Role(TRAINER, trainers[0], 0.0, trainers[1], "")]  # fmt: skip
+    (t, tg), (r, rg), (q, qg) = trainers, rollout, teachers
+    cfg = load_config("sql_db", overrides=[f"ray.trainer_workers={t}", f"ray.gpus_per_trainer_worker={tg}", f"ray.rollout_workers={r}",
+                                           f"ray.gpus_per_rollout_worker={rg}", f"ray.teacher_replicas={q}", f"ray.gpus_per_teacher={qg}"])  # fmt: skip
+    return gpu_roles(cfg.ray, list(names))
 
 
 LAYOUTS = {  # the GPU index gpu_index gives each actor, role by role (benchmarks/scale_gpu.py's layouts)

@@ -119,14 +119,26 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def place(rc: RayConfig, teachers: list[str], cluster: Cluster) -> Placement:
-    """Every role's size (module docstring); raises PlacementError when the cluster cannot hold them."""
+def _asked(rc: RayConfig, teachers: list[str]) -> list[tuple[str, int, float | None, float, str]]:
+    """Every role the run asks for, in the order `bundle_order` breaks ties by: (name, count, cpus or None = auto,
+    gpus, label)."""
     per_teacher = _count(rc.teacher_replicas, "replica")
-    asked = [  # (name, count, cpus or None = auto, gpus, label)
+    return [
         (ROLLOUT, rc.rollout_workers, rc.cpus_per_rollout_worker, rc.gpus_per_rollout_worker, _count(rc.rollout_workers, "rollout worker")),
         *((teacher_role(t), rc.teacher_replicas, rc.cpus_per_teacher, rc.gpus_per_teacher, f"teacher {t!r} ({per_teacher})") for t in teachers),
         (TRAINER, rc.trainer_workers, rc.cpus_per_trainer_worker, rc.gpus_per_trainer_worker, _count(rc.trainer_workers, "trainer rank")),
     ]  # fmt: skip
+
+
+def gpu_roles(rc: RayConfig, teachers: list[str]) -> list[Role]:
+    """The roles as `place` makes them, GPU shares only (no CPUs: they place nothing on a GPU), for `gpu_index`
+    without a cluster (the memory plan)."""
+    return [Role(name, n, 0.0, g, label) for name, n, _, g, label in _asked(rc, teachers)]
+
+
+def place(rc: RayConfig, teachers: list[str], cluster: Cluster) -> Placement:
+    """Every role's size (module docstring); raises PlacementError when the cluster cannot hold them."""
+    asked = _asked(rc, teachers)
     fixed = sum(n * c for _, n, c, _, _ in asked if c is not None)
     auto = [(label, n) for _, n, c, _, label in asked if c is None]
     share = 0.0
