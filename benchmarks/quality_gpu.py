@@ -11,11 +11,15 @@
     # next ones, brings back the bundle as it stands. The same command serves every call: a machine that went back
     # between two calls (a reply 30 s late, or its 30 minutes of holding, start included, spent: two full calls and
     # a short one) comes fresh, without the log, and the sweep starts again there from --resume instead of the call
-    # sleeping beside nothing (on 2026-11-28 a whole call was lost that way). So copy each call's bundle over the
-    # --resume file before the next call: a fresh machine then runs only what is still missing
+    # sleeping beside nothing (on 2026-11-28 a whole call was lost that way). Send the next call the moment a reply
+    # comes, with no other step between (on 2026-11-28 a copy made first cost the machine: the next call met a fresh
+    # one, which built a pair again), and merge each reply's bundle into the checkout's afterwards (--merge below)
     [ -f /tmp/quality_gpu.log ] || setsid python benchmarks/quality_gpu.py --env sql_db_explore ... \
         --out /tmp/quality_gpu/out --budget-s 1e9 --stop-s 1e9 > /tmp/quality_gpu.log 2>&1 < /dev/null &
     for i in $(seq 55); do sleep 10; cp /tmp/quality_gpu/out/quality_gpu.json $OUT/ 2>/dev/null; done; tail /tmp/quality_gpu.log
+    # here, after each call: its bundle into the checkout's (a call that met a fresh machine brings back the
+    # checkout's runs plus its own, on a pair of its own; runs both bundles hold keep the first one's result)
+    python benchmarks/quality_gpu.py --resume benchmarks/results/quality_gpu_X.json --merge /work/.device/N/quality_gpu.json
     # here, once the arms are in: quality.py's tables and curves of the bundle
     python benchmarks/quality_gpu.py --resume quality_gpu.json --report benchmarks/results/quality_gpu.md
     # the whole path on the CPU in a minute (the test size, 2 steps; tests/test_quality_gpu.py)
@@ -85,6 +89,30 @@ def load_bundle(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--resume {args.resume}: its runs differ in {', '.join(changed)} "
                          f"({', '.join(f'{k}={bundle.get(k)!r}' for k in changed)}); give the same options or start a new bundle")  # fmt: skip
     return bundle
+
+
+def merge_bundles(into: dict, other: dict, name: str = "the other bundle") -> list[str]:
+    """`other`'s pairs and runs added to `into` (in place): a pair recorded in both is kept once, each added run points
+    at its pair's place in `into`, and a run both hold with different results keeps `into`'s (the first one run;
+    the other is named in what this returns, with what was added)."""
+    changed = [k for k in SHARED if into.get(k) != other.get(k)]
+    if changed:
+        raise SystemExit(f"--merge {name}: its runs differ in {', '.join(changed)} "
+                         f"({', '.join(f'{k}={other.get(k)!r}' for k in changed)}); only bundles of the same runs merge")  # fmt: skip
+    where = {}
+    for i, pair in enumerate(other["pairs"]):
+        if pair not in into["pairs"]:
+            into["pairs"].append(pair)
+        where[i] = into["pairs"].index(pair)
+    said = []
+    for run, result in other["results"].items():
+        result = {**result, "pair": where[result["pair"]]}
+        if run not in into["results"]:
+            into["results"][run] = result
+            said.append(f"added {run} (pair {result['pair']})")
+        elif into["results"][run] != result:
+            said.append(f"kept {run} of pair {into['results'][run]['pair']}, not {name}'s of pair {result['pair']}")
+    return said
 
 
 def write_bundle(bundle: dict, *outs: Path) -> None:
@@ -206,12 +234,13 @@ def write_report(args: argparse.Namespace, bundle: dict) -> None:
         print(f"no plot: {e} (pip install matplotlib)", file=sys.stderr)
         png = None
     seeds = sorted({r["seed"] for r in results})
+    effective = {o.split("=", 1)[0]: o for o in bundle["overrides"]}.values()  # a user's key over the script's own
     # the privileged context reaches the runs only through privileged arms, and the pairs' context checks
     privileged = f"--privileged {bundle['privileged']} " if any("context" in p for p in bundle["pairs"]) else ""
     head = [f"# Quality on the gpu-sized embedded pair (embedded.size={bundle['size']})", "",
             f"`python benchmarks/quality_gpu.py --env {bundle['env']} --steps {bundle['steps']} --eval-every {bundle['eval_every']} "
             f"{privileged}--methods {','.join(methods)} --seed {','.join(map(str, seeds))} --out $OUT --resume quality_gpu.json` (in as many calls "
-            f"as it takes; each call's pair below); every run: `{' '.join(bundle['overrides'])}`.", "",
+            f"as it takes; each call's pair below); every run: `{' '.join(effective)}`.", "",
             "| pair | built (date, commit) | machine | teacher | student | built in |", "|---|---|---|---|---|---|"]  # fmt: skip
     for i, p in enumerate(bundle["pairs"]):
         t, s = p["teacher"], p["student"]
@@ -245,6 +274,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="where the bundle is written ($OUT on the GPU machine)")
     ap.add_argument("--resume", type=Path, help="a bundle of an earlier call: its runs are not run again")
     ap.add_argument("--work", type=Path, default=Path("/tmp/quality_gpu"), help="run directories, results and AGENTOPD_HOME")
+    ap.add_argument("--merge", type=Path, action="append", help="add this bundle's pairs and runs to --resume's, in place; "
+                    "run nothing (a call that met a fresh machine brings back a bundle beside the last call's)")
     ap.add_argument("--report", type=Path, help="write the markdown report of the bundle here (and a PNG beside it); run nothing")
     ap.add_argument("--tiny", action="store_true", help="the test-size pair on the CPU, 2 steps of 2 tasks: the path, not a result")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for every run")
@@ -263,6 +294,17 @@ def main() -> None:
     args.size = "test" if args.tiny else "gpu"
     if args.tiny:
         args.steps, args.eval_every = 2, 1
+    if args.merge:
+        if args.resume is None:
+            ap.error("--merge adds to a bundle: give it with --resume")
+        bundle = json.loads(args.resume.read_text())
+        for other in args.merge:
+            print("\n".join(merge_bundles(bundle, json.loads(other.read_text()), str(other))) or f"{other}: nothing new")
+        tmp = args.resume.with_name(f".{args.resume.name}.tmp")
+        tmp.write_text(json.dumps(bundle, indent=1))
+        tmp.replace(args.resume)
+        print(f"{args.resume}: {len(bundle['pairs'])} pairs, {len(bundle['results'])} runs")
+        return
     if args.report:
         if args.resume is None:
             ap.error("--report reads a bundle: give it with --resume")

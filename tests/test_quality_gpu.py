@@ -90,3 +90,28 @@ def test_every_default_arm_runs(tmp_path):
     # a privileged arm among them: the pair's reading of the privileged context checked first
     context = bundle["pairs"][0]["context"]
     assert context["kind"] == "solution" and set(context["models"]) == {"builtin student", "builtin teacher"}
+
+
+def test_merge_adds_another_calls_pairs_and_runs(tmp_path, monkeypatch, capsys):
+    """A call that met a fresh machine brings back the checkout's bundle plus its own pair and runs; merged into the
+    last call's bundle, each pair is kept once, each run points at its pair's place, a run both hold keeps the first
+    result, and bundles of other runs are refused by name."""
+    shared = {"env": "sql_db", "size": "test", "steps": 2, "eval_every": 1, "privileged": "solution", "overrides": ["embedded.size=test"]}
+    p0, p1, p2 = ({"built_s": 1.0 + i, "commit": f"c{i}"} for i in range(3))
+    run = lambda method, pair, success: {"method": method, "seed": 0, "pair": pair, "curve": [{"step": 2, "success": success}]}  # noqa: E731
+    last = {**shared, "pairs": [p0, p1], "results": {"a": run("sft", 0, 0.1), "b": run("opd", 1, 0.2)}}
+    fresh = {**shared, "pairs": [p0, p2], "results": {"a": run("sft", 0, 0.1), "b": run("opd", 1, 0.3), "c": run("opd_mixed", 1, 0.4)}}
+    into, other = tmp_path / "into.json", tmp_path / "other.json"
+    into.write_text(json.dumps(last))
+    other.write_text(json.dumps(fresh))
+    _main(monkeypatch, "--resume", into, "--merge", other)
+    printed = capsys.readouterr().out
+    merged = json.loads(into.read_text())
+    assert merged["pairs"] == [p0, p1, p2]
+    assert merged["results"] == {"a": run("sft", 0, 0.1), "b": run("opd", 1, 0.2), "c": run("opd_mixed", 2, 0.4)}
+    assert "added c (pair 2)" in printed and f"kept b of pair 1, not {other}'s of pair 2" in printed
+
+    other.write_text(json.dumps({**fresh, "steps": 300}))
+    with pytest.raises(SystemExit, match=r"--merge .*other.json: its runs differ in steps \(steps=300\)"):
+        _main(monkeypatch, "--resume", into, "--merge", other)
+    assert json.loads(into.read_text()) == merged  # a refused merge leaves the bundle as it was
