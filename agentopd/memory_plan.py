@@ -264,9 +264,9 @@ def _gib(nbytes: float) -> float:
 
 
 def _placement(cfg: Config, teachers: int | list[str] = 1) -> tuple[list[int], list[int], list[int]]:
-    """GPU index of each trainer rank, rollout worker and teacher replica (of every teacher: `teachers` names them, or
-    counts them; replicas of the first teacher first), -1 for an actor on CPU: Ray's placement of the run's bundles
-    (agentopd.backends.placement.gpu_index)."""
+    """GPU index of each trainer rank, rollout worker and teacher replica (of every local teacher: `teachers` names
+    them, or counts them; replicas of the first teacher first), -1 for an actor on CPU: Ray's placement of the run's
+    bundles (agentopd.backends.placement.gpu_index; a server teacher's replicas take no GPU, so they move no other)."""
     from agentopd.backends.base import BackendKind
     from agentopd.backends.placement import ROLLOUT, TRAINER, gpu_index, gpu_roles, teacher_role
 

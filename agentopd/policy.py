@@ -92,6 +92,17 @@ def check_run(cfg: Config) -> None:
             "ray.engine_sleep with async.enabled=true: the engines play the next step while the trainer runs, so "
             "they cannot free their KV pool then; turn one off"
         )
+    # each backend has its own key for the engines' sleep; the other one's would be silently ignored
+    if cfg.engine.sleep is True and cfg.run.backend == BackendKind.RAY:
+        raise ValueError(
+            "engine.sleep=true on run.backend=ray: that key is the local backend's; Ray's rollout engines free their KV "
+            "pool while the trainer runs with ray.engine_sleep=true (for a trainer sharing their GPU)"
+        )
+    if cfg.ray.engine_sleep and cfg.run.backend == BackendKind.LOCAL:
+        raise ValueError(
+            "ray.engine_sleep=true on run.backend=local: that key is the Ray backend's; the local engine frees its KV pool "
+            "while the teacher scores and the trainer steps with engine.sleep=true (or auto: when the memory plan needs it)"
+        )
     if cfg.trainer.cpu_offload and cfg.run.backend == BackendKind.LOCAL:
         raise ValueError(
             "trainer.cpu_offload=true on run.backend=local: the offload is FSDP2's, which needs the trainer in a process "

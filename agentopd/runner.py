@@ -133,7 +133,7 @@ class Runner:
         self.mixture = Mixture.from_config(cfg)
         self.router = Router.from_config(cfg, self.mixture)  # a task without a teacher fails here, before any model
         self.backend = make_backend(cfg)
-        self.backend.connect(cfg, list(self.router.refs))  # a run the backend cannot hold fails here, before any model
+        self.backend.connect(cfg, self.router.refs)  # a run the backend cannot hold fails here, before any model
         self.trainer_cfg = trainer_config(cfg)
         self.mode = teacher_mode(self.trainer_cfg.loss)
         with self.progress.phase("bootstrap", total=None):

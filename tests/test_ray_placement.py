@@ -137,6 +137,27 @@ def test_two_teachers_take_turns_after_each_rollout_worker():
     assert [gpus[a] for a in order] == [0, 1, 1, 1, 1, 2, 2]  # a quarter each: GPU 1 holds the first four
 
 
+
+def test_a_server_teacher_takes_no_gpu_and_moves_no_other_actor():
+    """A teacher behind a server (`teachers.sql_db=http://...`) is scored over HTTP: its Ray replicas hold no model, so
+    they reserve no GPU share, and every other actor sits where the memory plan (which leaves server teachers out of
+    gpu_roles) puts it."""
+    from agentopd.backends.placement import gpu_index, gpu_roles
+
+    cfg = load_config("calculator,sql_db", overrides=["ray.rollout_workers=1", "ray.gpus_per_trainer_worker=1",
+                                                      "ray.gpus_per_rollout_worker=0.5", "ray.gpus_per_teacher=0.5"])  # fmt: skip
+    two_gpus = Cluster(cpus=2, gpus=2, free_cpus=2, free_gpus=2, node_cpus=2, node_gpus=2)
+    placement = place(cfg.ray, TEACHERS, two_gpus, servers={"sql_db"})
+    assert placement.role("teacher/sql_db").gpus == 0 and "a server's clients: no GPU" in placement.role("teacher/sql_db").label
+    assert placement.role("teacher/calculator").gpus == 0.5 and placement.gpus == 2  # trainer 1 + rollout 0.5 + teacher 0.5
+    ray_gpus = gpu_index(placement.roles)
+    planned = gpu_index(gpu_roles(cfg.ray, ["calculator"]))  # the memory plan: local teachers only
+    assert ray_gpus[("teacher/sql_db", 0)] == -1
+    assert {k: v for k, v in ray_gpus.items() if k[0] != "teacher/sql_db"} == planned
+    with pytest.raises(PlacementError, match=r"2.5 GPU asked, 2 free"):  # the same teacher loaded locally does not fit
+        place(cfg.ray, TEACHERS, two_gpus)
+
+
 PROBE = """
 import json, sys
 import ray

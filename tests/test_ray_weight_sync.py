@@ -69,3 +69,12 @@ def test_two_trainer_ranks_that_could_share_a_gpu_are_refused_when_the_config_lo
 def test_engine_sleep_with_async_is_refused_when_the_config_loads():
     with pytest.raises(ValueError, match=r"ray.engine_sleep with async.enabled=true"):
         load_config("calculator", overrides=["backend=ray", "ray.engine_sleep=true", "async.enabled=true"])
+
+
+def test_the_other_backends_sleep_key_is_refused_not_ignored():
+    with pytest.raises(ValueError, match=r"engine.sleep=true on run.backend=ray: .* with ray.engine_sleep=true"):
+        load_config("calculator", overrides=["backend=ray", "engine.sleep=true"])
+    with pytest.raises(ValueError, match=r"ray.engine_sleep=true on run.backend=local: .* with engine.sleep=true"):
+        load_config("calculator", overrides=["ray.engine_sleep=true"])
+    assert load_config("calculator", overrides=["backend=ray", "ray.engine_sleep=true"]).ray.engine_sleep  # each its own: fine
+    assert load_config("calculator", overrides=["engine.sleep=true"]).engine.sleep is True

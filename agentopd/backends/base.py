@@ -15,9 +15,9 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
   `teacher_index`; a `loss` (at `temperature`) replaces the trainer's own for this step (the SFT warm start).
 - `save_checkpoint(path, extra)`: every rank's part, then the DONE marker (`RunDir.mark_done`),
   so a checkpoint without DONE is never resumed from.
-- `connect(cfg, teachers)` comes first, before any model is built: a backend that needs resources
-  (Ray: a cluster, a reservation of every role) checks them here, so a run that cannot fit fails in
-  seconds, not after the bootstrap.
+- `connect(cfg, teachers)` (teacher name -> model reference) comes first, before any model is built: a
+  backend that needs resources (Ray: a cluster, a reservation of every role; a teacher behind a server
+  reserves no GPU) checks them here, so a run that cannot fit fails in seconds, not after the bootstrap.
 - Any call may raise `TrainerRestarted(step)`: the trainer lost a rank and came back from the
   checkpoint of `step`; the runner forgets what came after and plays on from `step + 1`.
 """
@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     from transformers import PreTrainedTokenizerBase
 
@@ -87,7 +89,7 @@ class TrainerRestarted(RuntimeError):
 class Backend(Protocol):
     name: BackendKind
 
-    def connect(self, cfg: Config, teachers: list[str]) -> None: ...
+    def connect(self, cfg: Config, teachers: dict[str, str | Path]) -> None: ...
 
     def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None: ...
 

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 class LocalBackend:
     name = BackendKind.LOCAL
 
-    def connect(self, cfg: Config, teachers: list[str]) -> None:
+    def connect(self, cfg: Config, teachers: dict[str, str | Path]) -> None:
         """Nothing to reserve: every stage runs in this process."""
 
     def setup(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase) -> None:

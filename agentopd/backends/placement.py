@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from agentopd.config import RayConfig
 
 ROLLOUT, TRAINER = "rollout", "trainer"
@@ -119,26 +121,35 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def _asked(rc: RayConfig, teachers: list[str]) -> list[tuple[str, int, float | None, float, str]]:
+def _asked(rc: RayConfig, teachers: list[str], servers: Collection[str] = ()) -> list[tuple[str, int, float | None, float, str]]:
     """Every role the run asks for, in the order `bundle_order` breaks ties by: (name, count, cpus or None = auto,
-    gpus, label)."""
+    gpus, label). A teacher behind a server (`servers`) is scored over HTTP: its replicas are clients that hold no
+    model, so they get no GPU share whatever `ray.gpus_per_teacher` says."""
     per_teacher = _count(rc.teacher_replicas, "replica")
+
+    def teacher(t: str) -> tuple[str, int, float | None, float, str]:
+        if t in servers:
+            return teacher_role(t), rc.teacher_replicas, rc.cpus_per_teacher, 0.0, f"teacher {t!r} ({per_teacher}, a server's clients: no GPU)"
+        return teacher_role(t), rc.teacher_replicas, rc.cpus_per_teacher, rc.gpus_per_teacher, f"teacher {t!r} ({per_teacher})"
+
     return [
         (ROLLOUT, rc.rollout_workers, rc.cpus_per_rollout_worker, rc.gpus_per_rollout_worker, _count(rc.rollout_workers, "rollout worker")),
-        *((teacher_role(t), rc.teacher_replicas, rc.cpus_per_teacher, rc.gpus_per_teacher, f"teacher {t!r} ({per_teacher})") for t in teachers),
+        *(teacher(t) for t in teachers),
         (TRAINER, rc.trainer_workers, rc.cpus_per_trainer_worker, rc.gpus_per_trainer_worker, _count(rc.trainer_workers, "trainer rank")),
     ]  # fmt: skip
 
 
 def gpu_roles(rc: RayConfig, teachers: list[str]) -> list[Role]:
     """The roles as `place` makes them, GPU shares only (no CPUs: they place nothing on a GPU), for `gpu_index`
-    without a cluster (the memory plan)."""
+    without a cluster (the memory plan). `teachers` are the ones that hold a model: a server's clients take no GPU,
+    so leaving them out places every other actor where Ray does."""
     return [Role(name, n, 0.0, g, label) for name, n, _, g, label in _asked(rc, teachers)]
 
 
-def place(rc: RayConfig, teachers: list[str], cluster: Cluster) -> Placement:
-    """Every role's size (module docstring); raises PlacementError when the cluster cannot hold them."""
-    asked = _asked(rc, teachers)
+def place(rc: RayConfig, teachers: list[str], cluster: Cluster, servers: Collection[str] = ()) -> Placement:
+    """Every role's size (module docstring); raises PlacementError when the cluster cannot hold them. `servers`: the
+    teachers (of `teachers`) scored through a server, whose replicas take no GPU."""
+    asked = _asked(rc, teachers, servers)
     fixed = sum(n * c for _, n, c, _, _ in asked if c is not None)
     auto = [(label, n) for _, n, c, _, label in asked if c is None]
     share = 0.0

@@ -75,6 +75,7 @@ from agentopd.memory_plan import PhaseMemory
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
 from agentopd.rundir import RunDir
+from agentopd.teacher.base import is_server
 from agentopd.types import Episode, TokenStream
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class RayBackend:
         self._in_flight: dict[int, list[_Item]] = {}  # RolloutHandle.id -> its work items
         self._ahead: dict[int, tuple[list[_Ahead], TeacherMode]] = {}  # RolloutHandle.id -> scoring started on its items
 
-    def connect(self, cfg: Config, teachers: list[str]) -> None:
+    def connect(self, cfg: Config, teachers: dict[str, str | Path]) -> None:
         """Join (or start) the cluster and size every role for it: a run it cannot hold fails here,
         before the runner builds any model (PlacementError naming what was asked and what is free)."""
         import ray
@@ -136,7 +137,8 @@ class RayBackend:
             ray.init(address=address, log_to_driver=False, **local)
             self._owns_ray = True
         try:
-            self.placement = place(cfg.ray, teachers, Cluster.of(ray))
+            servers = {name for name, ref in teachers.items() if is_server(ref)}
+            self.placement = place(cfg.ray, list(teachers), Cluster.of(ray), servers)
         except BaseException:
             if self._owns_ray:
                 ray.shutdown()
@@ -148,7 +150,7 @@ class RayBackend:
         self.ctx = ctx = dataclasses.replace(ctx, env_vars={"AGENTOPD_HOME": str(agentopd_home())})
         self.rc = ctx.cfg.ray
         if self.placement is None:
-            self.connect(ctx.cfg, list(ctx.teacher_refs))
+            self.connect(ctx.cfg, dict(ctx.teacher_refs))
         try:
             self._start()
         except BaseException:
