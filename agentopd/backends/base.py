@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import torch
     from transformers import PreTrainedTokenizerBase
 
