@@ -17,9 +17,10 @@
     [ -f /tmp/quality_gpu.log ] || setsid python benchmarks/quality_gpu.py --env sql_db_explore ... \
         --out /tmp/quality_gpu/out --budget-s 1e9 --stop-s 1e9 > /tmp/quality_gpu.log 2>&1 < /dev/null &
     for i in $(seq 55); do sleep 10; cp /tmp/quality_gpu/out/quality_gpu.json $OUT/ 2>/dev/null; done; tail /tmp/quality_gpu.log
-    # here, after each call: its bundle into the checkout's (a call that met a fresh machine brings back the
-    # checkout's runs plus its own, on a pair of its own; runs both bundles hold keep the first one's result)
-    python benchmarks/quality_gpu.py --resume benchmarks/results/quality_gpu_X.json --merge /work/.device/N/quality_gpu.json
+    # here, after each call: the bundle it brought back (CALL_OUT: its $OUT) into the checkout's (a call that met a
+    # fresh machine brings back the checkout's runs plus its own, on a pair of its own; runs both bundles hold keep
+    # the first one's result)
+    python benchmarks/quality_gpu.py --resume benchmarks/results/quality_gpu_X.json --merge CALL_OUT/quality_gpu.json
     # here, once the arms are in: quality.py's tables and curves of the bundle
     python benchmarks/quality_gpu.py --resume quality_gpu.json --report benchmarks/results/quality_gpu.md
     # the whole path on the CPU in a minute (the test size, 2 steps; tests/test_quality_gpu.py)
