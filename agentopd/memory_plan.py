@@ -263,14 +263,14 @@ def _gib(nbytes: float) -> float:
     return nbytes / GIB
 
 
-def _placement(cfg: Config, teachers: int | list[str] = 1) -> tuple[list[int], list[int], list[int]]:
-    """GPU index of each trainer rank, rollout worker and teacher replica (of every local teacher: `teachers` names
-    them, or counts them; replicas of the first teacher first), -1 for an actor on CPU: Ray's placement of the run's
-    bundles (agentopd.backends.placement.gpu_index; a server teacher's replicas take no GPU, so they move no other)."""
+def _placement(cfg: Config, teachers: int = 1) -> tuple[list[int], list[int], list[int]]:
+    """GPU index of each trainer rank, rollout worker and teacher replica (of `teachers` local teachers; replicas of
+    the first teacher first), -1 for an actor on CPU: Ray's placement of the run's bundles
+    (agentopd.backends.placement.gpu_index; a server teacher's replicas take no GPU, so they move no other)."""
     from agentopd.backends.base import BackendKind
     from agentopd.backends.placement import ROLLOUT, TRAINER, gpu_index, gpu_roles, teacher_role
 
-    names = [str(k) for k in range(teachers)] if isinstance(teachers, int) else teachers
+    names = [str(k) for k in range(teachers)]
     if cfg.run.backend == BackendKind.LOCAL:
         return [0], [0], [0] * len(names)
     r = cfg.ray

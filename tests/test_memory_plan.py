@@ -343,10 +343,11 @@ def test_agentopd_run_under_torchrun_is_refused_on_the_local_backend(cli, tmp_pa
 
 
 def test_ray_memory_peaks_sum_the_actors_the_plan_puts_on_each_gpu():
-    """RayBackend.memory_peaks: each actor's peak, summed per GPU of the plan's placement (no GPUs here: the actors
-    and `ray` are small fakes that answer `memory_peak` as the real actors do on CUDA)."""
+    """RayBackend.memory_peaks: each actor's peak, summed per GPU of the run's placement, a server teacher's clients on
+    none (no GPUs here: the actors and `ray` are small fakes that answer `memory_peak` as the real actors do on CUDA)."""
     from types import SimpleNamespace
 
+    from agentopd.backends.placement import Cluster, place
     from agentopd.backends.ray import RayBackend
 
     def actor(gib, retries=0):
@@ -359,6 +360,12 @@ def test_ray_memory_peaks_sum_the_actors_the_plan_puts_on_each_gpu():
     backend.group = SimpleNamespace(ranks=[actor(40.0)])
     backend.workers = [actor(20.5, retries=1)]
     backend.teachers = {"default": [actor(18.0, retries=3)]}  # the allocator's retries of the actors sharing GPU 1
+    two_gpus = Cluster(cpus=16, gpus=2, free_cpus=16, free_gpus=2, node_cpus=16, node_gpus=2)
+    backend.placement = place(cfg.ray, ["default"], two_gpus)
+    assert backend.memory_peaks() == {0: pytest.approx((40.0, 20.0, 0)), 1: pytest.approx((38.5, 19.25, 4))}
+    # a second teacher behind a server: its client (no GPU share) is not counted on any GPU
+    backend.teachers["server"] = [actor(99.0)]
+    backend.placement = place(cfg.ray, ["default", "server"], two_gpus, servers={"server"})
     assert backend.memory_peaks() == {0: pytest.approx((40.0, 20.0, 0)), 1: pytest.approx((38.5, 19.25, 4))}
     assert measure_since_last() == (0.0, 0.0, 0)  # a process without CUDA measures nothing
 

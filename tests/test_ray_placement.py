@@ -137,7 +137,6 @@ def test_two_teachers_take_turns_after_each_rollout_worker():
     assert [gpus[a] for a in order] == [0, 1, 1, 1, 1, 2, 2]  # a quarter each: GPU 1 holds the first four
 
 
-
 def test_a_server_teacher_takes_no_gpu_and_moves_no_other_actor():
     """A teacher behind a server (`teachers.sql_db=http://...`) is scored over HTTP: its Ray replicas hold no model, so
     they reserve no GPU share, and every other actor sits where the memory plan (which leaves server teachers out of

@@ -60,10 +60,12 @@ import torch
 from agentopd.backends.base import BackendKind, RolloutHandle, TrainerRestarted
 from agentopd.backends.placement import (
     ROLLOUT,
+    TRAINER,
     Cluster,
     Placement,
     PlacementError,
     Reservation,
+    gpu_index,
     place,
     teacher_role,
 )
@@ -557,15 +559,15 @@ class RayBackend:
         self.group.call("export", str(out_dir), str(tok_dir))
 
     def memory_peaks(self) -> dict[int, PhaseMemory]:
-        """Per GPU of the memory plan's placement (agentopd.memory_plan): the PhaseMemory of the actors placed there
-        since the last call, summed (each actor's own peak: an upper bound where they peaked apart). Asks every
-        actor, so it waits for one that is busy: the runner measures only where the phases do not overlap."""
-        from agentopd.memory_plan import _placement
-
-        tr, ro, te = _placement(self.ctx.cfg, list(self.teachers))  # te: every teacher's replicas, teacher by teacher
-        actors = [*zip(tr, self.group.ranks), *zip(ro, self.workers)]
-        actors += zip(te, (a for pool in self.teachers.values() for a in pool))
-        placed = [(g, a) for g, a in actors if g >= 0]
+        """Per GPU of the run's placement (`gpu_index` of the roles reserved in `connect`, as the memory plan places
+        them; a server teacher's clients on none): the PhaseMemory of the actors placed there since the last call,
+        summed (each actor's own peak: an upper bound where they peaked apart). Asks every actor, so it waits for one
+        that is busy: the runner measures only where the phases do not overlap."""
+        gpu = gpu_index(self.placement.roles)
+        actors = [*(((TRAINER, i), a) for i, a in enumerate(self.group.ranks)), *(((ROLLOUT, i), a) for i, a in enumerate(self.workers)),
+                  *(((teacher_role(name), i), a) for name, pool in self.teachers.items() for i, a in enumerate(pool))]  # fmt: skip
+        placed = [(gpu.get(key, -1), a) for key, a in actors]
+        placed = [(g, a) for g, a in placed if g >= 0]
         peaks = self.ray.get([a.memory_peak.remote() for _, a in placed])
         out: dict[int, PhaseMemory] = {}
         for (g, _), peak in zip(placed, peaks):
