@@ -564,9 +564,8 @@ class RayBackend:
         summed (each actor's own peak: an upper bound where they peaked apart). Asks every actor, so it waits for one
         that is busy: the runner measures only where the phases do not overlap."""
         gpu = gpu_index(self.placement.roles)
-        actors = [*(((TRAINER, i), a) for i, a in enumerate(self.group.ranks)), *(((ROLLOUT, i), a) for i, a in enumerate(self.workers)),
-                  *(((teacher_role(name), i), a) for name, pool in self.teachers.items() for i, a in enumerate(pool))]  # fmt: skip
-        placed = [(gpu.get(key, -1), a) for key, a in actors]
+        pools = {TRAINER: self.group.ranks, ROLLOUT: self.workers} | {teacher_role(n): p for n, p in self.teachers.items()}
+        placed = [(gpu.get((role, i), -1), a) for role, pool in pools.items() for i, a in enumerate(pool)]
         placed = [(g, a) for g, a in placed if g >= 0]
         peaks = self.ray.get([a.memory_peak.remote() for _, a in placed])
         out: dict[int, PhaseMemory] = {}
