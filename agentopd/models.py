@@ -9,17 +9,22 @@ embedded student built with a head size vLLM's CPU build serves (32 instead of 2
 default one: `bootstrap(..., for_vllm=True)`); `builtin:cross` a teacher of the default recipe over its own,
 larger BPE (another tokenizer: for the cross-tokenizer losses, trainer.loss=xtok_k1); `teacher=self` the student's
 own reference (routing.Router.resolve: a frozen copy of its starting weights); anything else is a local Hugging Face
-folder or a hub id, loaded with AutoModelForCausalLM / AutoTokenizer. Every `builtin` is of the size the run asks
+folder, a `.gguf` file or a folder holding one (converted once to a bf16 folder: agentopd.gguf_import), or a hub id
+(the Hugging Face cache's copy, else fetched; one line when the hub cannot be reached), loaded with
+AutoModelForCausalLM / AutoTokenizer. Every `builtin` is of the size the run asks
 for (`embedded.size`: tiny, the default, or gpu; `size=`, built on `device`: agentopd.bootstrap.build_device).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import torch
 
 from agentopd.config import EmbeddedSize
+from agentopd.gguf_import import find_gguf, gguf_folder
 from agentopd.teacher.base import is_server
 
 BUILTIN = "builtin"
@@ -75,9 +80,56 @@ def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs
         return spec
     path = Path(spec).expanduser()
     if path.exists():
+        gguf = find_gguf(path)
+        if gguf is not None:  # a .gguf file, or a folder holding one: its Hugging Face folder, converted once
+            return gguf_folder(gguf)
         if not (path / "config.json").exists():
-            raise ValueError(f"{role}={spec!r} is a folder without config.json: not a Hugging Face model folder")
+            raise ValueError(f"{role}={spec!r} is not a Hugging Face model folder (no config.json) and holds no .gguf file")
         return path
-    if spec.startswith((".", "/", "~")):
-        raise ValueError(f"{role}={spec!r}: no such folder")
-    return spec  # a hub id: from_pretrained resolves it (needs a hub the user can reach)
+    if spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or not _HUB_ID.fullmatch(spec):
+        raise ValueError(f"{role}={spec!r}: no such file or folder")
+    return hub_snapshot(spec, role)
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hub_snapshot(repo_id: str, role: str) -> Path:
+    """The local folder of a hub id: the Hugging Face cache's copy, else downloaded. Offline, or when the hub has no
+    such model, one line naming the key and what to pass instead (not the hub client's retries and traceback)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    patterns = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except (OSError, HFValidationError, ValueError):
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        reachable = False
+    else:
+        reachable = _hub_reachable()
+    if not reachable:
+        raise ValueError(f"{role}={repo_id!r}: no such folder here, and the Hugging Face hub cannot be reached to fetch it as "
+                         "a hub id; pass a model folder, a .gguf file, or `agentopd fetch-model --list` for real "
+                         "checkpoints that need no hub")  # fmt: skip
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as e:  # the hub client raises many kinds (not found, gated, network)
+        raise ValueError(f"{role}={repo_id!r}: not a folder here, and the hub could not give it: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Can this machine open a connection to the hub's host at all (seconds, not the client's minute of retries)?"""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False

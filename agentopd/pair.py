@@ -181,7 +181,8 @@ def _template(student_tok, teacher_tok, messages, tools, source: str, template_k
     try:
         return compare_templates(student_tok, teacher_tok, messages, tools, source, template_kwargs)
     except TemplateDiffers as e:
-        raise _Fail(str(e)) from None
+        raise _Fail(f"{e} (where the two differ only in how the template is written, teacher.chat_template=student "
+                    "renders the teacher with the student's template; or a .jinja file)") from None
 
 
 def _token_stream(tok: PreTrainedTokenizerBase, messages, tools, source: str, student: str | None = None) -> str:
@@ -273,12 +274,13 @@ def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, sha
 
 def check_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
                self_score: bool = True, only: Sequence[str] | None = None,
-               template_kwargs: dict[str, Any] | None = None) -> PairReport:  # fmt: skip
+               template_kwargs: dict[str, Any] | None = None, teacher_template: str | None = None) -> PairReport:  # fmt: skip
     """Every pair check (module docstring), or `only` those named; `self_score=False` runs the cheap ones only;
-    `template_kwargs` (the run's `rollout.enable_thinking`) go to the chat_template check's renders."""
+    `template_kwargs` (the run's `rollout.enable_thinking`) go to the chat_template check's renders; `teacher_template`
+    (`teacher.chat_template`: `student` or a .jinja file) replaces the teacher's own template."""
     student, teacher = str(student), str(teacher)
     report = PairReport(student, teacher)
-    p = load_pair(student, teacher, env, max_context)
+    p = load_pair(student, teacher, env, max_context, teacher_template)
     student_tok, teacher_tok, student_cfg, teacher_cfg = p.student_tok, p.teacher_tok, p.student_cfg, p.teacher_cfg
     messages, tools, source, max_context = p.messages, p.tools, p.source, p.max_context
     shared: list[int] = []
@@ -323,16 +325,36 @@ class PairInputs:
     source: str
 
 
-def load_pair(student: str, teacher: str, env: str | None, max_context: int | None) -> PairInputs:
+def load_pair(student: str, teacher: str, env: str | None, max_context: int | None,
+              teacher_template: str | None = None) -> PairInputs:  # fmt: skip
     """The pair's tokenizers and configs (no weights), `max_context` (the env's rollout.max_context when None) and
-    the env's oracle conversation (`conversation`)."""
+    the env's oracle conversation (`conversation`); the teacher's template replaced per `teacher_template`."""
     if env is not None and max_context is None:
         from agentopd.config import load_config
 
         max_context = load_config(env).rollout.max_context
-    return PairInputs(AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher),
-                      AutoConfig.from_pretrained(student), AutoConfig.from_pretrained(teacher), max_context,
-                      *conversation(env))  # fmt: skip
+    student_tok, teacher_tok = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
+    override_template(teacher_tok, student_tok, teacher_template)
+    return PairInputs(student_tok, teacher_tok, AutoConfig.from_pretrained(student), AutoConfig.from_pretrained(teacher),
+                      max_context, *conversation(env))  # fmt: skip
+
+
+STUDENT_TEMPLATE = "student"  # teacher.chat_template=student
+
+
+def override_template(teacher_tok: PreTrainedTokenizerBase, student_tok: PreTrainedTokenizerBase, spec: str | None) -> None:
+    """`teacher.chat_template`: None keeps the teacher's own; `student` takes the student's; else a .jinja file's text.
+    For a pair whose templates differ only by artefacts of how they were written (the Qwen2.5-Coder GGUFs: `{{"name"`
+    escaped in one, `{"name"` in the other), so that the teacher scores the conversation the student saw."""
+    if spec is None:
+        return
+    if spec == STUDENT_TEMPLATE:
+        teacher_tok.chat_template = chat_template_of(student_tok)
+        return
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ValueError(f"teacher.chat_template={spec!r}: say student, or give a chat template file (.jinja) that exists")
+    teacher_tok.chat_template = path.read_text()
 
 
 def run_checks(report: PairReport, steps: Sequence[tuple[str, Callable[[], str]]], after_a_pass: Sequence[str]) -> None:
@@ -355,11 +377,13 @@ RUN_CHECKS = ("vocabulary", "chat_template", "max_context")
 
 
 def require_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
-                 checks: Sequence[str] = RUN_CHECKS, template_kwargs: dict[str, Any] | None = None) -> int | None:  # fmt: skip
+                 checks: Sequence[str] = RUN_CHECKS, template_kwargs: dict[str, Any] | None = None,
+                 teacher_template: str | None = None) -> int | None:  # fmt: skip
     """The cheap checks before a run (no model weights loaded; RUN_CHECKS by default): ValueError naming
     each failure; returns the shared vocabulary size (as `check_compatible` does) when `checks` has "vocabulary"
     (a cross-tokenizer loss leaves it and chat_template out: agentopd.crosstok reads across both)."""
-    report = check_pair(student, teacher, env, max_context=max_context, self_score=False, only=checks, template_kwargs=template_kwargs)
+    report = check_pair(student, teacher, env, max_context=max_context, self_score=False, only=checks, template_kwargs=template_kwargs,
+                        teacher_template=teacher_template)
     if not report.ok:
         failures = "; ".join(f"{c.name}: {c.detail}" for c in report.failed)
         raise ValueError(f"teacher {teacher} does not fit student {student}: {failures} (agentopd check-pair --student ... --teacher ...)")

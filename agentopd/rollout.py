@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from transformers import PreTrainedTokenizerBase
 
 from agentopd.chat import ContextFull, StreamBuilder, chat_template_of
+from agentopd.chat.bare_calls import ToolParsing
 from agentopd.chat.formats import HARMONY_STOPS, ToolFormat, detect_format, error_hint, parse_turn, resolve_format
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from agentopd.env import EnvError, ToolEnv
@@ -56,6 +57,9 @@ class RolloutConfig:
     episode_timeout_s: float = 300.0
     concurrency: int = 64  # episodes in flight at once
     tool_format: ToolFormat = ToolFormat.AUTO  # how the model writes tool calls; auto: from the chat template (agentopd.chat.formats)
+    # lenient: in the hermes family, a turn that is bare or fenced JSON naming an offered tool is a call too, as real
+    # instruct models (Qwen2.5) write them; strict: only <tool_call> blocks (agentopd.chat.bare_calls)
+    tool_parsing: ToolParsing = ToolParsing.LENIENT
     enable_thinking: bool | None = None  # passed to the chat template when set (false: Qwen3/3.5 without reasoning)
 
     def __post_init__(self) -> None:
@@ -64,6 +68,9 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.episode_timeout_s <= 0:
             raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.tool_parsing not in tuple(ToolParsing):
+            raise ValueError(f"rollout.tool_parsing must be one of {[p.value for p in ToolParsing]}, got {self.tool_parsing!r}")
+        object.__setattr__(self, "tool_parsing", ToolParsing(self.tool_parsing))
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,7 @@ class _Live:
     env_name: str
     messages: list[Message] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
+    bare_tools: frozenset[str] = frozenset()  # offered tools whose bare JSON calls count (rollout.tool_parsing=lenient)
     turns: list[Turn] = field(default_factory=list)
     builder: StreamBuilder | None = None
     reward: float = 0.0
@@ -291,6 +299,8 @@ class Rollout:
             self._pool, lambda: _env_call(env, f"reset(task {live.spec.task_id!r})", env.reset, seed=live.spec.seed, options=options)
         )
         live.tools = info.get("tools", [])
+        if cfg.tool_parsing is ToolParsing.LENIENT:
+            live.bare_tools = frozenset(t["function"]["name"] for t in live.tools if "function" in t)
         live.messages = [Message.from_dict(m) for m in obs]
         live.builder = b = StreamBuilder(
             self.tokenizer, obs, live.tools or None, max_context=cfg.max_context, max_tool_tokens=cfg.max_tool_tokens,
@@ -312,7 +322,7 @@ class Rollout:
                 raise RuntimeError("the engine aborted the request")
             result, student = await self._guided(live, request, result)
             raw = b.add_assistant(result.token_ids, result.logprobs, result.finish_reason == FinishReason.STOP, student=student)
-            parsed = parse_turn(raw, self.tool_format)
+            parsed = parse_turn(raw, self.tool_format, bare_tools=live.bare_tools)
             assistant = Message("assistant", parsed.content, list(parsed.tool_calls))
             turn = Turn(assistant, [], raw_text=raw)
             live.turns.append(turn)

@@ -148,7 +148,8 @@ class Runner:
             if not is_server(ref):  # a server's tokenizer is the user's promise (its echo of the ids is checked)
                 thinking = cfg.rollout.enable_thinking  # the run renders with it: so does the check
                 require_pair(student_ref, ref, checks=("max_context",) if cross else RUN_CHECKS,
-                             template_kwargs=None if thinking is None else {"enable_thinking": thinking})
+                             template_kwargs=None if thinking is None else {"enable_thinking": thinking},
+                             teacher_template=cfg.teacher.chat_template)
         # a cross-tokenizer loss: each teacher reads the episodes re-rendered in its own template (agentopd.crosstok)
         if cross:
             from agentopd.crosstok.score import CrossScorer

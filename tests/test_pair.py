@@ -107,3 +107,27 @@ def test_a_context_the_models_cannot_hold_fails(pair):
     report = check_pair(student, teacher, max_context=4096, self_score=False)
     assert statuses(report)["max_context"] == Status.FAIL and "4,096" in report.failed[0].detail
     assert check_pair(student, teacher, max_context=1024, self_score=False).ok
+
+
+def test_a_template_written_otherwise_fails_naming_the_override_which_fixes_it(cli, pair, tmp_path):
+    """The Qwen2.5-Coder GGUFs' case: the 1.5B's template escapes a brace the 0.5B's does not. check-pair names
+    teacher.chat_template; `student` (or a .jinja file) makes the teacher render the student's way; a run's config key
+    reaches the same check."""
+    student, src = pair
+    tok = AutoTokenizer.from_pretrained(src)
+    own = tok.chat_template
+    tok.chat_template = own.replace("<tool_call>\\n", "<tool_call>\\n ")  # one more space in every rendered call
+    assert tok.chat_template != own
+    AutoModelForCausalLM.from_pretrained(src).save_pretrained(tmp_path / "t")
+    tok.save_pretrained(tmp_path / "t")
+    report = check_pair(student, tmp_path / "t", env="sql_db", self_score=False)
+    assert statuses(report)["chat_template"] == Status.FAIL
+    assert "teacher.chat_template=student" in report.failed[0].detail
+    assert check_pair(student, tmp_path / "t", env="sql_db", self_score=False, teacher_template="student").ok
+    (tmp_path / "own.jinja").write_text(own)
+    assert check_pair(student, tmp_path / "t", env="sql_db", self_score=False, teacher_template=str(tmp_path / "own.jinja")).ok
+    with pytest.raises(ValueError, match="teacher.chat_template='nope.jinja': say student"):
+        check_pair(student, tmp_path / "t", self_score=False, teacher_template="nope.jinja")
+    result = cli("check-pair", "--student", student, "--teacher", tmp_path / "t", "--env", "sql_db", "--no-self-score",
+                 "--teacher-template", "student")  # fmt: skip
+    assert result.exit_code == 0, result.output

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from enum import StrEnum
 from typing import Any
 
+from agentopd.chat.bare_calls import read_bare_calls
 from agentopd.chat.parser import _STOP_SUFFIXES, CALL_CLOSE, CALL_OPEN, ParsedTurn, _parse_call, assistant_turn_text, parse_assistant
 from agentopd.types import ToolCall
 
@@ -96,15 +97,23 @@ def error_hint(fmt: ToolFormat) -> str:
     return 'Use <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
 
 
-def parse_turn(text: str, fmt: ToolFormat = ToolFormat.HERMES) -> ParsedTurn:
-    """Sampled assistant text in `fmt` -> ParsedTurn; never raises."""
+def parse_turn(text: str, fmt: ToolFormat = ToolFormat.HERMES, *, bare_tools: Collection[str] = ()) -> ParsedTurn:
+    """Sampled assistant text in `fmt` -> ParsedTurn; never raises. `bare_tools` (hermes only): the names of the offered
+    tools whose calls written as bare or fenced JSON count as calls (`rollout.tool_parsing=lenient`,
+    agentopd.chat.bare_calls); empty: only `<tool_call>` blocks do."""
     if fmt is ToolFormat.LLAMA3_JSON:
         return _parse_llama(text)
     if fmt is ToolFormat.QWEN_XML:
         return _parse_xml(text)
     if fmt is ToolFormat.HARMONY:
         return _parse_harmony(text)
-    return parse_assistant(text)
+    turn = parse_assistant(text)
+    if not bare_tools or turn.tool_calls or CALL_OPEN in text or CALL_CLOSE in text:
+        return turn
+    bare = read_bare_calls(turn.content, bare_tools)
+    if bare is None:
+        return turn
+    return ParsedTurn(content=bare.content, tool_calls=bare.tool_calls, errors=turn.errors + bare.errors, thinking=turn.thinking)
 
 
 def turn_text(fmt: ToolFormat, content: str, tool_calls: Sequence[ToolCall | dict] = ()) -> str:

@@ -123,6 +123,10 @@ class TeacherConfig(Section):
     privileged: Privileged | None = Field(
         None, description="context the teacher reads and the student does not: solution (the oracle's) or schema (the hidden one)"
     )
+    chat_template: str | None = Field(
+        None, description="the teacher's chat template for the pair check: null = its own; student = the student's (a pair "
+        "whose templates differ only in how they are written, e.g. an escaped brace); or a .jinja file",
+    )
     offload: Literal["auto"] | bool = Field(
         "auto", description="a local teacher on a GPU: move it to pinned host memory after each scoring and back before the "
         "next (a host-to-GPU copy of its weights every step); false = keep it resident; auto = resident when the memory "
