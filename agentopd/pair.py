@@ -238,11 +238,10 @@ def _context(student_cfg, teacher_cfg, max_context: int | None) -> str:
 
 def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, shared: int) -> str:
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from agentopd.batch import TrainSample
+    from agentopd.batch import TrainSample, collate
     from agentopd.teacher import HFTeacher, TeacherMode
-    from agentopd.trainer import Trainer, TrainerConfig
+    from agentopd.trainer import StudentLoss, TrainerConfig
     from agentopd.types import TokenStream
 
     prompt = encode(tok, render(tok, messages[:2], tools or None, add_generation_prompt=True))
@@ -251,18 +250,21 @@ def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, sha
         raise _Fail("the conversation's prompt is not a prefix of its full render")
     n = len(ids) - len(prompt)
     stream = TokenStream(ids, len(prompt), [1] * n, [0.0] * n, [0] * n)
+    # one fp32 copy of the teacher serves both sides: its scores, and the loss path's own forward (no optimizer: a
+    # Trainer's AdamW state is 16 bytes a parameter, what put a 1.5B teacher's check past 24 GB of host memory)
     scorer = HFTeacher(teacher, device="cpu", dtype=torch.float32, offload_after_score=False, vocab_size=shared)
     (scores,) = scorer.score([stream], mode=TeacherMode.HIDDEN)
-    student = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
+    model = scorer.model
     with torch.no_grad():  # the model's own distribution over the shared ids (as the teacher scores and engines sample)
-        logits_RV = student(torch.tensor([ids])).logits[0, len(prompt) - 1 : -1].float()
+        logits_RV = model(torch.tensor([ids])).logits[0, len(prompt) - 1 : -1].float()
         own = torch.log_softmax(logits_RV[:, :shared], -1).gather(-1, torch.tensor(ids[len(prompt) :])[:, None])[:, 0]
         padding_mass = float(torch.softmax(logits_RV, -1)[:, shared:].sum(-1).max()) if logits_RV.shape[1] > shared else None
-    diff = float((own - torch.tensor(scores.logprobs)).abs().max())
-    cfg = TrainerConfig(loss="forward_kl", lr=1e-9, total_steps=1, micro_batch_tokens=max(1024, len(ids)))
-    trainer = Trainer(student, cfg, device="cpu", vocab_size=shared)
-    sample = TrainSample.from_stream(stream, teacher_logprobs=scores.logprobs, teacher_hidden=scores.hidden)
-    loss = trainer.train_step([sample], teacher_head_VH=scorer.head_weight(shared))["loss"]
+        del logits_RV
+        diff = float((own - torch.tensor(scores.logprobs)).abs().max())
+        cfg = TrainerConfig(loss="forward_kl", total_steps=1, micro_batch_tokens=max(1024, len(ids)))
+        sample = TrainSample.from_stream(stream, teacher_logprobs=scores.logprobs, teacher_hidden=scores.hidden)
+        loss_sum, _ = StudentLoss(model, shared)(collate([sample], [[0]]), cfg, scorer.head_weight(shared))
+        loss = float(loss_sum) / n
     detail = f"{n} tokens scored: forward KL {loss:.1e}, max |log-prob difference| {diff:.1e}"
     if padding_mass is not None:  # named, not refused: full-vocabulary losses compare the shared rows only
         detail += (f"; the teacher's padding rows would hold up to {padding_mass:.1e} of its probability (engines never "

@@ -60,6 +60,21 @@ class RunContext:
     engine_sleep: bool = False  # local backend: the student's engine frees its KV pool while the teacher and trainer run
     teacher_offload: bool = True  # a local teacher leaves its GPU after each scoring (agentopd.memory_plan decides)
 
+    def inference_dtype(self, ref: Path | str) -> torch.dtype:
+        """The dtype an engine or a teacher holds `ref` in: the run's (bf16 on a GPU). On a CPU, a checkpoint stored in
+        bf16 (real ones, an imported GGUF) stays bf16 — half the host memory of fp32, and the CPU's bf16 matmuls (AMX,
+        AVX-512 BF16) are faster too; the embedded models, stored in fp32, stay fp32. The trainer keeps fp32 weights."""
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            return self.dtype
+        from agentopd.teacher.base import is_server
+
+        if is_server(ref):
+            return self.dtype
+        from transformers import AutoConfig
+
+        stored = getattr(AutoConfig.from_pretrained(str(ref)), "dtype", None)
+        return torch.bfloat16 if stored in (torch.bfloat16, "bfloat16") else self.dtype
+
     def model_ref(self, who: str) -> Path | str:
         """The model a role plays with: the student's, or the named teacher's."""
         from agentopd.teacher.base import is_server
@@ -94,16 +109,17 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str) -> Engine
     kind = resolve_kind(ctx.cfg.engine.kind, ctx.device)
     kwargs: dict[str, Any] = {"max_batch_size": ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed,
                               "vocab_size": ctx.vocab_size}
+    dtype = ctx.inference_dtype(ctx.student_ref if isinstance(model, torch.nn.Module) else model)
     if kind == EngineKind.HF:
         kwargs["device"] = ctx.device
         if not isinstance(model, torch.nn.Module):
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(model, dtype=ctx.dtype)
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
         else:
             import copy
 
-            model = copy.deepcopy(model).to(ctx.dtype)
+            model = copy.deepcopy(model).to(dtype)
         return make_engine(kind, model, **kwargs)
     if isinstance(model, torch.nn.Module):
         raise TypeError(f"engine.kind={kind} loads its model from a reference (a folder or hub id), not a module")
@@ -112,7 +128,7 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str) -> Engine
         kwargs.update(vllm_options(ctx.cfg))
     elif ctx.kv_cache_gib is not None:  # the fast engine (an unsupported architecture falls back to hf: no pool to size)
         kwargs["kv_cache_gb"] = ctx.kv_cache_gib
-    return make_engine(kind, str(model), device=ctx.device, dtype=ctx.dtype, **kwargs)
+    return make_engine(kind, str(model), device=ctx.device, dtype=dtype, **kwargs)
 
 
 class Players:
@@ -223,7 +239,7 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
         return ServerTeacher(str(ref), top_k=ctx.cfg.teacher.top_k, temperature=temperature)
     # a cross-tokenizer teacher scores its own stream (agentopd.crosstok) over its own vocabulary
     vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
-    return HFTeacher(ref, device=ctx.device, dtype=ctx.dtype, temperature=temperature, top_k=ctx.cfg.teacher.top_k,
+    return HFTeacher(ref, device=ctx.device, dtype=ctx.inference_dtype(ref), temperature=temperature, top_k=ctx.cfg.teacher.top_k,
                      vocab_size=vocab_size, offload_after_score=ctx.teacher_offload)
 
 

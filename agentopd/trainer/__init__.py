@@ -13,6 +13,7 @@ from agentopd.trainer.config import LossKind, PGMode, Precision, Schedule, Train
 
 _LAZY = {  # torch-heavy parts load on first use, so configs and the CLI stay quick to import
     "Trainer": "agentopd.trainer.core",
+    "StudentLoss": "agentopd.trainer.core",
     "export_checkpoint": "agentopd.trainer.checkpoint",
     "chunked_token_logprobs": "agentopd.trainer.logprob",
 }
@@ -31,6 +32,7 @@ __all__ = [
     "PGMode",
     "Precision",
     "Schedule",
+    "StudentLoss",
     "Trainer",
     "TrainerConfig",
     "chunked_token_logprobs",

@@ -12,7 +12,7 @@ decoder layer is its own `fully_shard` unit and the root unit holds the embeddin
 and lm_head (tied embeddings stay in one unit); every rank passes its own share of the batch to
 `train_step`. Otherwise the model trains as a plain module in this process.
 
-The root module is `_Student`: its forward runs the decoder to FINAL HIDDEN STATES, gathers the
+The root module is `StudentLoss`: its forward runs the decoder to FINAL HIDDEN STATES, gathers the
 rows at the loss positions and applies the chunked loss with the lm_head weight — inside the
 root forward, so FSDP has the root parameters gathered and never a (T, V) logits tensor exists.
 `vocab_size` (the tokenizer's size; a run passes it): the loss uses the lm_head's first `vocab_size` rows,
@@ -67,7 +67,7 @@ from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_facto
 from agentopd.trainer.loss import MAXIMA, WEIGHTED_BY_PG, micro_batch_loss
 
 
-class _Student(nn.Module):
+class StudentLoss(nn.Module):
     """Root module: decoder -> final hidden states at the loss positions -> chunked loss."""
 
     def __init__(self, hf: PreTrainedModel, vocab_size: int) -> None:
@@ -202,7 +202,7 @@ class Trainer:
         self.hf = hf
         from agentopd.engines.base import sampled_vocab
 
-        self.student = _Student(hf, sampled_vocab(vocab_size, hf.get_output_embeddings().weight.shape[0]))
+        self.student = StudentLoss(hf, sampled_vocab(vocab_size, hf.get_output_embeddings().weight.shape[0]))
         if self.distributed:
             self._shard()
         else:
