@@ -179,7 +179,7 @@ QUICK = ["steps=1", "rollout.tasks_per_step=2", "rollout.max_new_tokens=8", "rol
         (["rollout.temperature=-1"], "rollout.temperature must be >= 0"),
         (["async.enabled=true"], "async.enabled=true needs run.backend=ray"),
         (["log.wandb=true"], "wandb is not installed"),
-        (["engine.kind=vllm", "student=builtin:vllm"], "vLLM is not installed"),
+        (["engine.kind=vllm"], "vLLM is not installed"),
     ],
 )
 def test_refused_runs_leave_no_folder_and_print_no_run_directory(cli, tmp_path, monkeypatch, args, message):
