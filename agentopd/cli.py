@@ -96,9 +96,16 @@ def envs_command() -> None:
     """List the installed environments (built-ins and plugins)."""
     from agentopd import registry
 
+    from agentopd.config import VARIANTS
+
     table = _table("environments (entry points: agentopd.envs)", "name", "package", "entry point", "description")
-    for name, p in sorted(registry.envs().items()):
+    found = registry.envs()
+    for name, p in sorted(found.items()):
         table.add_row(name, p.package, p.value, escape(registry.describe(p.obj)))
+    for name, (env, selects) in sorted(VARIANTS.items()):  # presets `--env` takes as names of their own
+        if env in found:
+            kwargs = " ".join(f"env.{k}=[{','.join(v)}]" if isinstance(v, list) else f"env.{k}={v}" for k, v in selects.items())
+            table.add_row(name, found[env].package, f"configs/{name}.yaml", escape(f"a preset of {env} ({kwargs}): {registry.describe(found[env].obj)}"))
     console.print(table)
     if (broken := _plugin_errors_table(registry.ENV_GROUP)) is not None:
         console.print(broken)
@@ -217,9 +224,14 @@ def run_command(
 
     from agentopd.memory_plan import OutOfMemory
 
-    console.print(f"run directory: [bold]{run_dir}[/]")
+    made = not run_dir.exists()  # the runner prints "run directory: ..." once it makes it
     try:
-        summary = Runner(cfg, run_dir, console=err_console).run(resume=resume)
+        try:
+            summary = Runner(cfg, run_dir, console=err_console).run(resume=resume)
+        except BaseException:  # a run that failed before any step leaves no folder behind (docs/guides/troubleshooting.md)
+            if made and RunDir(run_dir).discard_if_unstarted():
+                err_console.print(f"removed {run_dir}: the run stopped before its first step", soft_wrap=True)
+            raise
     except KeyboardInterrupt:  # a second Ctrl-C during the checkpoint
         raise typer.Exit(130) from None
     except OutOfMemory as e:  # one line naming the phase, then the plan (agentopd.memory_plan)

@@ -108,7 +108,11 @@ def check_run(cfg: Config) -> None:
             "trainer.cpu_offload=true on run.backend=local: the offload is FSDP2's, which needs the trainer in a process "
             "group; run.backend=ray starts its trainer ranks in one (ray.trainer_workers=1 will do)"
         )
+    if cfg.async_.enabled and cfg.run.backend == BackendKind.LOCAL:
+        raise ValueError("async.enabled=true needs run.backend=ray (the local backend runs one stage at a time)")
+    _check_installed(cfg)
     _check_teacher_recipes(cfg)
+    _check_groups(cfg)
     _check_intervene(cfg)
     _check_embedded(cfg)
     if cfg.recipe.horizon_turns is not None and cfg.recipe.horizon_turns[1] > cfg.rollout.max_turns:
@@ -184,6 +188,32 @@ def _check_teacher_recipes(cfg: Config) -> None:
             raise ValueError("recipe.sft_steps with async.enabled=true: rollouts submitted ahead would cross the switch; turn one off")
     if used and cfg.run.objective != Objective.OPD:
         raise ValueError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} objective=opd (got objective={cfg.run.objective})")
+
+
+def _check_installed(cfg: Config) -> None:
+    """Optional packages a setting needs, looked for before any model loads or any run folder is made (the run would
+    otherwise fail minutes in, after building its models)."""
+    from importlib.util import find_spec
+
+    if cfg.engine.kind == "vllm" and find_spec("vllm") is None:
+        from agentopd.engines.vllm import INSTALL_HINT
+
+        raise ValueError(f"engine.kind=vllm: {INSTALL_HINT}")
+    for key, package in (("wandb", "wandb"), ("mlflow", "mlflow")):
+        if getattr(cfg.log, key) and find_spec(package) is None:
+            raise ValueError(f"log.{key}=true but {package} is not installed: pip install {package}")
+
+
+def _check_groups(cfg: Config) -> None:
+    """objective=grpo learns from a task's episodes against each other (agentopd.losses.grpo_advantages): with one
+    episode a task every advantage is 0, the gradient is 0 at every step, and the run would train nothing."""
+    n, tasks = cfg.rollout.n, cfg.rollout.tasks_per_step
+    if cfg.run.objective == Objective.GRPO and n < 2:
+        raise ValueError(
+            f"objective=grpo with rollout.n={n}: GRPO's advantage compares the episodes of one task, so with one episode a "
+            f"task every advantage is 0 and nothing is learned; set rollout.n=4 (rollout.n=4 "
+            f"rollout.tasks_per_step={max(1, tasks // 4)} keeps {tasks * n} episodes a step)"
+        )
 
 
 def _check_intervene(cfg: Config) -> None:

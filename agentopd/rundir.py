@@ -6,6 +6,7 @@
     rd.latest_checkpoint()              # the newest finished checkpoint (DONE marker), or None
     RunDir.mark_done(path, step)        # what makes a checkpoint finished (both backends)
     rd.tokenizer_dir()                  # tokenizer/, else final/ (what readers load text with)
+    rd.discard_if_unstarted()           # a failed run's folder that holds no finished step: removed
 
 Code that reads or writes a run (runner, backends, CLI, drift checker, metrics log, viewer) takes
 its paths from here, so the layout is stated once.
@@ -13,6 +14,7 @@ its paths from here, so the layout is stated once.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +78,19 @@ class RunDir:
     def is_run(self) -> bool:
         """Has the files a viewer shows (a store or a metrics log)."""
         return self.root.is_dir() and (self.db.is_file() or self.metrics.is_file())
+
+    def has_steps(self) -> bool:
+        """Holds a logged step or a finished checkpoint: something a failed run leaves worth keeping."""
+        logged = self.metrics.is_file() and self.metrics.stat().st_size > 0
+        return logged or self.latest_checkpoint() is not None
+
+    def discard_if_unstarted(self) -> bool:
+        """Remove the folder when it holds no step (a run that failed in its set-up or first step: its tokenizer copy,
+        an empty store, TensorBoard's first file); True when removed."""
+        if not self.root.is_dir() or self.has_steps():
+            return False
+        shutil.rmtree(self.root)
+        return True
 
     def tokenizer_dir(self) -> Path | None:
         """`tokenizer/`, else `final/`: the first that holds tokenizer files."""

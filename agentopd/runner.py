@@ -165,6 +165,7 @@ class Runner:
         self.shapes = {STUDENT: ModelShape.from_ref(student_ref)} | {
             name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in teacher_refs.items()}
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
+        self.progress.note(f"run directory: {self.run_dir}")  # printed once it exists (agentopd run removes it if no step ends)
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         self.rollout_cfg = rollout_config(cfg)
         self.eval_rollout_cfg = replace(self.rollout_cfg, temperature=cfg.eval.temperature)
@@ -676,6 +677,9 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:
     from agentopd.trainer import export_checkpoint as export_trainer_checkpoint
 
     ckpt = Path(checkpoint_dir)
+    if not ckpt.is_dir():
+        there = sorted(p.name for p in ckpt.parent.glob("step_*") if is_done(p)) if ckpt.parent.is_dir() else []
+        raise ValueError(f"{ckpt}: no such folder" + (f" (the finished checkpoints there: {', '.join(there)})" if there else ""))
     if not is_done(ckpt):
         raise ValueError(f"{ckpt} is not a finished checkpoint of a run (no {DONE} marker)")
     run = RunDir.of_checkpoint(ckpt)

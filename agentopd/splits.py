@@ -75,6 +75,12 @@ def split_user_tasks(tasks: Sequence[Task], split: Split, source: str | Path) ->
     unmarked = [t.id for t in tasks if t.data.get("split") is None]
     held = held_out_ids(unmarked, str(source)) if len(unmarked) > 1 else set(unmarked)
     chosen = [t for t in tasks if (t.data.get("split") or (Split.EVAL if t.id in held else Split.TRAIN)) == split]
+    if not chosen and split is Split.TRAIN and len(unmarked) < 2:
+        raise ValueError(
+            f"{source}: no train tasks: {len(unmarked)} of its {len(tasks)} line(s) have no 'split' key, and of those "
+            f"{HELD_OUT_SHARE:.0%} (at least 1) are held out for eval, so at least 2 unmarked lines are needed to train "
+            f'on one; add lines (a file of a few lines shows the format, not one that trains), or mark one "split": "train"'
+        )
     if not chosen:
         raise ValueError(
             f"{source}: no {split} tasks: of its {len(tasks)} task(s), {len(tasks) - len(unmarked)} have a 'split' key and "

@@ -20,6 +20,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -61,9 +62,19 @@ def pin_one_core() -> str:
     return f"pinned to CPU {cpu}"
 
 
-def measure(name: str, seconds: float, warmup_episodes: int = 20) -> Result:
-    env = registry.make_env(name)
+def measure(name: str, seconds: float, warmup_episodes: int = 20, **env_kwargs: Any) -> Result:
+    """Steps/s of env `name` driven by its oracle; ValueError for an env without one (it cannot be driven)."""
+    env = registry.make_env(name, **env_kwargs)
+    try:
+        return _measure(name, env, seconds, warmup_episodes)
+    finally:
+        env.close()
+
+
+def _measure(name: str, env: Any, seconds: float, warmup_episodes: int) -> Result:
     u = env.unwrapped
+    if not callable(getattr(u, "oracle", None)) or not hasattr(u, "task"):
+        raise ValueError(f"{name}: not a ToolEnv with an oracle(task) method; this benchmark plays each env's oracle")
     clock = time.perf_counter
     episodes = steps = 0
     step_s = total_s = 0.0
@@ -72,7 +83,10 @@ def measure(name: str, seconds: float, warmup_episodes: int = 20) -> Result:
         t0 = clock()
         env.reset(seed=seed)
         t_reset = clock() - t0
-        actions = u.oracle(u.task)
+        try:
+            actions = u.oracle(u.task)
+        except NotImplementedError:  # ToolEnv's default: the env has no reference solutions
+            raise ValueError(f"{name}: has no oracle (its oracle(task) raises NotImplementedError); this benchmark plays each env's oracle") from None
         reward, t_steps, n = 0.0, 0.0, 0
         for action in actions:
             t0 = clock()
@@ -87,7 +101,6 @@ def measure(name: str, seconds: float, warmup_episodes: int = 20) -> Result:
         if seed <= warmup_episodes:  # first episodes warm caches (schemas, SQLite pages)
             continue
         episodes, steps, step_s, total_s = episodes + 1, steps + n, step_s + t_steps, total_s + t_steps + t_reset
-    env.close()
     return Result(name, episodes, steps, step_s, total_s)
 
 

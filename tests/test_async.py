@@ -68,9 +68,8 @@ def test_stale_episodes_are_regenerated(ray_cluster, home, tmp_path):
 
 
 def test_local_backend_refuses_async(home, tmp_path):
-    cfg = load_config("calculator", overrides=["async.enabled=true", "steps=1"])
-    with pytest.raises(ValueError, match="async.enabled=true needs run.backend=ray"):
-        Runner(cfg, tmp_path / "run").run()
+    with pytest.raises(ValueError, match="async.enabled=true needs run.backend=ray"):  # at load: before any run folder
+        load_config("calculator", overrides=["async.enabled=true", "steps=1"])
 
 
 def _rescored(runner, last_step):

@@ -203,6 +203,19 @@ def test_a_users_task_file_holds_a_share_out_for_eval(name, tmp_path):
     assert len(registry.make_env(name, split="all", **kwargs).tasks) == 12
 
 
+@pytest.mark.parametrize("name", ["sql_db", "calculator"])
+def test_a_file_too_short_to_train_on_says_how_many_lines_it_needs(name, tmp_path):
+    """Issue 55, item 7: the guide's two-line example (one unmarked line, one marked eval) was refused as a whole file,
+    "no train tasks", without saying that the held-out share needs more unmarked lines."""
+    two = _user_task_file(tmp_path, name, 2, {1: "eval"})
+    message = (r"no train tasks: 1 of its 2 line\(s\) have no 'split' key, and of those 20% \(at least 1\) are held out "
+               r"for eval, so at least 2 unmarked lines are needed to train on one")
+    with pytest.raises(ValueError, match=message):
+        registry.make_env(name, split="train", **two)
+    three = _user_task_file(tmp_path, name, 3, {2: "eval"})
+    assert len(registry.make_env(name, split="train", **three).tasks) == 1
+
+
 @pytest.mark.parametrize("name", ["sql_db", "calculator", "math"])
 def test_a_users_split_keys_choose_the_split(name, tmp_path):
     kwargs = _user_task_file(tmp_path, name, 6, {0: "eval", 1: "train", 3: "train", 4: "train", 5: "train"})

@@ -124,3 +124,26 @@ def test_a_refused_run_leaves_no_run_directory(tmp_path, monkeypatch, override, 
     assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_presets_taken_as_env_names_are_listed(cli):
+    """Issue 55, item 7: `--env sql_db_explore` works, but the name appeared neither in `agentopd envs` nor in the
+    list an unknown env name is answered with."""
+    result = cli("envs")
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if " sql_db_explore " in ln)
+    assert "configs/sql_db_explore.yaml" in line and "a preset of sql_db (env.difficulty=[explore])" in line, line
+    result = cli("run", "--env", "sql_db_explor")
+    assert result.exit_code == 2 and "presets: sql_db_explore (a preset of sql_db)" in result.output, result.output
+
+
+def test_export_of_a_missing_folder_says_it_is_missing(cli, tmp_path):
+    """Issue 55, item 7: a checkpoint path that does not exist was blamed on a missing "DONE marker"; the error says
+    the folder is missing and lists the finished checkpoints beside it."""
+    result = cli("export", str(tmp_path / "runs" / "x" / "checkpoints" / "step_000020"), str(tmp_path / "out"))
+    assert result.exit_code == 2 and "step_000020: no such folder" in result.output and "DONE" not in result.output, result.output
+    ckpts = tmp_path / "run" / "checkpoints"
+    (ckpts / "step_000050").mkdir(parents=True)
+    (ckpts / "step_000050" / "DONE").write_text("50")
+    result = cli("export", str(ckpts / "step_000020"), str(tmp_path / "out"))
+    assert result.exit_code == 2 and "(the finished checkpoints there: step_000050)" in result.output, result.output

@@ -1,5 +1,7 @@
 """The config tree: every shipped preset loads; overrides parse and fail by naming the key."""
 
+import re
+
 import pytest
 
 from agentopd.policy import trainer_config
@@ -123,7 +125,7 @@ def test_sections_are_typed_and_closed():
         (["trainer.loss=topk_forward_kl"], 0.5),
         (["trainer.loss=sampled_k1", "rollout.temperature=0.0"], 1.0),  # greedy rollouts report T=1 logprobs
         (["objective=sft"], 1.0),  # cross-entropy
-        (["objective=grpo"], 0.5),
+        (["objective=grpo", "rollout.n=4"], 0.5),
     ],
 )
 def test_loss_temperature(overrides, expected):
@@ -142,7 +144,7 @@ def test_objectives_force_their_loss():
     from agentopd.trainer import LossKind
 
     assert trainer_config(load_config("sql_db", overrides=["objective=sft"])).loss == LossKind.SFT
-    assert trainer_config(load_config("sql_db", overrides=["objective=grpo"])).loss == LossKind.GRPO
+    assert trainer_config(load_config("sql_db", overrides=["objective=grpo", "rollout.n=4"])).loss == LossKind.GRPO
     assert trainer_config(load_config("sql_db", overrides=["trainer.loss=jsd"])).loss == LossKind.JSD
 
 
@@ -203,3 +205,51 @@ def test_overrides_that_select_a_variant_start_from_its_preset():
     assert narrowed.env.kwargs["tools"] == ["sql_query"] and narrowed.run.steps == 7 and narrowed.rollout.max_turns == 8
     plain = load_config("sql_db", overrides=["env.difficulty=[count]"])
     assert plain.env.kwargs["tools"] == ["sql_query"] and plain.rollout.max_turns == load_config("sql_db").rollout.max_turns
+
+
+def test_grpo_with_one_episode_a_task_is_refused():
+    """Issue 55, item 1: `objective=grpo` on a preset with rollout.n=1 trained nothing (every group advantage 0, the
+    gradient 0 at all 300 steps) and exited 0; refused at load, naming rollout.n and a value that works."""
+    with pytest.raises(ValueError, match=r"objective=grpo with rollout\.n=1: .* set rollout\.n=4 \(rollout\.n=4 rollout\.tasks_per_step=8 keeps 32 episodes a step\)"):
+        load_config("sql_db", overrides=["objective=grpo"])
+    with pytest.raises(ValueError, match=r"objective=grpo with rollout\.n=1"):
+        load_config("calculator", overrides=["objective=grpo"])
+    assert load_config("sql_db", overrides=["objective=grpo", "rollout.n=4", "rollout.tasks_per_step=8"]).rollout.n == 4
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.temperature=-1", r"rollout\.temperature must be >= 0 \(0 = greedy\), got -1"),
+        ("rollout.top_p=0", r"rollout\.top_p must be in \(0, 1\], got 0"),
+        ("rollout.top_p=1.5", r"rollout\.top_p must be in \(0, 1\], got 1\.5"),
+        ("rollout.top_k=-1", r"rollout\.top_k must be >= 0 \(0 = off\), got -1"),
+    ],
+)
+def test_sampler_settings_out_of_range_are_refused_at_load(override, message):
+    """Issue 55, item 4: rollout.temperature=-1 was accepted; the run then died in its first rollout ("min() arg is an
+    empty sequence") and left a run folder behind."""
+    with pytest.raises(ValueError, match=message):
+        load_config("sql_db", overrides=[override])
+
+
+def test_settings_whose_package_is_missing_are_refused_at_load():
+    """Issue 55, items 3 and 5: engine.kind=vllm without vLLM ended in a traceback after ~35 s of building its student,
+    log.wandb=true without wandb after the run folder was made; both are refused when the config loads."""
+    from importlib.util import find_spec
+
+    for key, package, message in (
+        ("log.wandb=true", "wandb", "log.wandb=true but wandb is not installed: pip install wandb"),
+        ("log.mlflow=true", "mlflow", "log.mlflow=true but mlflow is not installed: pip install mlflow"),
+        ("engine.kind=vllm", "vllm", "engine.kind=vllm: vLLM is not installed: pip install 'agentopd[vllm]'"),
+    ):
+        if find_spec(package) is None:
+            with pytest.raises(ValueError, match=re.escape(message)):
+                load_config("sql_db", overrides=[key])
+
+
+def test_async_on_the_local_backend_is_refused_at_load():
+    """Issue 55, item 5: it was refused only when the backend set up, after the run folder was made."""
+    with pytest.raises(ValueError, match=r"async\.enabled=true needs run\.backend=ray"):
+        load_config("sql_db", overrides=["async.enabled=true"])
+    assert load_config("sql_db", overrides=["async.enabled=true", "backend=ray"]).async_.enabled

@@ -129,3 +129,22 @@ def test_figures_are_labelled_by_date_and_commit_not_by_work_period(path):
     """README and results files name a figure by its date, commit and command (issue 27, defect 6)."""
     hits = [f"{i}: {line.strip()[:100]}" for i, line in enumerate(path.read_text().splitlines(), 1) if WORK_PERIOD.search(line)]
     assert not hits, f"{path.name} labels figures by work periods:\n" + "\n".join(hits)
+
+
+def guide_command_blocks() -> list[tuple[str, list[str]]]:
+    """(file, lines) of every fenced code block of README.md and docs/, comments cut off."""
+    return [(p.relative_to(ROOT).as_posix(), [line.split("  #", 1)[0].strip() for line in block])
+            for p in markdown_files() for block in code_blocks(p.read_text())]  # fmt: skip
+
+
+def test_a_block_that_names_your_database_names_it_on_every_sql_db_line():
+    """Issue 55, item 2: own-env-or-tool.md's eval line left out `env.db_path=shop.db`, so the user's tasks were checked
+    against the built-in database and failed with an error blaming a line `check-env` had just passed."""
+    missing = []
+    for path, block in guide_command_blocks():
+        db = {m.group(0) for line in block for m in re.finditer(r"env\.db_path=\S+", line)}
+        for line in block:
+            sql_db = re.search(r"(--env|check-env) sql_db\b", line)
+            if db and sql_db and re.search(r"(env\.tasks=|--tasks )", line) and not any(d in line for d in db):
+                missing.append(f"{path}: {line}")
+    assert not missing, "task files of your database given without it:\n" + "\n".join(missing)

@@ -169,6 +169,49 @@ def test_bad_input_is_one_line_error(cli, tmp_path, args, message):
     assert result.exit_code == 2 and message in result.output, result.output
 
 
+QUICK = ["steps=1", "rollout.tasks_per_step=2", "rollout.max_new_tokens=8", "rollout.max_turns=2", "eval.num_tasks=2"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["objective=grpo", "rollout.n=1"], "objective=grpo with rollout.n=1"),
+        (["rollout.temperature=-1"], "rollout.temperature must be >= 0"),
+        (["async.enabled=true"], "async.enabled=true needs run.backend=ray"),
+        (["log.wandb=true"], "wandb is not installed"),
+        (["engine.kind=vllm"], "vLLM is not installed"),
+    ],
+)
+def test_refused_runs_leave_no_folder_and_print_no_run_directory(cli, tmp_path, monkeypatch, args, message):
+    """Issue 55, items 1, 4, 5: each of these started (a run folder made, "run directory: ..." printed) and then trained
+    nothing, died with a traceback, or failed leaving the folder behind. Now: one line, exit 2, nothing on disk."""
+    from importlib.util import find_spec
+
+    if "wandb" in message and find_spec("wandb") or "vLLM" in message and find_spec("vllm"):
+        pytest.skip("the package is installed here")
+    monkeypatch.chdir(tmp_path)
+    result = cli("run", "--env", "calculator", *QUICK, *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "run directory" not in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "runs").exists(), list((tmp_path / "runs").rglob("*"))
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_folder(cli, tmp_path, monkeypatch):
+    """Issue 55, item 5: a run failing after its folder was made (here its first eval) left the folder behind; it is
+    removed, and said so. A folder that holds a logged step is kept (what a crash later in a run leaves to look at)."""
+    from agentopd.runner import Runner
+
+    def fail(self, *args, **kwargs):
+        raise ValueError("the eval failed")
+
+    monkeypatch.setattr(Runner, "_eval", fail)
+    run = tmp_path / "run"
+    result = cli("run", "--env", "calculator", "--run-dir", run, *QUICK)
+    assert result.exit_code == 2 and "the eval failed" in result.output, result.output
+    assert f"run directory: {run}" in result.output and f"removed {run}: the run stopped before its first step" in result.output
+    assert not run.exists()
+
+
 def test_second_ctrl_c_stops_at_once_and_resume_still_works(home, tmp_path):
     run = tmp_path / "run"
     proc, env = _start_run(home, run, steps=5)

@@ -384,6 +384,15 @@ def test_malformed_task_files_name_the_line(library, tmp_path, line, message):
         SqlDbEnv(db_path=library, tasks=tasks)
 
 
+def test_task_sql_checked_on_the_built_in_database_says_so(library, tmp_path, home):
+    """Issue 55, item 2: a task file given without its env.db_path is checked against the built-in database; the error
+    blamed the line ("the sql returns no rows") without saying which database the sql ran on."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": "a", "question": "q", "sql": "SELECT title FROM books"}])
+    with pytest.raises(ValueError, match=r"tasks\.jsonl:1: sql\[0\] failed on the built-in database \(tasks about your own need env\.db_path=\.\.\.\): no such table"):
+        SqlDbEnv(tasks=tasks)
+    SqlDbEnv(db_path=library, tasks=write_tasks(tmp_path / "two.jsonl", [{"id": i, "question": "q", "sql": "SELECT title FROM books"} for i in "ab"]))
+
+
 def test_bad_kwargs_are_value_errors(library, tmp_path, home):
     with pytest.raises(ValueError, match="split"):
         SqlDbEnv(split="test")

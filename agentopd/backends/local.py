@@ -65,8 +65,7 @@ class LocalBackend:
 
         from agentopd.trainer import Trainer
 
-        if ctx.cfg.async_.enabled:
-            raise ValueError("async.enabled=true needs run.backend=ray (the local backend runs one stage at a time)")
+        assert not ctx.cfg.async_.enabled, "refused at config load (agentopd.policy.check_run)"
         self.ctx = ctx
         student = AutoModelForCausalLM.from_pretrained(ctx.student_ref, dtype=torch.float32)
         self.teachers = {name: build_teacher(ctx, name) for name in ctx.teacher_refs}

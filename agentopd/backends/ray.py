@@ -80,6 +80,8 @@ from agentopd.rundir import RunDir
 from agentopd.teacher.base import is_server
 from agentopd.types import Episode, TokenStream
 
+RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"  # Ray's token-auth notices (ray 2.5x-2.60)
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -136,7 +138,7 @@ class RayBackend:
             rc = cfg.ray
             address = rc.address or os.environ.get("RAY_ADDRESS")
             local = {} if address else {"num_cpus": rc.num_cpus, "num_gpus": rc.num_gpus}
-            ray.init(address=address, log_to_driver=False, **local)
+            start_ray(ray, address, **local)
             self._owns_ray = True
         try:
             servers = {name for name, ref in teachers.items() if is_server(ref)}
@@ -585,3 +587,14 @@ class RayBackend:
             self.reservation.release(self.ray)
         if self._owns_ray:
             self.ray.shutdown()
+
+
+def start_ray(ray: Any, address: str | None, **local: Any) -> None:
+    """`ray.init` for a run: its workers' logs stay off the driver. A local cluster (no address) is started without
+    Ray's warning that token authentication is on and how to opt out, which it printed on every run: it is Ray's own
+    default and nothing the run asks the user to act on (RAY_AUTH_MODE=disabled still opts out)."""
+    import logging
+
+    if address is None:
+        logging.getLogger(RAY_TOKEN_LOGGER).setLevel(logging.ERROR)
+    ray.init(address=address, log_to_driver=False, **local)

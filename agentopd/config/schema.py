@@ -62,10 +62,6 @@ class EnvConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_kwargs(self) -> EnvConfig:
-        from agentopd.registry import (
-            env_factory,  # late: the registry loads env modules
-        )
-
         if self.mixed:
             if self.kwargs:
                 key = sorted(self.kwargs)[0]
@@ -75,6 +71,21 @@ class EnvConfig(BaseModel):
         for key, value in resolve_kwargs(factory, self.kwargs, prefix="env").items():
             setattr(self, key, value)
         return self
+
+
+def env_factory(name: str) -> Any:
+    """The registry's env `name`; an unknown name's error also lists the presets of installed envs (VARIANTS), which
+    `--env` takes too."""
+    from agentopd.config.load import VARIANTS  # late: load imports this module
+    from agentopd.registry import env_factory as registered  # late: the registry loads env modules
+
+    try:
+        return registered(name)
+    except ValueError as e:
+        if not str(e).startswith("unknown env"):
+            raise
+        presets = ", ".join(f"{v} (a preset of {env})" for v, (env, _) in sorted(VARIANTS.items()))
+        raise ValueError(f"{e}; presets: {presets}") from None
 
 
 class EnvEntry(BaseModel):
@@ -470,8 +481,6 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check_sources(self) -> Config:
-        from agentopd.registry import env_factory
-
         envs = self.mix.envs
         if self.env.mixed or envs:
             if ",".join(envs) != self.env.name:

@@ -141,7 +141,8 @@ class SqlDbEnv(ToolEnv):
         if tasks is None:
             chosen = list(_default_selection(str(path.resolve()), path.stat().st_mtime_ns, self.split, difficulty))
         else:
-            chosen = _select(split_user_tasks(load_tasks_jsonl(tasks, self.db), self.split, tasks), Split.ALL, difficulty)
+            builtin = "the built-in database (tasks about your own need env.db_path=...)" if db_path is None else None
+            chosen = _select(split_user_tasks(load_tasks_jsonl(tasks, self.db, builtin), self.split, tasks), Split.ALL, difficulty)
         if not chosen:
             raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
         self.schema_in_prompt = bool(schema_in_prompt)

@@ -402,26 +402,27 @@ _ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
 _TASK_KEYS = ("id", "question", "sql", "answer", "ordered", "split")
 
 
-def load_tasks_jsonl(path: str | Path, db: SqlDatabase) -> list[Task]:
-    """Read a user task file; expected answers of sql-only tasks come from running the SQL on `db`."""
+def load_tasks_jsonl(path: str | Path, db: SqlDatabase, db_label: str | None = None) -> list[Task]:
+    """Read a user task file; expected answers of sql-only tasks come from running the SQL on `db` (`db_label`: what an
+    error about a task's SQL calls that database, e.g. the built-in one; None: nothing added)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"tasks: no file at {str(path)!r}")
-    return unique_tasks(_read_lines(path, db), path)
+    return unique_tasks(_read_lines(path, db, f" on {db_label}" if db_label else ""), path)
 
 
-def _read_lines(path: Path, db: SqlDatabase) -> Iterator[tuple[str, Task]]:
+def _read_lines(path: Path, db: SqlDatabase, on: str) -> Iterator[tuple[str, Task]]:
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                yield f"{path}:{lineno}", _parse_line(line, lineno, db)
+                yield f"{path}:{lineno}", _parse_line(line, lineno, db, on)
             except ValueError as e:
                 raise ValueError(f"{path}:{lineno}: {e}") from None
 
 
-def _parse_line(line: str, lineno: int, db: SqlDatabase) -> Task:
+def _parse_line(line: str, lineno: int, db: SqlDatabase, on: str = "") -> Task:
     try:
         obj = json.loads(line)
     except ValueError as e:
@@ -455,16 +456,16 @@ def _parse_line(line: str, lineno: int, db: SqlDatabase) -> Task:
             try:
                 result = db.query(q)
             except ToolError as e:
-                raise ValueError(f"sql[{i}] failed: {e}") from None
+                raise ValueError(f"sql[{i}] failed{on}: {e}") from None
         if not result.rows:
-            raise ValueError("the sql returns no rows; give the expected 'answer' too")
+            raise ValueError(f"the sql returns no rows{on}; give the expected 'answer' too")
         if result.more:
-            raise ValueError(f"the sql returns more than {db.max_rows} rows (max_rows)")
+            raise ValueError(f"the sql returns more than {db.max_rows} rows{on} (max_rows)")
         expected = answer_text(result)
     if answer is not None:
         answer = str(answer).strip() if isinstance(answer, str) else answer_text(QueryResult(["answer"], [(answer,)]))
         if expected is not None and not answers_match(answer, expected, ordered=ordered):
-            raise ValueError(f"'answer' {answer!r:.80} disagrees with what the sql returns: {expected!r:.80}")
+            raise ValueError(f"'answer' {answer!r:.80} disagrees with what the sql returns{on}: {expected!r:.80}")
         expected = answer
     data = {k: v for k, v in obj.items() if k not in _TASK_KEYS}
     data.update({"ordered": ordered, "split": split, "data_source": data.get("data_source", "sql_db")})
