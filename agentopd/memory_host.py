@@ -1,0 +1,171 @@
+"""The host-memory plan of a CPU run: what the trainer, the rollout engine and the teachers hold in RAM per phase,
+against the memory this machine has available, before any model loads; and the micro-batch that makes it fit.
+
+    plan = plan_host(cfg, shapes, dtype_bytes, available_gib=available_host_gib())
+    print(plan.table())
+    plan.check()                       # HostMemoryError (a ValueError) naming the phase and the shortfall
+    plan.micro_batch_tokens            # what the trainer uses: the configured size, halved until the train phase fits
+
+`agentopd run` on a CPU prints it and refuses a run that cannot fit in seconds (a 0.5B student with a 1.5B teacher
+was killed by the kernel's OOM killer at 23.5 GB after minutes, with nothing said). Sizes are GiB (2**30 bytes). Like
+agentopd.memory_plan for GPUs it is arithmetic over the config and the models' config.json; the terms (bytes, P =
+parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary rows, T = micro-batch tokens):
+- trainer (fp32 on a CPU: agentopd.trainer.core picks fp32 there): weights 4P and AdamW's two moments 8P between
+  steps; fp32 gradients 4P in the train phase.
+- activations at T, train phase: what backward keeps per token and layer is agentopd.memory_plan's `a` with every
+  bf16 term doubled (fp32 throughout), T x L x a; with `trainer.activation_checkpointing` T x (L x 4H + a). Plus the
+  chunked loss's fp32 logits and softmax over C = min(chunk_size, T) rows, 8CV, and the teacher's hidden rows 4TH_t.
+- the rollout engine: weights in the dtype the checkpoint is stored in (bf16 for real checkpoints, fp32 for the
+  embedded models: RunContext.inference_dtype), its KV pool on a CPU (engine.max_batch_size contexts of up to 2,048
+  tokens: agentopd.engines.fast), and its sampling logits 2 x max_batch_size x V fp32.
+- each local teacher: weights as the engine's; scoring work in the score phase (one layer's inference work over
+  16,384 packed tokens and its hidden rows, three fp32 1,024 x V head chunks: agentopd.teacher.hf).
+- the process itself (Python, torch, transformers, tokenizers, the envs): RUNTIME_GIB.
+The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls available at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from agentopd.memory_plan import ModelShape
+
+HEADROOM = 0.9  # of MemAvailable: page cache of the model files, allocator slack, the episode store
+RUNTIME_GIB = 1.5  # measured: an `agentopd run` process before any model loads, with torch and transformers imported
+CPU_CONTEXT = 2048  # the fast engine's CPU pool: max_batch_size contexts of up to this many tokens
+TEACHER_TOKENS = 16_384  # HFTeacher's max_tokens_per_batch
+MIN_MICRO_BATCH = 512
+
+
+class HostPhase(StrEnum):
+    ROLLOUT = "rollout"
+    SCORE = "score"
+    TRAIN = "train"
+
+
+@dataclass
+class HostItem:
+    role: str
+    what: str
+    gib: float
+    phases: tuple[HostPhase, ...] = tuple(HostPhase)
+
+
+@dataclass
+class HostPlan:
+    available_gib: float
+    items: list[HostItem]
+    micro_batch_tokens: int
+    notes: list[str] = field(default_factory=list)
+
+    def peak(self, phase: HostPhase) -> float:
+        return sum(i.gib for i in self.items if phase in i.phases)
+
+    @property
+    def worst(self) -> HostPhase:
+        return max(HostPhase, key=self.peak)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak(self.worst) <= HEADROOM * self.available_gib
+
+    def table(self) -> str:
+        lines = [f"{'role':<8} {'what':<44} {'GiB':>7}  phases"]
+        for i in self.items:
+            phases = "all" if i.phases == tuple(HostPhase) else ",".join(i.phases)
+            lines.append(f"{i.role:<8} {i.what:<44} {i.gib:>7.2f}  {phases}")
+        peaks = "  ".join(f"{p} {self.peak(p):.1f}" for p in HostPhase)
+        cap = HEADROOM * self.available_gib
+        lines.append(f"peak     {peaks}  of {self.available_gib:.1f} GiB available ({HEADROOM:.0%}: {cap:.1f}): "
+                     f"{'fits' if self.fits else 'DOES NOT FIT'}")  # fmt: skip
+        return "\n".join([*lines, *self.notes])
+
+    def check(self) -> None:
+        if not self.fits:
+            raise HostMemoryError(self)
+
+
+class HostMemoryError(ValueError):
+    """A CPU run that cannot fit this machine's memory: one line naming the phase and the shortfall, then the plan."""
+
+    def __init__(self, plan: HostPlan) -> None:
+        phase = plan.worst
+        need, cap = plan.peak(phase), HEADROOM * plan.available_gib
+        super().__init__(
+            f"this run does not fit this machine's memory: the {phase} phase needs {need:.1f} GiB, {HEADROOM:.0%} of the "
+            f"{plan.available_gib:.1f} GiB available is {cap:.1f} (short by {need - cap:.1f}); the plan already took "
+            f"trainer.micro_batch_tokens={plan.micro_batch_tokens}; change trainer.activation_checkpointing=true, "
+            f"engine.max_batch_size, or use a smaller student or teacher (agentopd plan-memory shows this plan)\n{plan.table()}"
+        )
+
+
+def available_host_gib() -> float:
+    """MemAvailable of /proc/meminfo, GiB (what the kernel can hand out without swapping)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 / 2**30
+    raise RuntimeError("/proc/meminfo has no MemAvailable line")
+
+
+def _gib(nbytes: float) -> float:
+    return nbytes / 2**30
+
+
+def _activations(s: ModelShape, tokens: int, checkpointing: bool) -> float:
+    a = 2 * s.layer_activation_bytes(4)  # fp32: the bf16 terms of the GPU formula doubled
+    per_token = s.layers * 4 * s.hidden + a if checkpointing else s.layers * a
+    return tokens * per_token
+
+
+@dataclass(frozen=True)
+class HostRun:
+    """What of a run's config the host plan reads."""
+
+    micro_batch_tokens: int
+    chunk_size: int
+    activation_checkpointing: bool
+    engine_max_batch: int
+
+
+def plan_host(run: HostRun, student: ModelShape, student_bytes: int, teachers: list[tuple[ModelShape, int]],
+              available_gib: float) -> HostPlan:  # fmt: skip
+    """The plan at the largest micro-batch (the configured one, halved down to MIN_MICRO_BATCH) whose train phase fits;
+    the configured one when none does (check() then refuses)."""
+    tokens = run.micro_batch_tokens
+    while True:
+        plan = _plan(run, tokens, student, student_bytes, teachers, available_gib)
+        if plan.fits or tokens // 2 < MIN_MICRO_BATCH:
+            break
+        tokens //= 2
+    if not plan.fits:
+        return _plan(run, run.micro_batch_tokens, student, student_bytes, teachers, available_gib)
+    if tokens != run.micro_batch_tokens:
+        plan.notes.append(f"trainer.micro_batch_tokens {run.micro_batch_tokens} -> {tokens}: the train phase fits "
+                          "this machine's memory at that size (the same gradient: more micro-batches a step)")  # fmt: skip
+    return plan
+
+
+def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers: list[tuple[ModelShape, int]],
+          available_gib: float) -> HostPlan:  # fmt: skip
+    train = (HostPhase.TRAIN,)
+    p = s.params
+    items = [
+        HostItem("process", "Python, torch, transformers", RUNTIME_GIB),
+        HostItem("trainer", "fp32 weights + AdamW moments (12 B/param)", _gib(12 * p)),
+        HostItem("trainer", "fp32 gradients", _gib(4 * p), train),
+        HostItem("trainer", f"activations at {tokens} tokens" + (", checkpointed" if run.activation_checkpointing else ""),
+                 _gib(_activations(s, tokens, run.activation_checkpointing)), train),
+        HostItem("trainer", f"loss: fp32 logits of {min(run.chunk_size, tokens)} rows", _gib(8 * min(run.chunk_size, tokens) * s.vocab), train),
+        HostItem("engine", f"weights ({student_bytes} B/param)", _gib(student_bytes * p)),
+        HostItem("engine", f"KV pool ({run.engine_max_batch} x {CPU_CONTEXT} tokens) + sampling logits",
+                 _gib(run.engine_max_batch * CPU_CONTEXT * 2 * s.layers * s.kv * student_bytes + 8 * run.engine_max_batch * s.vocab)),
+    ]  # fmt: skip
+    for i, (t, nbytes) in enumerate(teachers):
+        name = "teacher" if len(teachers) == 1 else f"teacher{i}"
+        work = TEACHER_TOKENS * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * 1024 * t.vocab
+        items += [HostItem(name, f"weights ({nbytes} B/param)", _gib(nbytes * t.params)),
+                  HostItem(name, "scoring work", _gib(work), (HostPhase.SCORE,)),
+                  HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
+    return HostPlan(available_gib, items, tokens)

@@ -1,0 +1,47 @@
+"""The host-memory plan of CPU runs (agentopd.memory_host): the terms add up as documented, the micro-batch is
+halved until the train phase fits, and a run that cannot fit is refused with one line naming the phase and the
+shortfall. Shapes of the real Qwen2.5-Coder-0.5B/1.5B configs (no weights needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentopd.memory_host import HEADROOM, HostMemoryError, HostPhase, HostRun, available_host_gib, plan_host
+from agentopd.memory_plan import ModelShape
+
+QWEN = dict(heads=14, kv_heads=2, head_dim=64, vocab=151_936, tied=False)
+S05 = ModelShape(layers=24, hidden=896, intermediate=4864, **QWEN)
+T15 = ModelShape(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128, vocab=151_936, tied=False)
+
+
+def test_the_micro_batch_shrinks_until_the_train_phase_fits():
+    run = HostRun(micro_batch_tokens=8192, chunk_size=1024, activation_checkpointing=False, engine_max_batch=64)
+    roomy = plan_host(run, S05, 2, [(T15, 2)], available_gib=200.0)
+    assert roomy.micro_batch_tokens == 8192 and roomy.fits and not roomy.notes
+    tight = plan_host(run, S05, 2, [(T15, 2)], available_gib=21.0)
+    assert tight.fits and tight.micro_batch_tokens < 8192 and "trainer.micro_batch_tokens 8192 ->" in tight.notes[0]
+    assert tight.peak(HostPhase.TRAIN) <= HEADROOM * 21.0
+    # twice that size does not fit: planned from it, the micro-batch is halved again
+    assert plan_host(HostRun(tight.micro_batch_tokens * 2, 1024, False, 64), S05, 2, [(T15, 2)], 21.0).micro_batch_tokens == tight.micro_batch_tokens
+    # activation checkpointing keeps a larger micro-batch within the same memory
+    ckpt = plan_host(HostRun(8192, 1024, True, 64), S05, 2, [(T15, 2)], available_gib=21.0)
+    assert ckpt.fits and ckpt.micro_batch_tokens > tight.micro_batch_tokens
+
+
+def test_the_terms_are_the_documented_ones():
+    plan = plan_host(HostRun(1024, 1024, False, 8), S05, 2, [(T15, 2)], available_gib=1e3)
+    gib = {i.what.split(" (")[0]: i.gib for i in plan.items}
+    assert gib["fp32 weights + AdamW moments"] == pytest.approx(12 * S05.params / 2**30)
+    assert gib["fp32 gradients"] == pytest.approx(4 * S05.params / 2**30)
+    assert gib["weights"] == pytest.approx(2 * T15.params / 2**30)  # the teacher's (the last 'weights' row)
+    # bf16 teacher and engine: half of what fp32 copies would hold
+    fp32 = plan_host(HostRun(1024, 1024, False, 8), S05, 4, [(T15, 4)], available_gib=1e3)
+    assert fp32.peak(HostPhase.ROLLOUT) - plan.peak(HostPhase.ROLLOUT) == pytest.approx(2 * (S05.params + T15.params) / 2**30, rel=0.05)
+
+
+def test_a_run_that_cannot_fit_is_refused_naming_phase_and_shortfall():
+    plan = plan_host(HostRun(8192, 1024, False, 64), S05, 2, [(T15, 2)], available_gib=8.0)
+    assert not plan.fits and plan.micro_batch_tokens == 8192  # nothing smaller fits either: the configured size shown
+    with pytest.raises(HostMemoryError, match=r"the (train|score|rollout) phase needs [\d.]+ GiB, 90% of the 8.0 GiB available is 7.2 \(short by"):
+        plan.check()
+    assert available_host_gib() > 0
