@@ -22,7 +22,7 @@ first half is shared step in 15.4 ms against 21.5 ms with a copy each).
 
 Knobs beyond the shared ones (device, dtype, max_batch_size, seed, vocab_size): `max_model_len`,
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
-max_batch_size full contexts of up to 2048 tokens on CPU), `token_budget` (new tokens per step),
+max_batch_size full contexts of up to 2048 tokens on CPU, at least one of max_model_len), `token_budget` (new tokens per step),
 `cuda_graphs`, `overlap` (plan and queue the next step before reading this one's sampled tokens, so the host's
 work hides behind the GPU's; default: on a GPU).
 
@@ -131,13 +131,13 @@ class FastEngine(LoopEngine):
         self.runner = ModelRunner.from_hf(model, device=self.device, dtype=dtype, max_len=self.max_model_len)
         self.vocab_size = sampled_vocab(vocab_size, self.runner.lm_head.shape[0])  # engines/base.py: padding rows unsampled
         s = self.runner.shape
+        need = -(-self.max_model_len // PAGE) + 1
         if num_pages is None:
             if on_gpu:
                 per_page = KVPool.bytes_per_token(s.layers, s.kv_heads, s.head_dim, self.runner.dtype) * PAGE
                 num_pages = int(kv_cache_gb * 2**30) // per_page
-            else:
-                num_pages = max_batch_size * -(-min(self.max_model_len, 2048) // PAGE) + 1
-        need = -(-self.max_model_len // PAGE) + 1
+            else:  # and never less than one whole context (a real model's 32,768 positions with a small batch)
+                num_pages = max(max_batch_size * -(-min(self.max_model_len, 2048) // PAGE) + 1, need)
         if num_pages < need:
             raise ValueError(f"num_pages={num_pages} cannot hold one context of max_model_len={self.max_model_len} "
                              f"tokens ({need} pages of {PAGE}): raise num_pages / kv_cache_gb or lower max_model_len")
