@@ -107,3 +107,14 @@ def test_the_agent_loop_executes_bare_calls_and_keeps_the_sampled_tokens(tok):  
     assert check_stored_episode(tok, ep).ok
     strict = play("strict")
     assert len(strict.turns) == 1 and not strict.success and strict.messages[-1].content == call
+
+
+def test_a_call_in_doubled_braces_as_its_template_shows_it_is_read():
+    """Qwen2.5-Coder-1.5B-Instruct's GGUF template shows `{{"name": <function-name>, ...}}` (an escaped brace left
+    in), and the model writes exactly that on sql_db (2026-11-29, greedy)."""
+    written = """{{"name": "sql_query", "arguments": {"query": "SELECT role FROM employees WHERE name = 'Elizabeth Johnson';"}}}"""
+    turn = lenient(written)
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [
+        ("sql_query", {"query": "SELECT role FROM employees WHERE name = 'Elizabeth Johnson';"})]
+    assert lenient('{{"name": "sql_query", "arguments": {"query": "SEL').errors[0].startswith("tool call 1: invalid JSON")
+    assert lenient('{{"a": 1}}').tool_calls == [] and lenient('{{"a": 1}}').content == '{{"a": 1}}'

@@ -17,6 +17,8 @@ and only when, it names a tool the episode offers:
 - text that opens like a call of an offered tool (`{"name": "calculate"` ...) but is not valid JSON, or a fence left
   open, is an error the model reads, not an answer: a call cut off by max_new_tokens is never graded as an answer.
 - a turn with `<tool_call>` tags is not looked at here: the strict hermes parser reads it.
+- a call wrapped in doubled braces, `{{"name": ..., "arguments": {...}}}`, is read as the call inside: the 1.5B's GGUF
+  template shows its example call escaped so, and the model writes what it was shown.
 
 The parser reads text only: the sampled tokens stay in the stream as they are (check-tokens re-renders each turn from
 its raw text), so what lenient reading changes is what the env executes, never what the trainer sees.
@@ -41,9 +43,15 @@ _FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", re.S)
 
 
 def _objects(body: str) -> list[object] | str:
-    """The JSON values of `body`, one after another with only whitespace between; the error text where it is not."""
+    """The JSON values of `body`, one after another with only whitespace between; the error text where it is not. A
+    body wrapped in doubled braces, `{{"name": ...}}`, is read without them: a template that escapes its example call
+    badly shows the model `{{"name": <function-name>, ...}}`, and the model copies it (Qwen2.5-Coder-1.5B's GGUF)."""
     decoder, values, pos = json.JSONDecoder(), [], 0
     body = body.strip()
+    if body.startswith("{{") and body.endswith("}}"):
+        inner = body[1:-1].strip()
+        if not isinstance(_objects(inner), str):
+            body = inner
     while pos < len(body):
         try:
             value, end = decoder.raw_decode(body, pos)
@@ -62,7 +70,7 @@ def _names_tool(value: object, tools: Collection[str]) -> bool:
 
 def _opens_call(text: str, tools: Collection[str]) -> bool:
     """Does `text` start like a JSON call of an offered tool (what a cut-off call looks like)?"""
-    m = re.match(r'\s*\{\s*"name"\s*:\s*"([^"]*)"', text)
+    m = re.match(r'\s*\{\{?\s*"name"\s*:\s*"([^"]*)"', text)
     return m is not None and m.group(1).strip() in tools
 
 
