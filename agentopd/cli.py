@@ -260,8 +260,8 @@ def plan_memory_command(
     gpus: Annotated[int | None, typer.Option("--gpus", help="plan for N GPUs of --gpu-gib each (default: the GPUs present)")] = None,
     gpu_gib: Annotated[float, typer.Option("--gpu-gib", help="memory per GPU with --gpus, GiB")] = 80.0,
 ) -> None:
-    """What each role of `agentopd run` holds on each GPU (agentopd.memory_plan); exit 2 when it cannot fit.
-    Reads the models' config.json only."""
+    """What each role of `agentopd run` holds on each GPU (agentopd.memory_plan), or on a CPU in this machine's memory
+    (agentopd.memory_host); exit 2 when it cannot fit. Reads the models' config.json only."""
     from agentopd.backends.base import BackendKind
     from agentopd.config import load_config
     from agentopd.memory_plan import cuda_gpus, plan_memory, shapes_of
@@ -269,23 +269,35 @@ def plan_memory_command(
     from agentopd.teacher.base import is_server
 
     cfg = load_config(env, config_file=config, overrides=overrides or [])
+    names = cfg.env.name.split(",")
+    size = cfg.embedded.size
+
+    def refs() -> dict[str, Path | str]:
+        out = {"student": resolve_student(cfg.student.path, names, mixed=len(names) > 1, size=size)}
+        if cfg.run.objective != "grpo" and not is_server(cfg.teacher.path):
+            out["teacher"] = out["student"] if cfg.teacher.path == SELF else resolve_model(cfg.teacher.path, names[0], "teacher", size=size)
+        return out
+
     if gpus is not None:
         sizes = [gpu_gib] * gpus
     else:
         sizes = cuda_gpus() if cfg.run.device != "cpu" else []
-        if not sizes:
-            console.print("not a GPU: the memory plan is for CUDA devices and does nothing here "
-                          "(pass --gpus N --gpu-gib G to plan for GPUs you name)")  # fmt: skip
+        if not sizes:  # a CPU run: this machine's memory (agentopd.memory_host)
+            from agentopd.memory_host import host_plan
+
+            models = refs()
+            student = models.pop("student")
+            host = host_plan(cfg, student, models)
+            console.print(host.table(), markup=False, highlight=False)
+            if not host.fits:
+                from agentopd.memory_host import HostMemoryError
+
+                raise ValueError(str(HostMemoryError(host)).splitlines()[0])
             return
         if cfg.run.backend == BackendKind.LOCAL:
             index = int(cfg.run.device.split(":")[1]) if cfg.run.device.startswith("cuda:") else 0
             sizes = [sizes[index]]
-    names = cfg.env.name.split(",")
-    size = cfg.embedded.size
-    refs = {"student": resolve_student(cfg.student.path, names, mixed=len(names) > 1, size=size)}
-    if cfg.run.objective != "grpo" and not is_server(cfg.teacher.path):
-        refs["teacher"] = refs["student"] if cfg.teacher.path == SELF else resolve_model(cfg.teacher.path, names[0], "teacher", size=size)
-    plan = plan_memory(cfg, shapes_of(refs), sizes)
+    plan = plan_memory(cfg, shapes_of(refs()), sizes)
     console.print(plan.table(), markup=False, highlight=False)
     if not plan.fits:  # the table is above: the error is its one line
         from agentopd.memory_plan import MemoryPlanError

@@ -5,6 +5,7 @@ against the memory this machine has available, before any model loads; and the m
     print(plan.table())
     plan.check()                       # HostMemoryError (a ValueError) naming the phase and the shortfall
     plan.micro_batch_tokens            # what the trainer uses: the configured size, halved until the train phase fits
+                                       # and its activations take at most a quarter of the available memory
 
 `agentopd run` on a CPU prints it and refuses a run that cannot fit in seconds (a 0.5B student with a 1.5B teacher
 was killed by the kernel's OOM killer at 23.5 GB after minutes, with nothing said). Sizes are GiB (2**30 bytes). Like
@@ -26,17 +27,23 @@ The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentopd.memory_plan import ModelShape
+
+if TYPE_CHECKING:
+    from agentopd.config import Config
 
 HEADROOM = 0.9  # of MemAvailable: page cache of the model files, allocator slack, the episode store
 RUNTIME_GIB = 1.5  # measured: an `agentopd run` process before any model loads, with torch and transformers imported
 CPU_CONTEXT = 2048  # the fast engine's CPU pool: max_batch_size contexts of up to this many tokens
 TEACHER_TOKENS = 16_384  # HFTeacher's max_tokens_per_batch
 MIN_MICRO_BATCH = 512
+ACTIVATION_SHARE = 0.25  # of the available memory, at most, for a micro-batch's activations
 
 
 class HostPhase(StrEnum):
@@ -131,19 +138,22 @@ class HostRun:
 
 def plan_host(run: HostRun, student: ModelShape, student_bytes: int, teachers: list[tuple[ModelShape, int]],
               available_gib: float) -> HostPlan:  # fmt: skip
-    """The plan at the largest micro-batch (the configured one, halved down to MIN_MICRO_BATCH) whose train phase fits;
-    the configured one when none does (check() then refuses)."""
+    """The plan at the largest micro-batch (the configured one, halved down to MIN_MICRO_BATCH) whose train phase fits
+    and whose activations stay within ACTIVATION_SHARE of the available memory (on a CPU a larger micro-batch buys
+    little speed: the matmuls are already large at a few thousand tokens); the configured one when none fits (check()
+    then refuses)."""
     tokens = run.micro_batch_tokens
     while True:
         plan = _plan(run, tokens, student, student_bytes, teachers, available_gib)
-        if plan.fits or tokens // 2 < MIN_MICRO_BATCH:
+        small = _gib(_activations(student, tokens, run.activation_checkpointing)) <= ACTIVATION_SHARE * available_gib
+        if (plan.fits and small) or tokens // 2 < MIN_MICRO_BATCH:
             break
         tokens //= 2
     if not plan.fits:
         return _plan(run, run.micro_batch_tokens, student, student_bytes, teachers, available_gib)
     if tokens != run.micro_batch_tokens:
-        plan.notes.append(f"trainer.micro_batch_tokens {run.micro_batch_tokens} -> {tokens}: the train phase fits "
-                          "this machine's memory at that size (the same gradient: more micro-batches a step)")  # fmt: skip
+        plan.notes.append(f"trainer.micro_batch_tokens {run.micro_batch_tokens} -> {tokens}: activations within "
+                          f"{ACTIVATION_SHARE:.0%} of the available memory (the same gradient: more micro-batches a step)")  # fmt: skip
     return plan
 
 
@@ -169,3 +179,23 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
                   HostItem(name, "scoring work", _gib(work), (HostPhase.SCORE,)),
                   HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
     return HostPlan(available_gib, items, tokens)
+
+
+def stored_bytes(ref: Path | str) -> int:
+    """Bytes a parameter of `ref` takes where an engine or teacher holds it on a CPU (RunContext.inference_dtype: bf16
+    as stored, else fp32)."""
+    config = json.loads((Path(ref) / "config.json").read_text())
+    stored = config.get("dtype") or config.get("torch_dtype")
+    return 2 if stored == "bfloat16" else 4
+
+
+def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path | str],
+              available_gib: float | None = None) -> HostPlan:  # fmt: skip
+    """A CPU run's plan from its config and its models' config.json (teachers behind a server hold nothing here)."""
+    from agentopd.teacher.base import is_server
+
+    run = HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
+                  activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size)  # fmt: skip
+    teachers = [(ModelShape.from_model_dir(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
+    return plan_host(run, ModelShape.from_model_dir(student_ref), stored_bytes(student_ref), teachers,
+                     available_host_gib() if available_gib is None else available_gib)  # fmt: skip
