@@ -135,17 +135,17 @@ def test_bad_horizons_are_refused(overrides, message):
 def test_horizon_trains_only_on_turns_below_k(cli, tmp_path, monkeypatch):
     """recipe.horizon_turns=[1,3] over 3 steps: k = 1, 2, 3. The training samples (what the loss masks with) hold
     student tokens of turns < k only, and the episodes stop at k turns; evals play whole episodes."""
-    import agentopd.runner as runner_module
+    import agentopd.step.train as samples_stage
 
     seen: list[list] = []
-    real = runner_module.train_samples
+    real = samples_stage.train_samples
 
     def recording(*args, **kwargs):
         samples = real(*args, **kwargs)
         seen.append(samples)
         return samples
 
-    monkeypatch.setattr(runner_module, "train_samples", recording)
+    monkeypatch.setattr(samples_stage, "train_samples", recording)
     run = tmp_path / "run"
     short = [o for o in SHORT if not o.startswith("rollout.max_turns")]
     result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", "recipe.horizon_turns=[1,3]", "rollout.max_turns=3",
