@@ -11,23 +11,20 @@ reference, loaded again as a frozen copy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from agentopd.config import EmbeddedSize
+from agentopd.kinds import EmbeddedSize
 from agentopd.models import BUILTIN, CROSS, SELF, resolve_model, resolve_student
 
 if TYPE_CHECKING:
     import torch
 
+    from agentopd.bootstrap import Progress
     from agentopd.config import Config
     from agentopd.plan import Mixture
     from agentopd.routing import Router
-
-Progress = Callable[[str, float, dict[str, Any]], None]  # agentopd.bootstrap's progress callback
-
 
 @dataclass
 class RunModels:

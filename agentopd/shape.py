@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class ModelShape:
         keys = (length * (length + 1) - start * (start + 1)) // 2  # sum of (p + 1) over p in [start, length)
         return float(2 * self.compute_params * n + 4 * self.layers * self.q * keys)
 
-    def forwards(self, lengths: Any) -> float:
+    def forwards(self, lengths: Iterable[int]) -> float:
         return sum(self.forward(n) for n in lengths)
 
     def train(self, length: int) -> float:
