@@ -14,7 +14,7 @@ So a causal forward over T tokens is 2·N·T + 2·layers·d_attn·T·(T+1), and 
 forward (the backward costs two forwards). Prefix sharing, padding and recomputation (gradient checkpointing, an
 engine that re-prefills) are not counted: these are the FLOPs the work needs, not what a kernel happened to run.
 
-How a run spends them (agentopd.runner, the `flops/*` metrics of docs/design.md 3.6):
+How a run spends them (agentopd.step.report, the `flops/*` metrics of docs/design.md 3.6):
     flops/teacher_score        the teacher's forward over every stream it scored (prefill cost), branches included,
                                plus `flops/teacher_guide_score` (recipe.intervene_below: each student turn it judged)
     flops/teacher_generate     the episodes the teacher played (objective=sft, recipe.teacher_fraction,

@@ -4,8 +4,8 @@
     scored = score(played, parts)            # Scored: the teachers' scores (None where the objective scores none)
     samples = prepare(played, scored, parts) # Samples: the training samples, the teachers' heads, the step's loss
     trained = train(samples, parts)          # Trained: the trainer's metrics
-    synced = sync(played, parts)             # Synced: the weight sync's seconds
-    metrics = report(played, scored, samples, trained, synced, parts)
+    synced = sync(played, parts, engines)    # Synced: the weight sync's seconds
+    metrics = report(played, scored, samples, trained, synced, parts, flops)
 
 Each value carries the metrics its stage measured; agentopd.step.report assembles them in the docs/design.md 3.6 names.
 """
