@@ -11,7 +11,9 @@ this base class leaves its stage as it is, so a run without recipes runs the pla
 of every recipe of the run in order (agentopd.step.recipes builds the list from the config); adding a recipe is a
 class here (or beside the code it wraps) and one line in that list, no runner method.
 
-Recipes know no backend (tests/test_layout.py): a hook that needs one (a scorer) is handed it by the stage.
+Recipes know no backend (tests/test_layout.py): a hook that needs one (a scorer) is handed it by the stage, and a
+recipe that is mostly backend work lives beside that work (crosstok/score.py `CrossTokenizer`, step/score.py
+`ScoreAhead`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from agentopd.backends.base import RolloutHandle
     from agentopd.objectives import Objective
     from agentopd.plan import Planned
     from agentopd.rollout import RolloutConfig
@@ -64,6 +67,10 @@ class Recipe:
     def teacher_share(self, planned: Sequence[Planned], n: int) -> int:
         """How many of the step's first planned episodes (whole groups of `n`) the teachers play."""
         return 0
+
+    def submitted(self, objective: Objective, handles: Sequence[RolloutHandle], parts: StepParts) -> None:
+        """A step's rollouts were just submitted (async mode: steps ahead of the one training), to play under
+        `objective`."""
 
     # Stage.SCORE
     def streams(self, planned: Sequence[Planned], episodes: Sequence[Episode]) -> list[TokenStream] | None:

@@ -6,8 +6,9 @@
 Who plays: the student, or every task's teacher when the step's objective says so (objective=sft, the SFT warm
 start), or the teachers for a recipe's share of the tasks (recipe.teacher_fraction); how: the run's rollout settings
 as the recipes change them (recipe.horizon_turns). In async mode (Ray) the next `async.max_staleness` steps' rollouts
-are submitted before this step's are collected (`pending`, kept across steps), and with `async.score_ahead` their
-scoring is started as each is played; episodes older than the staleness bound are dropped or played again.
+are submitted before this step's are collected (`pending`, kept across steps; with `async.score_ahead` the recipe
+step/score.py `ScoreAhead` starts their scoring as each is played); episodes older than the staleness bound are
+dropped or played again.
 """
 
 from __future__ import annotations
@@ -84,19 +85,11 @@ class Play:
                       metrics=stats)  # fmt: skip
 
     # ---- submitting ----
-    def _scores_ahead(self) -> bool:
-        """Teacher scoring can start before the driver sees the episodes: the teacher scores the student's own token
-        stream (no recipe changes what it reads: no privileged prompt, no re-rendering, no branches)."""
-        a = self.parts.cfg.async_
-        return a.enabled and a.score_ahead and all(r.scores_played_streams for r in self.parts.recipes)
-
     def submit(self, step: int) -> list[RolloutHandle]:
-        """`step`'s rollouts, submitted; in async mode (async.score_ahead) their scoring too, started as each is played."""
-        parts = self.parts
+        """`step`'s rollouts, submitted (a recipe may start more work on them: async.score_ahead's scoring)."""
         handles = self._submit_rollouts(step)
-        if self._scores_ahead() and self.objective(step).scores:
-            for h in handles:
-                parts.backend.score_ahead(h, [parts.router.teacher_of(p) for p in h.planned], parts.mode)
+        for recipe in self.parts.recipes:
+            recipe.submitted(self.objective(step), handles, self.parts)
         return handles
 
     def _submit_rollouts(self, step: int) -> list[RolloutHandle]:

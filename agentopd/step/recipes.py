@@ -45,4 +45,9 @@ def run_recipes(cfg: Config, *, cross_scorer: CrossScorer | None = None, privile
         from agentopd.crosstok.score import CrossTokenizer
 
         recipes.append(CrossTokenizer(cross_scorer))
+    a = cfg.async_  # scoring ahead: where the teacher scores the student's streams as played (no recipe above changes them)
+    if a.enabled and a.score_ahead and all(r.scores_played_streams for r in recipes):
+        from agentopd.step.score import ScoreAhead
+
+        recipes.append(ScoreAhead())
     return recipes

@@ -4,8 +4,8 @@
 
 Each episode is scored by the teacher the router picked (`played.teacher_of`), then each branch (a student turn
 recipe.intervene_below replaced) by its episode's teacher. A recipe of the score stage may change what the teacher
-reads (`Recipe.streams`: teacher.privileged) or score another way (`Recipe.score`: a cross-tokenizer loss). Scores
-the backend started ahead (async.score_ahead) are taken as they are; those missing (an actor died) are scored now.
+reads (`Recipe.streams`: teacher.privileged) or score another way (`Recipe.score`: a cross-tokenizer loss, or the
+scores the backend started ahead, `ScoreAhead` below: async.score_ahead).
 """
 
 from __future__ import annotations
@@ -13,10 +13,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from collections.abc import Sequence
+
 from agentopd.backends.stages import score_episodes
+from agentopd.recipes.base import Recipe, Stage
 from agentopd.step.values import Played, Scored
 
 if TYPE_CHECKING:
+    from agentopd.backends.base import RolloutHandle
+    from agentopd.objectives import Objective
     from agentopd.step.values import StepParts
 
 
@@ -46,17 +51,37 @@ def _score(played: Played, parts: StepParts) -> Scored:
         own = recipe.streams(played.planned, episodes) or own
     streams = own + [b for e in episodes for b in e.branches]
     teachers = [*teacher_of, *(name for e, name in zip(episodes, teacher_of) for _ in e.branches)]
-    ahead_share = 0.0
     with parts.phases("teacher"):
-        ahead = [parts.backend.ahead_scores(h) for h in played.collected]
-        if not ahead or any(a is None for a in ahead) or sum(map(len, ahead)) != len(streams):
-            scores = score_episodes(parts.backend, teachers, streams, parts.mode)
-        else:  # those missing (an actor died) scored now
+        scores = score_episodes(parts.backend, teachers, streams, parts.mode)
+    return Scored(scores=scores, stored=[sc.logprobs for sc in scores[: len(episodes)]],
+                  scored=[(name, len(s.token_ids)) for name, s in zip(teachers, streams)])  # fmt: skip
+
+
+class ScoreAhead(Recipe):
+    """`async.score_ahead` (async mode, Ray) as a recipe of the play and score stages: each rollout's scoring starts
+    on the backend as it is submitted (`Backend.score_ahead`: its episodes go to their teachers as they are played),
+    and the score stage takes those scores (those missing, an actor having died, scored now). Only where the teacher
+    scores the streams as played: the run has no recipe that changes what it reads (`scores_played_streams`). When the
+    backend has no scores ahead for the step (its episodes changed: staleness), the plain stage scores them."""
+
+    name = "score_ahead"
+    stages = frozenset({Stage.PLAY, Stage.SCORE})
+
+    def submitted(self, objective: Objective, handles: Sequence[RolloutHandle], parts: StepParts) -> None:
+        if objective.scores:
+            for h in handles:
+                parts.backend.score_ahead(h, [parts.router.teacher_of(p) for p in h.planned], parts.mode)
+
+    def score(self, played: Played, parts: StepParts) -> Scored | None:
+        streams, teacher_of = [e.tokens for e in played.episodes], played.teacher_of
+        with parts.phases("teacher"):
+            ahead = [parts.backend.ahead_scores(h) for h in played.collected]
+            if not ahead or any(a is None for a in ahead) or sum(map(len, ahead)) != len(streams):
+                return None  # the plain stage scores them
             scores = [sc for a in ahead for sc in a]
             missing = [i for i, sc in enumerate(scores) if sc is None]
-            ahead_share = 1 - len(missing) / len(scores)
             late = score_episodes(parts.backend, [teacher_of[i] for i in missing], [streams[i] for i in missing], parts.mode) if missing else []
             for i, sc in zip(missing, late, strict=True):
                 scores[i] = sc
-    return Scored(scores=scores, stored=[sc.logprobs for sc in scores[: len(episodes)]],
-                  scored=[(name, len(s.token_ids)) for name, s in zip(teachers, streams)], ahead=ahead_share)  # fmt: skip
+        return Scored(scores=scores, stored=[sc.logprobs for sc in scores],
+                      scored=[(name, len(s.token_ids)) for name, s in zip(teacher_of, streams)], ahead=1 - len(missing) / len(scores))  # fmt: skip
