@@ -563,7 +563,7 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
 
 
 def mixed_student(env_names: Sequence[str], *, spec: BootstrapSpec | None = None, home: Path | None = None, force: bool = False,
-                  progress: Any = None) -> Path:  # fmt: skip
+                  progress: Progress | None = None) -> Path:  # fmt: skip
     """A built-in student SFT'd on the union of the envs' oracle demonstrations, cached under
     `$AGENTOPD_HOME/models/mixed/<env+env>/student` (the built-in teachers of the envs are built too:
     a mixed run routes to them)."""

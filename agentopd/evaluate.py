@@ -14,13 +14,17 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
 
 from agentopd.engines.base import Engine
 from agentopd.env import Task, ToolEnv
 from agentopd.rollout import Rollout, RolloutConfig
+
+if TYPE_CHECKING:
+    import torch
 from agentopd.splits import make_env_for_split, without_split
 from agentopd.types import Episode
 
@@ -111,7 +115,7 @@ async def evaluate_async(
 
 
 def evaluate(
-    model: Any,
+    model: torch.nn.Module | str | Path,
     tokenizer: PreTrainedTokenizerBase,
     env_name: str,
     *,

@@ -1,6 +1,6 @@
 """Compute accounting: the FLOPs a run spends, per model and per role, from the models' shapes and the token streams.
 
-    shape = ModelShape.from_config(AutoConfig.from_pretrained(ref))        # or ModelShape.of_model(module)
+    shape = ModelShape.from_ref(ref)   # agentopd.shape: one record per model, its one parameter count
     shape.forward(length)            # one forward over a causal sequence of `length` tokens (a prefill)
     shape.forward(length, start=s)   # the tokens s..length-1 of it, the first s already in a KV cache (decode)
     shape.train(length)              # forward + backward: 3 x forward
@@ -14,7 +14,7 @@ So a causal forward over T tokens is 2·N·T + 2·layers·d_attn·T·(T+1), and 
 forward (the backward costs two forwards). Prefix sharing, padding and recomputation (gradient checkpointing, an
 engine that re-prefills) are not counted: these are the FLOPs the work needs, not what a kernel happened to run.
 
-How a run spends them (agentopd.runner, the `flops/*` metrics of docs/design.md 3.6):
+How a run spends them (agentopd.step.report, the `flops/*` metrics of docs/design.md 3.6):
     flops/teacher_score        the teacher's forward over every stream it scored (prefill cost), branches included,
                                plus `flops/teacher_guide_score` (recipe.intervene_below: each student turn it judged)
     flops/teacher_generate     the episodes the teacher played (objective=sft, recipe.teacher_fraction,
@@ -31,70 +31,11 @@ lengths (its own re-rendering of an episode is close to it, not equal); a privil
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-
-import torch
-
+from collections.abc import Sequence
+from agentopd.shape import ModelShape
 from agentopd.types import INTERVENED_TOKENS, Episode
 
-TRAIN_FACTOR = 3  # forward + backward = 3 forwards
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a model's FLOPs per token depend on.
-
-    params   N: parameters without the input embedding table, with the output head's V x H (module docstring)
-    layers   decoder layers
-    d_attn   query heads x head dim (the width of the attention's scores and values)
-    """
-
-    params: int
-    layers: int
-    d_attn: int
-
-    @classmethod
-    def of_model(cls, model: torch.nn.Module) -> ModelShape:
-        """The shape of a loaded causal LM (a transformers PreTrainedModel)."""
-        config = model.config
-        embed = model.get_input_embeddings().weight
-        total = sum(p.numel() for p in model.parameters())  # a tied head is counted once here
-        head = model.get_output_embeddings()
-        tied = head is None or head.weight is embed
-        params = total - embed.numel() + (embed.numel() if tied else 0)
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return cls(params=params, layers=config.num_hidden_layers, d_attn=heads * head_dim)
-
-    @classmethod
-    def from_config(cls, config) -> ModelShape:
-        """The shape from a transformers config alone: the model is built on the meta device (no memory, no weights)."""
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        return cls.of_model(model)
-
-    @classmethod
-    def from_ref(cls, ref) -> ModelShape:
-        """The shape of a model folder or hub id (its config.json only)."""
-        from transformers import AutoConfig
-
-        return cls.from_config(AutoConfig.from_pretrained(ref))
-
-    def forward(self, length: int, start: int = 0) -> float:
-        """FLOPs of the positions start..length-1 of one causal sequence (positions before `start` in a KV cache)."""
-        assert 0 <= start <= length, (start, length)
-        n = length - start
-        keys = (length * (length + 1) - start * (start + 1)) // 2  # sum of (p + 1) over p in [start, length)
-        return float(2 * self.params * n + 4 * self.layers * self.d_attn * keys)
-
-    def forwards(self, lengths: Iterable[int]) -> float:
-        return sum(self.forward(n) for n in lengths)
-
-    def train(self, length: int) -> float:
-        return TRAIN_FACTOR * self.forward(length)
+__all__ = ["ModelShape", "played_flops", "step_flops"]
 
 
 def step_flops(

@@ -64,11 +64,12 @@ GPU for it, in every phase. Not modelled: async overlap, the teacher's eval engi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from agentopd.shape import ModelShape  # re-exported: the plan's callers name it here
 
 if TYPE_CHECKING:
     from agentopd.config import Config
@@ -89,56 +90,6 @@ class Phase(StrEnum):
 
 
 ALL = tuple(Phase)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the plan reads of a model's config.json."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-
-    @classmethod
-    def from_hf_config(cls, c: dict[str, Any]) -> ModelShape:
-        c = c.get("text_config", c)
-        heads = int(c["num_attention_heads"])
-        return cls(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=heads,
-                   kv_heads=int(c.get("num_key_value_heads") or heads),
-                   head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
-                   intermediate=int(c["intermediate_size"]), vocab=int(c["vocab_size"]),
-                   tied=bool(c.get("tie_word_embeddings", False)))  # fmt: skip
-
-    @classmethod
-    def from_model_dir(cls, path: str | Path) -> ModelShape:
-        return cls.from_hf_config(json.loads((Path(path) / "config.json").read_text()))
-
-    @property
-    def q(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def params(self) -> int:
-        """Decoder (attention with q/k norms, SwiGLU MLP, two norms a layer) + final norm + embeddings (+ head)."""
-        h = self.hidden
-        layer = 2 * h * self.q + 2 * h * self.kv + 2 * self.head_dim + 3 * h * self.intermediate + 2 * h
-        return self.layers * layer + h + self.vocab * h * (1 if self.tied else 2)
-
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv * 2  # K and V, bf16 (KVPool.bytes_per_token)
-
-    def layer_activation_bytes(self, residual_bytes: int) -> int:
-        """a (module docstring): what backward keeps per token of one decoder layer."""
-        return 2 * residual_bytes * self.hidden + 4 * self.hidden + 6 * self.q + 6 * self.kv + 8 * self.intermediate
 
 
 @dataclass
@@ -430,15 +381,7 @@ def _kv_gib(cfg: Config) -> float:
 
 def shapes_of(refs: dict[str, Path | str]) -> dict[str, ModelShape]:
     """Shapes from local model folders' config.json (a hub id's config through transformers' cache)."""
-    out = {}
-    for role, ref in refs.items():
-        if Path(ref).is_dir():
-            out[role] = ModelShape.from_model_dir(ref)
-        else:
-            from transformers import AutoConfig
-
-            out[role] = ModelShape.from_hf_config(AutoConfig.from_pretrained(str(ref)).to_dict())
-    return out
+    return {role: ModelShape.from_ref(ref) for role, ref in refs.items()}
 
 
 def run_plan(cfg: Config, device: Any, student_ref: Path | str, teacher_refs: dict[str, Path | str]) -> MemoryPlan | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentopd.backends.base import BackendKind
+from agentopd.kinds import BackendKind, EmbeddedSize
 from agentopd.objectives import Objective
 from agentopd.rollout import RolloutConfig
 from agentopd.teacher.base import is_server
@@ -131,8 +131,6 @@ def check_run(cfg: Config) -> None:
 def _check_embedded(cfg: Config) -> None:
     """embedded.size=gpu runs on a GPU: its ~150M-parameter teacher takes hours to build on a laptop's CPU, which is
     not what a user asking for it wants; embedded.allow_cpu=true says it is."""
-    from agentopd.config.schema import EmbeddedSize
-
     if cfg.embedded.size != EmbeddedSize.GPU or cfg.embedded.allow_cpu:
         return
     import torch

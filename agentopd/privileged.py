@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from agentopd.chat.template import prompt_ids
 from agentopd.env import Privileged, ToolEnv
+from agentopd.recipes.base import Recipe, Stage
 from agentopd.types import TEMPLATE_KWARGS, Episode, TokenStream
 
 if TYPE_CHECKING:
@@ -109,3 +110,20 @@ class PrivilegedView:
         for env in self._envs.values():
             env.close()
         self._envs.clear()
+
+
+class PrivilegedContext(Recipe):
+    """`teacher.privileged` as a recipe of the score stage: the teacher reads the privileged streams of the view."""
+
+    name = "privileged"
+    stages = frozenset({Stage.SCORE})
+    scores_played_streams = False
+
+    def __init__(self, view: PrivilegedView):
+        self.view = view
+
+    def streams(self, planned: Sequence[Planned], episodes: Sequence[Episode]) -> list[TokenStream]:
+        return self.view.streams(planned, episodes)
+
+    def close(self) -> None:
+        self.view.close()

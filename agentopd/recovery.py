@@ -40,13 +40,21 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
 
 from agentopd.batch import TrainSample
 from agentopd.engines.base import Engine, GenerateRequest, GenerateResult
 from agentopd.engines.scripted import ScriptedEngine
+
+if TYPE_CHECKING:
+    import gymnasium
+    import torch
+
+    from agentopd.evaluate import EvalResult
+    from agentopd.rollout import EpisodeSpec, RolloutConfig
+    from agentopd.types import Episode
 
 
 class MistakeKind(StrEnum):
@@ -130,7 +138,7 @@ def _spoil_value(sql: str, rng: random.Random) -> str | None:
     return sql[: m.start()] + m.group(1).lower() + sql[m.end() :]
 
 
-def _schema(env: Any) -> tuple[set[str], set[str]]:
+def _schema(env: gymnasium.Env) -> tuple[set[str], set[str]]:
     """(column names, table names) of an env with a SQL database (`env.db.schema`), else empty sets."""
     schema = getattr(getattr(env, "db", None), "schema", None) or {}
     return {c.name for cols in schema.values() for c in cols}, set(schema)
@@ -234,7 +242,7 @@ class AfterMistake:
 class RecoveryResult:
     """A recovery evaluation: the episodes' summary and the success rate after each kind of mistake."""
 
-    eval: Any  # agentopd.evaluate.EvalResult (split "<split>+mistake")
+    eval: EvalResult  # split "<split>+mistake"
     by_kind: dict[str, float]  # MistakeKind value -> success rate of the episodes that began with it
 
     @property
@@ -243,7 +251,7 @@ class RecoveryResult:
 
 
 def recovery_cases(env_name: str, env_kwargs: dict[str, Any] | None = None, *, split: str = "eval", num_tasks: int | None = 100,
-                   seed: int = 0) -> list[tuple[Any, DemoWithMistake]]:  # fmt: skip
+                   seed: int = 0) -> list[tuple[EpisodeSpec, DemoWithMistake]]:  # fmt: skip
     """(EpisodeSpec, DemoWithMistake) for the tasks of `split` a mistake applies to (of `num_tasks` drawn as evaluate does)."""
     from agentopd.evaluate import eval_task_ids
     from agentopd.rollout import Rollout
@@ -266,14 +274,14 @@ def recovery_cases(env_name: str, env_kwargs: dict[str, Any] | None = None, *, s
 
 
 def recovery_eval(
-    model: Any,
+    model: torch.nn.Module | None,
     tokenizer: PreTrainedTokenizerBase,
     env_name: str,
     *,
     env_kwargs: dict[str, Any] | None = None,
     split: str = "eval",
     num_tasks: int | None = 100,
-    rollout: Any = None,
+    rollout: RolloutConfig | None = None,
     seed: int = 0,
     engine: Engine | None = None,
 ) -> RecoveryResult:
@@ -290,7 +298,7 @@ def recovery_eval(
     for spec, demo in cases:
         wrapped.script(spec.episode_id, demo.actions[: demo.mistake_turns[-1] + 1])  # up to and including the mistake
 
-    async def go() -> list[Any]:
+    async def go() -> list[Episode]:
         ro = Rollout(lambda: make_env_for_split(env_name, split, **kwargs), wrapped, tokenizer, rollout or RolloutConfig(temperature=0.0))
         try:
             return await ro.run([spec for spec, _ in cases])

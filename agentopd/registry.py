@@ -21,7 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import gymnasium
 
 ENV_GROUP = "agentopd.envs"
 TOOL_GROUP = "agentopd.tools"
@@ -73,7 +76,7 @@ def errors() -> list[Plugin]:
     return [p for g in (ENV_GROUP, TOOL_GROUP) for p in plugins(g).values() if p.error is not None]
 
 
-def env_factory(name: str) -> Any:
+def env_factory(name: str) -> Callable[..., gymnasium.Env]:
     """The class or factory registered as env `name`. Unknown or broken names raise ValueError saying why."""
     found = plugins(ENV_GROUP)
     if name not in found:
@@ -84,7 +87,7 @@ def env_factory(name: str) -> Any:
     return plugin.obj
 
 
-def make_env(name: str, **kwargs: Any):
+def make_env(name: str, **kwargs: Any) -> gymnasium.Env:
     """Instantiate a registered environment. Unknown or broken names raise ValueError saying why; an
     env whose constructor raises is an EnvError (a ValueError) naming the env and the error."""
     from agentopd.env import EnvError

@@ -2,7 +2,11 @@
 
     router = Router.from_config(cfg, mixture)       # raises ValueError before the run when a task has no teacher
     router.teacher_of(planned)                      # teacher name of that episode
-    refs = router.resolve(progress)                 # teacher name -> from_pretrained reference
+    router.refs                                     # teacher name -> model reference (builtin..., folder, hub id, URL)
+    router.builtin_env(name, ref)                   # the env whose built-in teacher a `builtin` reference means
+
+Routing only looks up: it builds no model. The bootstrap stage (agentopd.run_models) turns the references into
+from_pretrained references, building the embedded models on first use.
 
 `teachers:` maps names to models; `teacher_key: env` routes an episode to the teacher
 named like its env, `teacher_key: data_source` to the one named like its task's
@@ -15,16 +19,17 @@ run with no teachers and `teacher.path=builtin` routes each env to its own built
 from __future__ import annotations
 
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentopd.config import EmbeddedSize
-from agentopd.models import BUILTIN, CROSS, SELF, resolve_model
 from agentopd.plan import Mixture, Planned
 from agentopd.rollout import EpisodeSpec
 
 if TYPE_CHECKING:
     from agentopd.config import Config
+
+# the model references routing reads (agentopd.models names them; routing imports no model code: tests/test_layout.py)
+BUILTIN = "builtin"
+CROSS = "cross"
 
 
 class TeacherKey(StrEnum):
@@ -84,29 +89,12 @@ class Router:
                     )
                 self.envs_of[name].add(source.env_name)
 
-    def resolve(self, progress: Any = None, student: Path | str | None = None, size: EmbeddedSize = EmbeddedSize.TINY,
-                device: Any = None) -> dict[str, Path | str]:  # fmt: skip
-        """Teacher name -> something from_pretrained takes (built-in teachers of `size` bootstrapped on demand, on
-        `device`; `self` is the student's reference `student`, loaded again as a frozen copy)."""
-        out = {}
-        for name, ref in self.refs.items():
-            if ref == SELF:
-                if student is None:
-                    raise ValueError(f"teachers.{name}=self: a copy of the student needs the student's reference")
-                out[name] = student
-                continue
-            env = self._builtin_env(name, ref)
-            builtin = ref if ref == f"{BUILTIN}:{CROSS}" else BUILTIN  # builtin:cross: the env's cross-tokenizer teacher
-            out[name] = resolve_model(builtin if env else ref, env or "", "teacher", progress, env_kwargs=self._kwargs_of(env),
-                                      size=size, device=device)  # fmt: skip
-        return out
-
-    def _kwargs_of(self, env: str | None) -> dict[str, Any] | None:
+    def kwargs_of(self, env: str | None) -> dict[str, Any] | None:
         """The constructor arguments the run gives `env` (its one source's), for its embedded models."""
         kwargs = [s.kwargs for s in self.mixture.sources.values() if s.env_name == env]
         return kwargs[0] if len(kwargs) == 1 else None
 
-    def _builtin_env(self, name: str, ref: str) -> str | None:
+    def builtin_env(self, name: str, ref: str) -> str | None:
         """The env whose built-in teacher `ref` means: `builtin:<env>`, or `builtin` for the one env it scores."""
         if ref.startswith(f"{BUILTIN}:") and ref.split(":", 1)[1] not in ("teacher", "student", CROSS):
             return ref.split(":", 1)[1]

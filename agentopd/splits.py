@@ -22,17 +22,20 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentopd.env import Split, Task
 from agentopd.registry import env_factory, make_env
 
+if TYPE_CHECKING:
+    import gymnasium
+
 HELD_OUT_SHARE = 0.2
 
 
-def takes_split(factory: Any) -> bool:
+def takes_split(factory: Callable[..., gymnasium.Env]) -> bool:
     """Whether an env class or factory accepts a `split` keyword."""
     try:
         params = inspect.signature(factory).parameters
@@ -96,7 +99,7 @@ def without_split(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (kwargs or {}).items() if k != "split"}
 
 
-def make_env_for_split(name: str, split: str = "train", **kwargs: Any) -> Any:
+def make_env_for_split(name: str, split: str = "train", **kwargs: Any) -> gymnasium.Env:
     """An env of `name` serving `split` (see the module docstring); `kwargs` are its constructor's."""
     kwargs.pop("split", None)
     if takes_split(env_factory(name)):
@@ -116,7 +119,7 @@ def make_env_for_split(name: str, split: str = "train", **kwargs: Any) -> Any:
     return env
 
 
-def describe_split(name: str, tasks: Any = None) -> str:
+def describe_split(name: str, tasks: str | Path | None = None) -> str:
     """How the split reaches env `name` (given a user's task file `tasks` when it takes one), in words."""
     if takes_split(env_factory(name)) and tasks:
         return f"the task file's 'split' keys, else {HELD_OUT_SHARE:.0%} of its lines held out by a hash of their ids"

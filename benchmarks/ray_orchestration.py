@@ -101,6 +101,7 @@ def tiny_home(path: Path) -> Path:
 def measure(actors: int, episodes_per_step: list[int], steps: int, run_dir: Path, per_call: int, profile: bool = False) -> list[dict]:
     import agentopd.runner as runner_module
     from agentopd.config import load_config
+    from agentopd.step.score import score
 
     n = 10  # calculator has 1,000 training tasks: 10,000 episodes a step at most
     overrides = [
@@ -124,9 +125,10 @@ def measure(actors: int, episodes_per_step: list[int], steps: int, run_dir: Path
             if prof:
                 prof.enable()
             c0, t0 = time.process_time(), time.perf_counter()
-            planned, episodes, _ = runner._rollout(step, lambda: None)
+            played = runner.play(step)  # the play stage (agentopd.step.play)
+            episodes = played.episodes
             c1, t1 = time.process_time(), time.perf_counter()
-            runner._score(planned, episodes, [runner.router.teacher_of(p) for p in planned])
+            score(played, runner.parts)  # the score stage
             c2, t2 = time.process_time(), time.perf_counter()
             if prof:
                 prof.disable()

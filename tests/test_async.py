@@ -57,7 +57,7 @@ def test_stale_episodes_are_regenerated(ray_cluster, home, tmp_path):
     runner = Runner(cfg, tmp_path / "run")
     runner._setup(resume_after=None)
     try:
-        runner._pending[3] = runner._submit(3)
+        runner.play.pending[3] = runner.play.submit(3)
         records = [runner._step(step) for step in (1, 2, 3)]
     finally:
         runner.backend.close()
@@ -81,7 +81,7 @@ def _rescored(runner, last_step):
     for row in runner.store.iter_rows("split = 'train' and step <= ?", [last_step]):
         ep = row_to_episode(row)
         name = next(iter(runner.router.refs)) if runner.router.single else row["teacher"]
-        fresh = runner.backend.score({name: [ep.tokens]}, runner.mode)[name][0]
+        fresh = runner.backend.score({name: [ep.tokens]}, runner.parts.mode)[name][0]
         out.append((row["id"], ep.teacher_logprobs, fresh.logprobs))
     return out
 
@@ -112,10 +112,10 @@ def test_each_step_is_scored_ahead_by_its_teachers(ray_cluster, home, tmp_path):
         backend.score = score
         pairs = _rescored(runner, 3)
         # the trainer group went back to step 2 while step 3's rollouts were in flight (and scored ahead): let go
-        runner._pending[3] = runner._submit(3)
+        runner.play.pending[3] = runner.play.submit(3)
         assert backend._ahead and backend._in_flight
         assert runner._rewind(TrainerRestarted(2, "a test"), RunSummary(tmp_path / "run", 3)) == 3
-        assert not backend._ahead and not backend._in_flight and not runner._pending
+        assert not backend._ahead and not backend._in_flight and not runner.play.pending
     finally:
         backend.close()
     assert [r["async/scored_ahead"] for r in records] == [1.0, 1.0, 1.0]

@@ -27,16 +27,20 @@ def _hand_count() -> int:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_shape_matches_a_hand_count(tie):
-    shape = ModelShape.of_model(tiny_model(tie=tie))
-    assert shape == ModelShape(params=_hand_count(), layers=2, d_attn=32)
-    assert ModelShape.from_config(tiny_config(tie=tie)) == shape  # the meta-device build agrees
+    model = tiny_model(tie=tie)
+    shape = ModelShape.of_model(model)
+    assert (shape.compute_params, shape.layers, shape.q) == (_hand_count(), 2, 32)
+    assert ModelShape.from_hf_config(tiny_config(tie=tie).to_dict()) == shape
+    # the one parameter count (agentopd.shape) is the loaded model's: every parameter, a tied head once
+    assert shape.params == sum(p.numel() for p in model.parameters())
 
 
 def test_forward_counts_matmuls_and_causal_attention():
-    shape = ModelShape(params=100, layers=2, d_attn=8)
-    # T = 3: 2*100*3 weights; attention 4*2*8*(1+2+3)
-    assert shape.forward(3) == 2 * 100 * 3 + 4 * 2 * 8 * 6
-    assert shape.forward(3, start=1) == 2 * 100 * 2 + 4 * 2 * 8 * 5  # positions 1, 2 after a cached prefix
+    shape = ModelShape(layers=2, hidden=4, heads=2, kv_heads=1, head_dim=4, intermediate=4, vocab=8, tied=True)
+    n = shape.compute_params
+    # T = 3: 2*N*3 weights; attention 4*2*8*(1+2+3)
+    assert shape.forward(3) == 2 * n * 3 + 4 * 2 * 8 * 6
+    assert shape.forward(3, start=1) == 2 * n * 2 + 4 * 2 * 8 * 5  # positions 1, 2 after a cached prefix
     assert shape.forward(3, start=1) + shape.forward(1) == shape.forward(3)
     assert shape.train(3) == 3 * shape.forward(3)
     assert shape.forward(0) == 0

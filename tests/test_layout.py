@@ -30,6 +30,17 @@ RULES = [
     ("agentopd.backends", "agentopd.runner", "backends do not call back into the runner"),
     ("agentopd.teacher", "agentopd.trainer", "the teacher knows no trainer (shared compute sits below both: agentopd.attention, agentopd.prefix)"),
     ("agentopd.recipes", "agentopd.backends", "recipes know no backend (a backend builds them from the run's settings)"),
+    ("agentopd.teacher", "agentopd.engines", "the teacher knows no engine (what both need sits below them: agentopd.kinds)"),
+    ("agentopd.trainer", "agentopd.engines", "the trainer knows no engine (sampled_vocab: agentopd.kinds)"),
+    ("agentopd.config", "agentopd.backends", "the config tree knows no backend (the enums it needs: agentopd.kinds)"),
+    ("agentopd.policy", "agentopd.config", "the run policy reads a Config it is given, it imports no config module (no cycle)"),
+    ("agentopd.routing", "agentopd.bootstrap", "routing looks teachers up, it builds none (the bootstrap stage: agentopd.run_models)"),
+    ("agentopd.routing", "agentopd.models", "routing looks teachers up, it loads no model"),
+    ("agentopd.kinds", "agentopd.", "the shared modes depend on nothing above them"),
+    ("agentopd.shape", "agentopd.", "a model's shape depends on nothing above it"),
+    ("agentopd.step", "agentopd.runner", "the stages do not call back into the runner"),
+    ("agentopd.recipes", "agentopd.runner", "recipes do not call back into the runner"),
+    ("agentopd.recipes", "agentopd.step", "recipes change stages through their hooks, they import no stage"),
 ]
 # the parts below the runner take typed settings from it: none reads the config tree (agentopd.config) or the run
 # policy (agentopd.policy: trainer_config, loss_temperature, check_run)

@@ -178,7 +178,7 @@ def test_the_teachers_eval_engine_is_closed_on_every_rollout_worker_after_its_ev
 
         assert engines() == [["student"], ["student"]]
         runner._eval(0, with_teacher=True, summary=RunSummary(tmp_path / "run", steps=1))
-        assert runner._teacher_result is not None and runner._teacher_result.n > 0  # the teacher played its eval
+        assert runner.evals.teacher is not None and runner.evals.teacher.n > 0  # the teacher played its eval
         assert engines() == [["student"], ["student"]]  # and its engines are gone
     finally:
         runner.backend.close()

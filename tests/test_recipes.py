@@ -135,17 +135,17 @@ def test_bad_horizons_are_refused(overrides, message):
 def test_horizon_trains_only_on_turns_below_k(cli, tmp_path, monkeypatch):
     """recipe.horizon_turns=[1,3] over 3 steps: k = 1, 2, 3. The training samples (what the loss masks with) hold
     student tokens of turns < k only, and the episodes stop at k turns; evals play whole episodes."""
-    import agentopd.runner as runner_module
+    import agentopd.step.train as samples_stage
 
     seen: list[list] = []
-    real = runner_module.train_samples
+    real = samples_stage.train_samples
 
     def recording(*args, **kwargs):
         samples = real(*args, **kwargs)
         seen.append(samples)
         return samples
 
-    monkeypatch.setattr(runner_module, "train_samples", recording)
+    monkeypatch.setattr(samples_stage, "train_samples", recording)
     run = tmp_path / "run"
     short = [o for o in SHORT if not o.startswith("rollout.max_turns")]
     result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", "recipe.horizon_turns=[1,3]", "rollout.max_turns=3",
@@ -159,3 +159,38 @@ def test_horizon_trains_only_on_turns_below_k(cli, tmp_path, monkeypatch):
     turns = dict(db.execute("select step, max(num_turns) from episodes where split='train' group by step").fetchall())
     assert all(turns[step] <= k for step, k in ((1, 1), (2, 2), (3, 3)))
     assert turns[1] == 1 and turns[2] == 2  # the horizon binds: the student plays on when not cut
+
+
+def test_a_recipe_plugs_into_the_stages_it_names_alone(tiny_home, tmp_path, monkeypatch):
+    """The recipe interface (agentopd.recipes.base): a recipe of the play and report stages, added to a set-up run's
+    list, changes how the training episodes play (one token a turn) and adds a metric of its own; no runner method
+    knows of it."""
+    from dataclasses import replace
+
+    from agentopd.recipes.base import Recipe, Stage
+    from agentopd.runner import Runner
+
+    class OneToken(Recipe):
+        name = "one_token"
+        stages = frozenset({Stage.PLAY, Stage.REPORT})
+
+        def rollout(self, step, config):
+            return replace(config, max_new_tokens=1)
+
+        def report(self, played):
+            return {"one_token/episodes": float(len(played.episodes))}
+
+    assert Recipe().rollout(1, "config") == "config" and Recipe().report(None) == {}  # the base changes nothing
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    runner = Runner(load_config("calculator", overrides=[*SHORT, "steps=2"]), tmp_path / "run")
+    runner._setup(resume_after=None)
+    assert runner.recipes == []  # no recipe.* key set: the plain chain
+    try:
+        plain = runner._step(1)
+        runner.recipes.append(OneToken())  # the list the stages read (StepParts.recipes)
+        metrics = runner._step(2)
+    finally:
+        runner.backend.close()
+    assert "one_token/episodes" not in plain and plain["tool_mask/llm_tokens"] > 4 * 3
+    assert metrics["one_token/episodes"] == 4.0
+    assert metrics["tool_mask/llm_tokens"] <= 4 * 3  # 4 episodes of at most 3 turns of one sampled token

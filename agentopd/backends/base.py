@@ -27,9 +27,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from agentopd.kinds import BackendKind  # re-exported: the backends' name for it
 
 if TYPE_CHECKING:
     import torch
@@ -44,13 +45,6 @@ if TYPE_CHECKING:
     from agentopd.teacher import TeacherMode, TeacherScores
     from agentopd.trainer.config import LossKind
     from agentopd.types import Episode, TokenStream
-
-
-class BackendKind(StrEnum):
-    """`run.backend`: where the stages run."""
-
-    LOCAL = "local"  # local.py: every stage in this process
-    RAY = "ray"  # ray.py: Ray actors
 
 
 _handle_ids = itertools.count()

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentopd.batch import TrainSample
+    from agentopd.engines.base import Engine
     from agentopd.config import Config
     from agentopd.teacher import TeacherMode, TeacherScores
     from agentopd.trainer.config import LossKind
@@ -79,7 +80,7 @@ class LocalBackend:
         self._stats: dict[str, float] = {}  # the step's metrics, until stats() reads them
         self._sleeping = False  # the student's engine freed its KV pool (ctx.engine_sleep)
 
-    def _student_engine(self, student: torch.nn.Module) -> Any:
+    def _student_engine(self, student: torch.nn.Module) -> Engine:
         from agentopd.engines import EngineKind, resolve_kind
 
         if resolve_kind(self.ctx.cfg.engine.kind, self.ctx.device) == EngineKind.HF:

@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,12 @@ from agentopd.memory_plan import PhaseMemory, measure_since_last
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
 from agentopd.types import Episode
+
+if TYPE_CHECKING:
+    from agentopd.batch import TrainSample
+    from agentopd.teacher import TeacherMode, TeacherScores
+    from agentopd.trainer.config import LossKind
+    from agentopd.types import TokenStream
 
 
 class _OnGPU:
@@ -138,13 +144,13 @@ class HiddenRef:
         return self.rows
 
 
-def with_hidden_refs(scores: list[Any], refs: list[Any]) -> list[Any]:
+def with_hidden_refs(scores: list[TeacherScores], refs: list[Any]) -> list[TeacherScores]:
     """The scores of `TeacherWorker.score_apart` (its first return value) with each stream's rows as a HiddenRef to
     its own return value (`refs`, the others in order)."""
     return [dataclasses.replace(s, hidden=HiddenRef(ref, len(s.logprobs))) for s, ref in zip(scores, refs, strict=True)]
 
 
-def fetch_hidden(samples: list[Any]) -> list[Any]:
+def fetch_hidden(samples: list[TrainSample]) -> list[TrainSample]:
     """`samples` with every HiddenRef replaced by the rows it names (one ray.get for all of them)."""
     import ray
 
@@ -159,16 +165,16 @@ class TeacherWorker(_OnGPU):
     def __init__(self, ctx: RunContext, name: str, gpus: float, threads: int):
         self.teacher = build_teacher(_role_ctx(ctx, gpus, threads), name)
 
-    def score(self, streams: list[Any], mode: Any) -> list[Any]:
+    def score(self, streams: list[TokenStream], mode: TeacherMode) -> list[TeacherScores]:
         return self.teacher.score(streams, mode=mode)
 
-    def score_apart(self, streams: list[Any], mode: Any) -> tuple[Any, ...]:
+    def score_apart(self, streams: list[TokenStream], mode: TeacherMode) -> tuple[list[TeacherScores] | torch.Tensor | None, ...]:
         """`score` with the hidden rows returned apart, for `.options(num_returns=len(streams) + 1)`: the scores
         without their rows, then each stream's rows (None outside HIDDEN mode) as a return value of its own."""
         scores = self.score(streams, mode)
         return ([dataclasses.replace(s, hidden=None) for s in scores], *(s.hidden for s in scores))
 
-    def score_played(self, episodes: list[Any], idx: list[int], mode: Any) -> tuple[Any, ...]:
+    def score_played(self, episodes: list[Episode], idx: list[int], mode: TeacherMode) -> tuple[list[TeacherScores] | torch.Tensor | None, ...]:
         """`score_apart` of the episodes `idx` of one work item, passed as the rollout call's ObjectRef: Ray runs it
         once the item is played (RayBackend.score_ahead)."""
         return self.score_apart([episodes[i].tokens for i in idx], mode)
@@ -204,7 +210,7 @@ class TrainerWorker(_WeightMember):
                                vocab_size=self.ctx.vocab_size)
         return self.rank
 
-    def train(self, samples: list[Any], head: torch.Tensor | list | None, loss: Any = None,
+    def train(self, samples: list[TrainSample], head: torch.Tensor | list | None, loss: LossKind | None = None,
               temperature: float | None = None) -> dict[str, float]:
         """`head`: the teacher's lm_head, or one per teacher (tensors, or the ObjectRefs the backend keeps of them)."""
         import ray

@@ -27,9 +27,9 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from agentopd.backends.base import BackendKind
 from agentopd.config.envargs import resolve_kwargs
 from agentopd.env import Privileged
+from agentopd.kinds import BackendKind, EmbeddedSize  # below both config and backends (tests/test_layout.py)
 from agentopd.objectives import Objective
 
 KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")  # a config key, a source name
@@ -271,14 +271,6 @@ class RayConfig(Section):
                 f"and {self.gpus_per_trainer_worker:g})"
             )
         return self
-
-
-class EmbeddedSize(StrEnum):
-    """`embedded.size`: which pair of built-in models `builtin` means (agentopd.bootstrap.sized_spec)."""
-
-    TINY = "tiny"  # the default: a ~0.5M-parameter teacher and a ~0.3M student, built on the CPU in minutes
-    GPU = "gpu"  # a ~150M-parameter teacher and a ~25M student, built on one GPU in minutes (issue 33)
-    TEST = "test"  # tests only: the sized pair's plumbing at toy sizes, built on the CPU in seconds
 
 
 class EmbeddedConfig(Section):

@@ -32,20 +32,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from agentopd.kinds import sampled_vocab  # noqa: F401  (re-exported: the engines' import of it)
+
 
 class FinishReason(StrEnum):
     STOP = "stop"  # a stop token was sampled (it is included in token_ids)
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # cancelled
-
-
-def sampled_vocab(vocab_size: int | None, rows: int) -> int:
-    """The ids an engine samples from: the tokenizer's `vocab_size` (None: all `rows` of the model's head)."""
-    if vocab_size is None:
-        return rows
-    if not 0 < vocab_size <= rows:
-        raise ValueError(f"vocab_size={vocab_size}: the model has {rows} vocabulary rows; give the tokenizer's size (<= rows)")
-    return vocab_size
 
 
 def logprob_temperature(temperature: float) -> float:

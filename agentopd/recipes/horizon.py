@@ -2,6 +2,7 @@
 
     k = horizon(step, steps=300, start=1, end=4)        # 1 for the first quarter of the steps, ... 4 for the last
     config = horizon_rollout(rollout_cfg, k)            # the training rollouts of that step stop after k turns
+    Horizon(steps=300, start=1, end=4)                  # the recipe (agentopd.recipes.base): play stage + horizon/turns
 
 A long episode's late turns cost the most: every token is generated and scored after the whole conversation before
 it, and their states are the furthest from anything the student has learned. Early in training the student's late
@@ -16,9 +17,14 @@ The loss mask needs nothing more: the streams hold no turn >= k.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+from agentopd.recipes.base import Recipe, Stage
 from agentopd.rollout import RolloutConfig
+
+if TYPE_CHECKING:
+    from agentopd.step.values import Played
 
 
 def horizon(step: int, *, steps: int, start: int, end: int) -> int:
@@ -31,3 +37,23 @@ def horizon(step: int, *, steps: int, start: int, end: int) -> int:
 def horizon_rollout(config: RolloutConfig, k: int) -> RolloutConfig:
     """The rollout settings of a training step with horizon k: at most k assistant turns."""
     return replace(config, max_turns=min(k, config.max_turns))
+
+
+@dataclass
+class Horizon(Recipe):
+    """`recipe.horizon_turns`: each step's training episodes played to its horizon k; `horizon/turns` reports k."""
+
+    steps: int
+    start: int
+    end: int
+    name = "horizon_turns"
+    stages = frozenset({Stage.PLAY, Stage.REPORT})
+
+    def turns(self, step: int) -> int:
+        return horizon(step, steps=self.steps, start=self.start, end=self.end)
+
+    def rollout(self, step: int, config: RolloutConfig) -> RolloutConfig:
+        return horizon_rollout(config, self.turns(step))
+
+    def report(self, played: Played) -> dict[str, float]:
+        return {"horizon/turns": float(self.turns(played.step))}

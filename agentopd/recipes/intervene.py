@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from agentopd.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult
 from agentopd.env import Split
+from agentopd.recipes.base import Recipe, Stage
 from agentopd.rollout import EpisodeSpec, turn_seed
 from agentopd.teacher.base import Teacher, TeacherMode
 from agentopd.types import INTERVENED, Episode, TokenStream
@@ -132,3 +133,13 @@ def intervene_metrics(episodes: Sequence[Episode], p: float) -> dict[str, float]
         reached = [r for e, r in zip(episodes, replaced) if e.num_turns > k]
         out[f"intervene/turn_{k}"] = sum(k in r for r in reached) / len(reached)
     return out
+
+
+class Intervene(Recipe):
+    """`recipe.intervene_below` seen from the step: the backend plays with the guide (`guide_for`), so the teacher
+    takes over turns (its FLOPs counted) and the rejected turns are branches to score: no scoring ahead."""
+
+    name = "intervene_below"
+    stages = frozenset({Stage.PLAY, Stage.SCORE})
+    scores_played_streams = False
+    teacher_takes_turns = True

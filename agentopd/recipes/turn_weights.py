@@ -2,6 +2,7 @@
 
     weights, support = turn_weights(stream, teacher_logprobs, below=0.3, floor=0.1)
     metrics = turn_weight_metrics([support, ...], below=0.3, floor=0.1)
+    TurnWeights(below=0.3, floor=0.1)          # the recipe (agentopd.recipes.base): the samples stage's weights
 
 A turn's *support* is the mean teacher probability of the student's tokens of that turn (exp of the
 teacher's log-prob of each sampled token). Where it is low the student has left the states the teacher
@@ -16,8 +17,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agentopd.types import TokenStream
+from agentopd.recipes.base import Recipe, Stage
+from agentopd.types import Episode, TokenStream
+
+if TYPE_CHECKING:
+    from agentopd.teacher import TeacherScores
 
 
 def turn_support(stream: TokenStream, teacher_logprobs: Sequence[float]) -> dict[int, float]:
@@ -72,3 +79,16 @@ def step_turn_weights(streams: Sequence[TokenStream], teacher_logprobs: Sequence
     weighed = [turn_weights(s, lp, below=below, floor=floor) for s, lp in zip(streams, teacher_logprobs, strict=True)]
     return [w for w, _ in weighed], turn_weight_metrics([sup for _, sup in weighed], below=below, floor=floor)
 
+
+
+@dataclass
+class TurnWeights(Recipe):
+    """`recipe.turn_support_below` (with `recipe.turn_weight_floor`): the samples stage's per-token weights."""
+
+    below: float
+    floor: float
+    name = "turn_support_below"
+    stages = frozenset({Stage.SAMPLES})
+
+    def weights(self, episodes: Sequence[Episode], scores: Sequence[TeacherScores]) -> tuple[list[list[float]], dict[str, float]]:
+        return step_turn_weights([e.tokens for e in episodes], [sc.logprobs for sc in scores], below=self.below, floor=self.floor)

@@ -14,20 +14,12 @@ Legend: R = response tokens of one stream, K = top-k, H = the teacher's hidden s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from agentopd.kinds import TeacherMode
 from agentopd.types import TokenStream
-
-
-class TeacherMode(StrEnum):
-    """What a teacher keeps per response token besides the sampled token's logprob."""
-
-    LOGPROBS = "logprobs"  # only the sampled token's logprob (cheapest; servers can do it)
-    TOPK = "topk"  # plus the top-k token ids and their logprobs
-    HIDDEN = "hidden"  # plus the final hidden states (the loss applies the teacher's lm_head)
 
 
 def as_mode(mode: TeacherMode | str) -> TeacherMode:

@@ -180,7 +180,7 @@ class HFTeacher:
         self.head_fp32 = head_fp32
         self.offload_after_score = offload_after_score
         self.share_prefix = share_prefix
-        from agentopd.engines.base import sampled_vocab
+        from agentopd.kinds import sampled_vocab
 
         # the tokenizer's ids: log-probs are normalised over them, as the engines sample (engines/base.py)
         self.vocab_size = sampled_vocab(vocab_size, model.get_output_embeddings().weight.shape[0])

@@ -200,7 +200,7 @@ class Trainer:
                 layer.forward = torch.compile(layer.forward)
         hf.train()
         self.hf = hf
-        from agentopd.engines.base import sampled_vocab
+        from agentopd.kinds import sampled_vocab
 
         self.student = StudentLoss(hf, sampled_vocab(vocab_size, hf.get_output_embeddings().weight.shape[0]))
         if self.distributed:

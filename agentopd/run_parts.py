@@ -1,0 +1,86 @@
+"""The run's parts that set-up builds from the config and the resolved models (agentopd.runner's `_setup`).
+
+    check_pairs(cfg, models, cross=False)                       # the cheap parts of `agentopd check-pair`
+    scorer = cross_scorer(cfg, models, tokenizer, loss)         # a cross-tokenizer loss: scoring through the alignment
+    view = privileged_view(cfg, mixture, tokenizer)             # teacher.privileged: checked on every source
+    ctx = run_context(cfg, mixture, models, trainer_cfg, rollout_cfg, device, dtype, tokenizer, memory_plan)
+
+Each refuses a run it cannot serve with a ValueError, before any model loads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentopd.backends.stages import RunContext
+from agentopd.pair import RUN_CHECKS, require_pair
+from agentopd.teacher.base import is_server
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from agentopd.config import Config
+    from agentopd.crosstok.score import CrossScorer
+    from agentopd.memory_plan import MemoryPlan
+    from agentopd.plan import Mixture
+    from agentopd.privileged import PrivilegedView
+    from agentopd.rollout import RolloutConfig
+    from agentopd.run_models import RunModels
+    from agentopd.trainer.config import LossKind, TrainerConfig
+
+
+def check_pairs(cfg: Config, models: RunModels, *, cross: bool) -> None:
+    """Each local teacher against the student: vocabulary and chat template (a cross-tokenizer loss: context only).
+    A server's tokenizer is the user's promise (its echo of the ids is checked)."""
+    thinking = cfg.rollout.enable_thinking  # the run renders with it: so does the check
+    for ref in models.teachers.values():
+        if not is_server(ref):
+            require_pair(models.student, ref, checks=("max_context",) if cross else RUN_CHECKS,
+                         template_kwargs=None if thinking is None else {"enable_thinking": thinking},
+                         teacher_template=cfg.teacher.chat_template)  # fmt: skip
+
+
+def cross_scorer(cfg: Config, models: RunModels, tokenizer: PreTrainedTokenizerBase, loss: LossKind) -> CrossScorer | None:
+    """A cross-tokenizer loss: each teacher reads the episodes re-rendered in its own template (agentopd.crosstok)."""
+    if not loss.is_cross_tokenizer:
+        return None
+    from transformers import AutoTokenizer
+
+    from agentopd.crosstok.score import CrossScorer
+    from agentopd.trainer.config import LossKind
+
+    teacher_toks = {name: AutoTokenizer.from_pretrained(cfg.teacher.tokenizer if is_server(ref) else ref)
+                    for name, ref in models.teachers.items()}  # fmt: skip  # a server's: teacher.tokenizer (policy.check_run)
+    return CrossScorer(tokenizer, teacher_toks, full=loss == LossKind.XTOK_FULL)
+
+
+def privileged_view(cfg: Config, mixture: Mixture, tokenizer: PreTrainedTokenizerBase) -> PrivilegedView | None:
+    """teacher.privileged: every env must give the context (checked here, before any model)."""
+    if cfg.teacher.privileged is None:
+        return None
+    from agentopd.privileged import PrivilegedView
+
+    view = PrivilegedView(mixture, tokenizer, cfg.teacher.privileged)
+    view.check()
+    return view
+
+
+def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: TrainerConfig, rollout_cfg: RolloutConfig,
+                device: torch.device, dtype: torch.dtype, tokenizer: PreTrainedTokenizerBase,
+                memory_plan: MemoryPlan | None) -> RunContext:  # fmt: skip
+    """What the backend's stages build their parts from; the memory plan (CUDA) sizes the KV pool and decides the
+    engine's sleep and the teacher's offload; without one (CPU) engine.sleep=true still does what it says."""
+    from agentopd.engines import EngineKind, resolve_kind
+
+    ctx = RunContext(cfg, mixture, models.student, models.teachers, trainer_cfg, rollout_cfg, device, dtype,
+                     vocab_size=len(tokenizer))  # fmt: skip
+    sleeps = resolve_kind(cfg.engine.kind, device) != EngineKind.VLLM  # vLLM sizes its own memory
+    if memory_plan is not None:
+        ctx.kv_cache_gib = memory_plan.kv_cache_gib
+        ctx.engine_sleep = memory_plan.engine_sleep and sleeps
+        ctx.teacher_offload = memory_plan.teacher_offload
+    else:
+        ctx.engine_sleep = cfg.engine.sleep is True and sleeps
+        ctx.teacher_offload = cfg.teacher.offload is not False
+    return ctx
