@@ -22,7 +22,8 @@ parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary
 - each local teacher: weights as the engine's; scoring work in the score phase (one layer's inference work over
   16,384 packed tokens and its hidden rows, three fp32 1,024 x V head chunks: agentopd.teacher.hf).
 - the process itself (Python, torch, transformers, tokenizers, the envs): RUNTIME_GIB.
-The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls available at start.
+The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls available at start (or of
+`run.host_memory_gib`, for a run that must leave room to other work).
 """
 
 from __future__ import annotations
@@ -191,11 +192,13 @@ def stored_bytes(ref: Path | str) -> int:
 
 def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path | str],
               available_gib: float | None = None) -> HostPlan:  # fmt: skip
-    """A CPU run's plan from its config and its models' config.json (teachers behind a server hold nothing here)."""
+    """A CPU run's plan from its config and its models' config.json (teachers behind a server hold nothing here), against
+    `run.host_memory_gib` where set, else what this machine has available now."""
     from agentopd.teacher.base import is_server
 
     run = HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
                   activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size)  # fmt: skip
     teachers = [(ModelShape.from_model_dir(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
-    return plan_host(run, ModelShape.from_model_dir(student_ref), stored_bytes(student_ref), teachers,
-                     available_host_gib() if available_gib is None else available_gib)  # fmt: skip
+    if available_gib is None:
+        available_gib = cfg.run.host_memory_gib or available_host_gib()
+    return plan_host(run, ModelShape.from_model_dir(student_ref), stored_bytes(student_ref), teachers, available_gib)

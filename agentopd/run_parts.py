@@ -84,3 +84,22 @@ def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: T
         ctx.engine_sleep = cfg.engine.sleep is True and sleeps
         ctx.teacher_offload = cfg.teacher.offload is not False
     return ctx
+
+
+def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str]:
+    """A CPU run against this machine's memory (agentopd.memory_host): HostMemoryError (one line, then the plan) when it
+    cannot fit, before any model loads; else the trainer settings it fits with (the micro-batch the plan took) and a line
+    saying so for the terminal."""
+    import dataclasses
+
+    from agentopd.memory_host import HostPhase, host_plan
+
+    plan = host_plan(cfg, models.student, models.teachers)
+    plan.check()
+    line = (f"memory (CPU): peak {plan.peak(plan.worst):.1f} GiB in the {plan.worst} phase of {plan.available_gib:.1f} GiB "
+            f"available (rollout {plan.peak(HostPhase.ROLLOUT):.1f}, score {plan.peak(HostPhase.SCORE):.1f}, train "
+            f"{plan.peak(HostPhase.TRAIN):.1f}; agentopd plan-memory shows the table)")  # fmt: skip
+    if plan.micro_batch_tokens != trainer_cfg.micro_batch_tokens:
+        line += "\n" + "\n".join(plan.notes)
+        trainer_cfg = dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens)
+    return trainer_cfg, line

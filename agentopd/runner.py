@@ -53,7 +53,7 @@ from agentopd.policy import rollout_config, trainer_config
 from agentopd.progress import RunProgress
 from agentopd.routing import Router
 from agentopd.run_models import resolve_models
-from agentopd.run_parts import check_pairs, cross_scorer, privileged_view, run_context
+from agentopd.run_parts import check_pairs, cross_scorer, fit_host, privileged_view, run_context
 from agentopd.rundir import DONE, RunDir
 from agentopd.shape import ModelShape
 from agentopd.step.evals import Evals
@@ -132,6 +132,9 @@ class Runner:
         self.recipes = run_recipes(cfg, cross_scorer=cross_scorer(cfg, models, self.tokenizer, self.trainer_cfg.loss),
                                    privileged=privileged_view(cfg, mixture, self.tokenizer))  # fmt: skip
         self.memory_plan = run_plan(cfg, device, models.student, models.teachers)  # a run that cannot fit stops here
+        if device.type == "cpu":  # the same, against this machine's memory (agentopd.memory_host)
+            self.trainer_cfg, line = fit_host(cfg, models, self.trainer_cfg)
+            self.progress.note(line)
         shapes = {STUDENT: ModelShape.from_ref(models.student)} | {
             name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in models.teachers.items()}
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind

@@ -105,7 +105,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, demo_plugin, args, message):
 
 @pytest.mark.parametrize(
     "override, message",
-    [("student=/nonexistent", "student='/nonexistent': no such folder"), ("env.db_path=missing.sqlite", "no SQLite file at 'missing.sqlite'")],
+    [("student=/nonexistent", "student='/nonexistent': no such file or folder"), ("env.db_path=missing.sqlite", "no SQLite file at 'missing.sqlite'")],
 )
 def test_a_refused_run_leaves_no_run_directory(tmp_path, monkeypatch, override, message):
     """Issue 27, defect 4: a run refused at validation left an empty runs/<name>/ behind."""

@@ -45,3 +45,26 @@ def test_a_run_that_cannot_fit_is_refused_naming_phase_and_shortfall():
     with pytest.raises(HostMemoryError, match=r"the (train|score|rollout) phase needs [\d.]+ GiB, 90% of the 8.0 GiB available is 7.2 \(short by"):
         plan.check()
     assert available_host_gib() > 0
+
+
+def test_a_cpu_run_prints_its_plan_and_one_that_cannot_fit_is_refused_in_seconds(tiny_home, tmp_path, monkeypatch):
+    """`agentopd run` on a CPU: the plan's line at start; with run.host_memory_gib below what the models need, exit 2
+    with one line naming the phase and the shortfall, before any model loads, and no run folder left."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from agentopd.cli import app
+
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    monkeypatch.setenv("COLUMNS", "250")
+    runner = CliRunner()
+    t0 = time.perf_counter()
+    result = runner.invoke(app, ["run", "--env", "sql_db", "--run-dir", str(tmp_path / "r"), "run.host_memory_gib=0.5"])
+    assert result.exit_code == 2, result.output
+    assert "this run does not fit this machine's memory" in result.output and "short by" in result.output
+    assert not (tmp_path / "r").exists() and time.perf_counter() - t0 < 60
+    ok = runner.invoke(app, ["run", "--env", "sql_db", "--run-dir", str(tmp_path / "ok"), "steps=1", "eval.every=0",
+                             "eval.num_tasks=2", "rollout.tasks_per_step=2", "run.checkpoint_every=0"])  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+    assert "memory (CPU): peak" in ok.output and "GiB available" in ok.output

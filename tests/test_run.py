@@ -158,7 +158,7 @@ def test_evals_play_the_trained_student(cli, tmp_path, objective):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["student=/no/such/folder"], "no such folder"),
+        (["student=/no/such/folder"], "no such file or folder"),
         (["trainer.lr=-1"], "trainer.lr must be > 0"),
         (["rollout.nn=2"], "unknown key rollout.nn"),
         (["--resume"], "--resume needs --run-dir"),

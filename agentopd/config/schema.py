@@ -109,6 +109,10 @@ class RunConfig(Section):
     steps: int = Field(100, ge=0, description="training steps")
     objective: Objective = Field(Objective.OPD, description="opd | sft (teacher episodes) | grpo (reward only)")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    host_memory_gib: float | None = Field(
+        None, gt=0, description="a CPU run: the memory its plan may fill, GiB (agentopd.memory_host); null = what "
+        "/proc/meminfo calls available at start",
+    )
     checkpoint_every: int = Field(10, ge=0, description="steps between resumable checkpoints (0 = only at the end)")
     backend: BackendKind = Field(BackendKind.LOCAL, description="local (one process) | ray (actors: agentopd.backends.ray)")
 
