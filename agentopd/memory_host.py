@@ -20,7 +20,8 @@ parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary
   embedded models: RunContext.inference_dtype), its KV pool on a CPU (engine.max_batch_size contexts of up to 2,048
   tokens: agentopd.engines.fast), and its sampling logits 2 x max_batch_size x V fp32.
 - each local teacher: weights as the engine's; scoring work in the score phase (one layer's inference work over
-  16,384 packed tokens and its hidden rows, three fp32 1,024 x V head chunks: agentopd.teacher.hf).
+  16,384 packed tokens and its hidden rows, three fp32 1,024 x V head chunks: agentopd.teacher.hf); with
+  `eval.teacher` the eval phase before training adds an engine on the teacher (its weights again and a KV pool).
 - the process itself (Python, torch, transformers, tokenizers, the envs): RUNTIME_GIB.
 The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls available at start (or of
 `run.host_memory_gib`, for a run that must leave room to other work).
@@ -48,6 +49,7 @@ ACTIVATION_SHARE = 0.25  # of the available memory, at most, for a micro-batch's
 
 
 class HostPhase(StrEnum):
+    EVAL = "eval"  # the teacher's eval before training (eval.teacher): a second engine, on the teacher
     ROLLOUT = "rollout"
     SCORE = "score"
     TRAIN = "train"
@@ -103,10 +105,17 @@ class HostMemoryError(ValueError):
         need, cap = plan.peak(phase), HEADROOM * plan.available_gib
         super().__init__(
             f"this run does not fit this machine's memory: the {phase} phase needs {need:.1f} GiB, {HEADROOM:.0%} of the "
-            f"{plan.available_gib:.1f} GiB available is {cap:.1f} (short by {need - cap:.1f}); the plan already took "
-            f"trainer.micro_batch_tokens={plan.micro_batch_tokens}; change trainer.activation_checkpointing=true, "
-            f"engine.max_batch_size, or use a smaller student or teacher (agentopd plan-memory shows this plan)\n{plan.table()}"
+            f"{plan.available_gib:.1f} GiB available is {cap:.1f} (short by {need - cap:.1f}), with "
+            f"trainer.micro_batch_tokens={plan.micro_batch_tokens}; change {self.KEYS[phase]}, or use a smaller student "
+            f"or teacher (agentopd plan-memory shows this plan)\n{plan.table()}"
         )
+
+    KEYS = {
+        HostPhase.EVAL: "eval.teacher=false (no engine on the teacher before training) or engine.max_batch_size",
+        HostPhase.ROLLOUT: "engine.max_batch_size (the KV pool)",
+        HostPhase.SCORE: "engine.max_batch_size (the KV pool)",
+        HostPhase.TRAIN: "trainer.activation_checkpointing=true",
+    }
 
 
 def available_host_gib() -> float:
@@ -135,23 +144,22 @@ class HostRun:
     chunk_size: int
     activation_checkpointing: bool
     engine_max_batch: int
+    teacher_eval: bool = False
 
 
 def plan_host(run: HostRun, student: ModelShape, student_bytes: int, teachers: list[tuple[ModelShape, int]],
               available_gib: float) -> HostPlan:  # fmt: skip
     """The plan at the largest micro-batch (the configured one, halved down to MIN_MICRO_BATCH) whose train phase fits
     and whose activations stay within ACTIVATION_SHARE of the available memory (on a CPU a larger micro-batch buys
-    little speed: the matmuls are already large at a few thousand tokens); the configured one when none fits (check()
-    then refuses)."""
+    little speed: the matmuls are already large at a few thousand tokens). Whether the whole plan fits is check()'s."""
     tokens = run.micro_batch_tokens
     while True:
         plan = _plan(run, tokens, student, student_bytes, teachers, available_gib)
+        train_fits = plan.peak(HostPhase.TRAIN) <= HEADROOM * available_gib
         small = _gib(_activations(student, tokens, run.activation_checkpointing)) <= ACTIVATION_SHARE * available_gib
-        if (plan.fits and small) or tokens // 2 < MIN_MICRO_BATCH:
+        if (train_fits and small) or tokens // 2 < MIN_MICRO_BATCH:
             break
         tokens //= 2
-    if not plan.fits:
-        return _plan(run, run.micro_batch_tokens, student, student_bytes, teachers, available_gib)
     if tokens != run.micro_batch_tokens:
         plan.notes.append(f"trainer.micro_batch_tokens {run.micro_batch_tokens} -> {tokens}: activations within "
                           f"{ACTIVATION_SHARE:.0%} of the available memory (the same gradient: more micro-batches a step)")  # fmt: skip
@@ -179,6 +187,9 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
         items += [HostItem(name, f"weights ({nbytes} B/param)", _gib(nbytes * t.params)),
                   HostItem(name, "scoring work", _gib(work), (HostPhase.SCORE,)),
                   HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
+        if run.teacher_eval:  # closed after that eval
+            kv = run.engine_max_batch * CPU_CONTEXT * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
+            items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(nbytes * t.params + kv), (HostPhase.EVAL,)))
     return HostPlan(available_gib, items, tokens)
 
 
@@ -197,7 +208,8 @@ def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path
     from agentopd.teacher.base import is_server
 
     run = HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
-                  activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size)  # fmt: skip
+                  activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
+                  teacher_eval=cfg.eval.teacher and cfg.run.objective != "grpo")  # fmt: skip
     teachers = [(ModelShape.from_model_dir(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
     if available_gib is None:
         available_gib = cfg.run.host_memory_gib or available_host_gib()

@@ -96,9 +96,9 @@ def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tupl
 
     plan = host_plan(cfg, models.student, models.teachers)
     plan.check()
+    peaks = ", ".join(f"{p} {plan.peak(p):.1f}" for p in HostPhase)
     line = (f"memory (CPU): peak {plan.peak(plan.worst):.1f} GiB in the {plan.worst} phase of {plan.available_gib:.1f} GiB "
-            f"available (rollout {plan.peak(HostPhase.ROLLOUT):.1f}, score {plan.peak(HostPhase.SCORE):.1f}, train "
-            f"{plan.peak(HostPhase.TRAIN):.1f}; agentopd plan-memory shows the table)")  # fmt: skip
+            f"available ({peaks}; agentopd plan-memory shows the table)")  # fmt: skip
     if plan.micro_batch_tokens != trainer_cfg.micro_batch_tokens:
         line += "\n" + "\n".join(plan.notes)
         trainer_cfg = dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens)

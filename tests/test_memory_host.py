@@ -41,9 +41,16 @@ def test_the_terms_are_the_documented_ones():
 
 def test_a_run_that_cannot_fit_is_refused_naming_phase_and_shortfall():
     plan = plan_host(HostRun(8192, 1024, False, 64), S05, 2, [(T15, 2)], available_gib=8.0)
-    assert not plan.fits and plan.micro_batch_tokens == 8192  # nothing smaller fits either: the configured size shown
-    with pytest.raises(HostMemoryError, match=r"the (train|score|rollout) phase needs [\d.]+ GiB, 90% of the 8.0 GiB available is 7.2 \(short by"):
+    assert not plan.fits and plan.micro_batch_tokens == 512  # the smallest micro-batch: the rest does not fit anyway
+    with pytest.raises(HostMemoryError, match=r"the train phase needs [\d.]+ GiB, 90% of the 8.0 GiB available is 7.2 \(short by "
+                                              r"[\d.]+\), with trainer.micro_batch_tokens=512; change trainer.activation_checkpointing=true"):
         plan.check()
+    # the teacher's eval engine before training (eval.teacher): its own phase, and the refusal names the key
+    evals = plan_host(HostRun(8192, 1024, False, 64, teacher_eval=True), S05, 2, [(T15, 2)], available_gib=21.5)
+    assert evals.worst == HostPhase.EVAL and not evals.fits
+    with pytest.raises(HostMemoryError, match="the eval phase needs .* change eval.teacher=false"):
+        evals.check()
+    assert plan_host(HostRun(8192, 1024, False, 64), S05, 2, [(T15, 2)], available_gib=21.5).fits
     assert available_host_gib() > 0
 
 
