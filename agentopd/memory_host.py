@@ -17,12 +17,15 @@ parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary
   bf16 term doubled (fp32 throughout), T x L x a; with `trainer.activation_checkpointing` T x (L x 4H + a). Plus the
   chunked loss's fp32 logits and softmax over C = min(chunk_size, T) rows, 8CV, and the teacher's hidden rows 4TH_t.
 - the rollout engine: weights in the dtype the checkpoint is stored in (bf16 for real checkpoints, fp32 for the
-  embedded models: RunContext.inference_dtype), its KV pool on a CPU (engine.max_batch_size contexts of up to 2,048
-  tokens: agentopd.engines.fast), and its sampling logits 2 x max_batch_size x V fp32.
+  embedded models: RunContext.inference_dtype), the part of its CPU KV pool the run's episodes can fill (the pool holds
+  engine.max_batch_size contexts of up to 2,048 tokens, agentopd.engines.fast, but pages never written take no
+  memory: min(max_batch_size, episodes of a step or an eval) x min(rollout.max_context, 2,048) tokens), and its
+  sampling logits 2 x max_batch_size x V fp32.
 - each local teacher: weights as the engine's; scoring work in the score phase (one layer's inference work over
   16,384 packed tokens and its hidden rows, three fp32 1,024 x V head chunks: agentopd.teacher.hf); with
   `eval.teacher` the eval phase before training adds an engine on the teacher (its weights again and a KV pool).
-- the process itself (Python, torch, transformers, tokenizers, the envs): RUNTIME_GIB.
+- the process itself (Python, torch, transformers, tokenizers, the envs, mapped model files): RUNTIME_GIB, calibrated
+  on one measured real-pair run (benchmarks/results/real_cpu_memory.md).
 The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls available at start (or of
 `run.host_memory_gib`, for a run that must leave room to other work).
 """
@@ -41,7 +44,10 @@ if TYPE_CHECKING:
     from agentopd.config import Config
 
 HEADROOM = 0.9  # of MemAvailable: page cache of the model files, allocator slack, the episode store
-RUNTIME_GIB = 1.5  # measured: an `agentopd run` process before any model loads, with torch and transformers imported
+# the process beside the models: ~1.5 GiB before any model loads (torch, transformers, tokenizers imported), and ~1.5
+# more measured on a real pair (0.5B student, 1.5B teacher, 3 steps, 2026-11-29: RSS peak 19.0 GiB where the terms
+# above summed to 17.5), most likely the model files' pages that loading maps and leaves resident
+RUNTIME_GIB = 3.0
 CPU_CONTEXT = 2048  # the fast engine's CPU pool: max_batch_size contexts of up to this many tokens
 TEACHER_TOKENS = 16_384  # HFTeacher's max_tokens_per_batch
 MIN_MICRO_BATCH = 512
@@ -145,6 +151,12 @@ class HostRun:
     activation_checkpointing: bool
     engine_max_batch: int
     teacher_eval: bool = False
+    in_flight: int | None = None  # episodes that can hold KV pages at once (None: engine_max_batch)
+    context: int = CPU_CONTEXT  # tokens an episode can hold (rollout.max_context, at most CPU_CONTEXT)
+
+    def kv_tokens(self) -> int:
+        """KV-pool tokens the run's episodes can fill: the pool's pages are allocated, untouched ones take no memory."""
+        return min(self.engine_max_batch, self.in_flight or self.engine_max_batch) * min(self.context, CPU_CONTEXT)
 
 
 def plan_host(run: HostRun, student: ModelShape, student_bytes: int, teachers: list[tuple[ModelShape, int]],
@@ -171,15 +183,15 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
     train = (HostPhase.TRAIN,)
     p = s.params
     items = [
-        HostItem("process", "Python, torch, transformers", RUNTIME_GIB),
+        HostItem("process", "Python, torch, transformers, mapped files", RUNTIME_GIB),
         HostItem("trainer", "fp32 weights + AdamW moments (12 B/param)", _gib(12 * p)),
         HostItem("trainer", "fp32 gradients", _gib(4 * p), train),
         HostItem("trainer", f"activations at {tokens} tokens" + (", checkpointed" if run.activation_checkpointing else ""),
                  _gib(_activations(s, tokens, run.activation_checkpointing)), train),
         HostItem("trainer", f"loss: fp32 logits of {min(run.chunk_size, tokens)} rows", _gib(8 * min(run.chunk_size, tokens) * s.vocab), train),
         HostItem("engine", f"weights ({student_bytes} B/param)", _gib(student_bytes * p)),
-        HostItem("engine", f"KV pool ({run.engine_max_batch} x {CPU_CONTEXT} tokens) + sampling logits",
-                 _gib(run.engine_max_batch * CPU_CONTEXT * 2 * s.layers * s.kv * student_bytes + 8 * run.engine_max_batch * s.vocab)),
+        HostItem("engine", f"KV pool ({run.kv_tokens():,} tokens filled) + sampling logits",
+                 _gib(run.kv_tokens() * 2 * s.layers * s.kv * student_bytes + 8 * run.engine_max_batch * s.vocab)),
     ]  # fmt: skip
     for i, (t, nbytes) in enumerate(teachers):
         name = "teacher" if len(teachers) == 1 else f"teacher{i}"
@@ -188,7 +200,7 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
                   HostItem(name, "scoring work", _gib(work), (HostPhase.SCORE,)),
                   HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
         if run.teacher_eval:  # closed after that eval
-            kv = run.engine_max_batch * CPU_CONTEXT * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
+            kv = run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
             items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(nbytes * t.params + kv), (HostPhase.EVAL,)))
     return HostPlan(available_gib, items, tokens)
 
@@ -209,7 +221,8 @@ def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path
 
     run = HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
                   activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
-                  teacher_eval=cfg.eval.teacher and cfg.run.objective != "grpo")  # fmt: skip
+                  teacher_eval=cfg.eval.teacher and cfg.run.objective != "grpo",
+                  in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context)  # fmt: skip
     teachers = [(ModelShape.from_model_dir(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
     if available_gib is None:
         available_gib = cfg.run.host_memory_gib or available_host_gib()
