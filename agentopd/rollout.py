@@ -68,12 +68,10 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.episode_timeout_s <= 0:
             raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
-        if self.temperature < 0:
-            raise ValueError(f"rollout.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
+        try:  # the sampler's own rules (SamplingParams), named by their config keys
+            SamplingParams(max_tokens=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        except ValueError as e:
+            raise ValueError(f"rollout.{e}") from None
         if self.tool_parsing not in tuple(ToolParsing):
             raise ValueError(f"rollout.tool_parsing must be one of {[p.value for p in ToolParsing]}, got {self.tool_parsing!r}")
         object.__setattr__(self, "tool_parsing", ToolParsing(self.tool_parsing))
