@@ -91,33 +91,26 @@ def resolve_model(spec: str, env_name: str, role: str, progress=None, env_kwargs
     return hub_snapshot(spec, role)
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "org/name" or a bare "name"
 
 
-def hub_snapshot(repo_id: str, role: str) -> Path:
-    """The local folder of a hub id: the Hugging Face cache's copy, else downloaded. Offline, or when the hub has no
-    such model, one line naming the key and what to pass instead (not the hub client's retries and traceback)."""
+def hub_snapshot(repo_id: str, role: str) -> Path | str:
+    """A hub id: the Hugging Face cache's copy (a folder: from_pretrained then never waits on the network), else the id
+    itself for from_pretrained to fetch when the hub answers. Offline with nothing cached, one line naming the key and
+    what to pass instead, in seconds (not the hub client's minute of retries and its traceback)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
 
-    patterns = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+        return Path(snapshot_download(repo_id, local_files_only=True))
     except (OSError, HFValidationError, ValueError):
         pass
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        reachable = False
-    else:
-        reachable = _hub_reachable()
-    if not reachable:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    if offline or not _hub_reachable():
         raise ValueError(f"{role}={repo_id!r}: no such folder here, and the Hugging Face hub cannot be reached to fetch it as "
                          "a hub id; pass a model folder, a .gguf file, or `agentopd fetch-model --list` for real "
                          "checkpoints that need no hub")  # fmt: skip
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except Exception as e:  # the hub client raises many kinds (not found, gated, network)
-        raise ValueError(f"{role}={repo_id!r}: not a folder here, and the hub could not give it: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    return repo_id  # from_pretrained fetches it
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
