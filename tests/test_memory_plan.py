@@ -186,9 +186,11 @@ def test_plan_memory_command(tmp_path, monkeypatch):
     result = cli.invoke(app, [*args[:-1], f"teacher={big}", f"student={t}", "--gpus", "1", "--gpu-gib", "80"])
     assert result.exit_code == 2
     assert "DOES NOT FIT" in result.output and "error: this run does not fit its GPUs" in result.output
-    if not torch.cuda.is_available():
-        result = cli.invoke(app, args)
-        assert result.exit_code == 0 and result.output.startswith("not a GPU")
+    if not torch.cuda.is_available():  # a CPU run: this machine's memory (agentopd.memory_host), capped by the key
+        result = cli.invoke(app, [*args, "run.host_memory_gib=1000"])
+        assert result.exit_code == 0 and "GiB available" in result.output and ": fits" in result.output, result.output
+        result = cli.invoke(app, [*args, "run.host_memory_gib=8"])
+        assert result.exit_code == 2 and "error: this run does not fit this machine's memory" in result.output
 
 
 def test_out_of_memory_in_the_train_phase_names_it_and_checkpoints(tiny_home, tmp_path, monkeypatch):
