@@ -32,13 +32,13 @@ The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentopd.memory_plan import ModelShape
+from agentopd.shape import stored_in_bf16
 
 if TYPE_CHECKING:
     from agentopd.config import Config
@@ -208,9 +208,7 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
 def stored_bytes(ref: Path | str) -> int:
     """Bytes a parameter of `ref` takes where an engine or teacher holds it on a CPU (RunContext.inference_dtype: bf16
     as stored, else fp32)."""
-    config = json.loads((Path(ref) / "config.json").read_text())
-    stored = config.get("dtype") or config.get("torch_dtype")
-    return 2 if stored == "bfloat16" else 4
+    return 2 if stored_in_bf16(ref) else 4
 
 
 def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path | str],
@@ -223,7 +221,7 @@ def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path
                   activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
                   teacher_eval=cfg.eval.teacher and cfg.run.objective != "grpo",
                   in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context)  # fmt: skip
-    teachers = [(ModelShape.from_model_dir(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
+    teachers = [(ModelShape.from_ref(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
     if available_gib is None:
         available_gib = cfg.run.host_memory_gib or available_host_gib()
-    return plan_host(run, ModelShape.from_model_dir(student_ref), stored_bytes(student_ref), teachers, available_gib)
+    return plan_host(run, ModelShape.from_ref(student_ref), stored_bytes(student_ref), teachers, available_gib)

@@ -261,7 +261,7 @@ def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, sha
         padding_mass = float(torch.softmax(logits_RV, -1)[:, shared:].sum(-1).max()) if logits_RV.shape[1] > shared else None
         del logits_RV
         diff = float((own - torch.tensor(scores.logprobs)).abs().max())
-        cfg = TrainerConfig(loss="forward_kl", total_steps=1, micro_batch_tokens=max(1024, len(ids)))
+        cfg = TrainerConfig(loss="forward_kl", total_steps=1)  # the loss kind; nothing here steps
         sample = TrainSample.from_stream(stream, teacher_logprobs=scores.logprobs, teacher_hidden=scores.hidden)
         loss_sum, _ = StudentLoss(model, shared)(collate([sample], [[0]]), cfg, scorer.head_weight(shared))
         loss = float(loss_sum) / n

@@ -56,11 +56,7 @@ class ModelShape:
     @classmethod
     def from_ref(cls, ref: str | Path) -> ModelShape:
         """A model folder's config.json, or a hub id's config through transformers' cache."""
-        if Path(ref).is_dir():
-            return cls.from_model_dir(ref)
-        from transformers import AutoConfig
-
-        return cls.from_hf_config(AutoConfig.from_pretrained(str(ref)).to_dict())
+        return cls.from_hf_config(config_of(ref))
 
     @classmethod
     def of_model(cls, model: torch.nn.Module) -> ModelShape:
@@ -109,3 +105,19 @@ class ModelShape:
 
     def train(self, length: int) -> float:
         return TRAIN_FACTOR * self.forward(length)
+
+
+def config_of(ref: str | Path) -> dict[str, Any]:
+    """A model folder's config.json as a dict, or a hub id's config through transformers' cache."""
+    if Path(ref).is_dir():
+        return json.loads((Path(ref) / "config.json").read_text())
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(ref)).to_dict()
+
+
+def stored_in_bf16(ref: str | Path) -> bool:
+    """Is the checkpoint stored in bf16 (real ones, an imported GGUF; the embedded models are fp32)? Where it is, an
+    engine or a teacher on a CPU holds it so (RunContext.inference_dtype, agentopd.memory_host)."""
+    config = config_of(ref)
+    return (config.get("dtype") or config.get("torch_dtype")) == "bfloat16"

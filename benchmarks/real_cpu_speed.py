@@ -21,12 +21,13 @@ import json
 import time
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentopd import make_env
 from agentopd.chat import encode, render
 from agentopd.engines import make_engine
 from agentopd.engines.base import GenerateRequest, SamplingParams
+from agentopd.shape import stored_in_bf16
 from agentopd.teacher import HFTeacher, TeacherMode
 from agentopd.types import TokenStream
 
@@ -87,8 +88,7 @@ def main() -> None:
     ap.add_argument("--engine", default="fast")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    stored = getattr(AutoConfig.from_pretrained(args.model), "dtype", None)
-    dtype = torch.bfloat16 if stored in (torch.bfloat16, "bfloat16") else torch.float32
+    dtype = torch.bfloat16 if stored_in_bf16(args.model) else torch.float32
     tok = AutoTokenizer.from_pretrained(args.model)
     prompts = prompts_of(tok, args.env, args.prompts)
     engine = make_engine(args.engine, args.model, device="cpu", dtype=dtype, max_batch_size=len(prompts), seed=0, vocab_size=len(tok))

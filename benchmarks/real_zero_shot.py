@@ -18,20 +18,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from agentopd.config import load_config
 from agentopd.evaluate import evaluate
 from agentopd.gguf_fetch import CATALOGUE, fetch_model
 from agentopd.policy import rollout_config
+from agentopd.shape import stored_in_bf16
 from agentopd.splits import without_split
 
 
 def cell(model: Path, env: str, tasks: int, parsing: str, new_tokens: int, overrides: list[str]) -> dict:
     cfg = load_config(env, overrides=[f"rollout.tool_parsing={parsing}", f"rollout.max_new_tokens={new_tokens}",
                                       "rollout.max_context=4096", *overrides])  # fmt: skip
-    stored = getattr(AutoConfig.from_pretrained(model), "dtype", None)
-    dtype = torch.bfloat16 if stored in (torch.bfloat16, "bfloat16") else torch.float32
+    dtype = torch.bfloat16 if stored_in_bf16(model) else torch.float32
     t0 = time.perf_counter()
     r = evaluate(str(model), AutoTokenizer.from_pretrained(model), cfg.env.name, env_kwargs=without_split(cfg.env.kwargs),
                  split="eval", num_tasks=tasks, rollout=replace(rollout_config(cfg), temperature=0.0), engine_kind="fast",

@@ -66,14 +66,10 @@ class RunContext:
         AVX-512 BF16) are faster too; the embedded models, stored in fp32, stay fp32. The trainer keeps fp32 weights."""
         if self.device.type != "cpu" or self.dtype != torch.float32:
             return self.dtype
+        from agentopd.shape import stored_in_bf16
         from agentopd.teacher.base import is_server
 
-        if is_server(ref):
-            return self.dtype
-        from transformers import AutoConfig
-
-        stored = getattr(AutoConfig.from_pretrained(str(ref)), "dtype", None)
-        return torch.bfloat16 if stored in (torch.bfloat16, "bfloat16") else self.dtype
+        return torch.bfloat16 if not is_server(ref) and stored_in_bf16(ref) else self.dtype
 
     def model_ref(self, who: str) -> Path | str:
         """The model a role plays with: the student's, or the named teacher's."""
