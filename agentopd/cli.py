@@ -145,7 +145,7 @@ def check_pair_command(
     student: Annotated[str, typer.Option("--student", help="the student: a Hugging Face folder, a .gguf file or a hub id")],
     teacher: Annotated[str, typer.Option("--teacher", help="the teacher: a Hugging Face folder, a .gguf file or a hub id")],
     env: Annotated[str | None, typer.Option("--env", help="render this env's oracle conversation; check its preset's max_context")] = None,
-    self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it twice)")] = True,
+    self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it once, in fp32)")] = True,
     loss: Annotated[str | None, typer.Option("--loss", help="the run's trainer.loss: a cross-tokenizer one (xtok_k1) checks "
                                                             "the pair for a teacher with another tokenizer")] = None,  # fmt: skip
     teacher_template: Annotated[str | None, typer.Option("--teacher-template", help="the run's teacher.chat_template: student "
