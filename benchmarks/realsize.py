@@ -115,6 +115,23 @@ def time_checkpoints(seconds: list[float]) -> None:
     LocalBackend.save_checkpoint = timed
 
 
+def pick_run_dir(cfg, student) -> Path:
+    """The run directory: under --work, or where that disk cannot hold the run's checkpoint and final/ beside the models
+    (a 64 GiB GPU machine: the 1.7B checkpoint is ~20 GiB, the models ~20 GB), /dev/shm when it can (agentopd.disk_plan
+    judges both; the run refuses if neither fits)."""
+    from agentopd.disk_plan import plan_disk
+    from agentopd.rundir import RunDir
+
+    places = [memory_gpu.WORK / "realsize_run", Path("/dev/shm/realsize_run")]
+    for place in places:
+        shutil.rmtree(place, ignore_errors=True)  # an earlier run's: its space is free again
+        plan = plan_disk(cfg, student, RunDir(place))
+        print(f"run directory {place}? {plan.line()}", flush=True)
+        if plan.fits:
+            return place
+    return places[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -148,8 +165,7 @@ def main() -> None:
     keys = [f"student={models['student']}", f"teacher={models['teacher']}", f"run.steps={args.steps}", *REDUCED,
             *(TINY if args.tiny else []), *args.overrides]  # fmt: skip
     cfg = load_config("sql_db", config_file=CONFIG, overrides=keys)
-    run_dir = memory_gpu.WORK / "realsize_run"
-    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]))
     if args.profile:
         profile_phases(args.out, args.steps, args.traces)
     saves: list[float] = []
@@ -169,7 +185,7 @@ def main() -> None:
     if saves:
         figures["realsize/checkpoint_s"] = saves[-1]
     (args.out / "realsize.json").write_text(json.dumps(figures, indent=1))
-    lines = [f"# realsize: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}",
+    lines = [f"# realsize: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}; run directory {run_dir}",
              f"commit {commit_measured()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; models ready in {built:.0f} s, "
              f"the run {wall:.0f} s ({len(steps)} steps{', interrupted' if summary.interrupted else ''})",
              f"`{' '.join(keys)}` on {CONFIG.relative_to(ROOT)}\n",
