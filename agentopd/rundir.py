@@ -90,9 +90,13 @@ class RunDir:
         return done[-1] if done else None
 
     def prune_checkpoints(self, keep: int) -> list[Path]:
-        """Remove what a killed write left (hidden partial folders) and, with `keep` > 0, the finished checkpoints
-        older than the newest `keep`; the folders removed."""
-        gone = [p for p in self.checkpoints.glob(".*") if p.name.startswith((WRITING, REPLACED))] if self.checkpoints.is_dir() else []
+        """Remove what a killed write left (hidden partial folders; a finished checkpoint it had moved aside goes back
+        under its name) and, with `keep` > 0, the finished checkpoints older than the newest `keep`; the folders removed."""
+        hidden = sorted(self.checkpoints.glob(".*")) if self.checkpoints.is_dir() else []
+        for p in hidden:  # killed between moving a finished checkpoint aside and renaming its successor in: it goes back
+            if p.name.startswith(REPLACED) and not (self.checkpoints / p.name[len(REPLACED):]).exists():
+                os.replace(p, self.checkpoints / p.name[len(REPLACED):])
+        gone = [p for p in hidden if p.name.startswith((WRITING, REPLACED)) and p.exists()]
         if keep > 0:
             gone += self.finished_checkpoints()[:-keep]
         for p in gone:

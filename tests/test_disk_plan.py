@@ -131,6 +131,18 @@ def test_a_write_killed_midway_leaves_nothing_a_resume_takes(tmp_path):
     assert [p.name for p in rd.checkpoints.iterdir()] == ["step_000002"]
 
 
+def test_a_finished_checkpoint_moved_aside_by_a_killed_rewrite_comes_back(tmp_path):
+    """Killed between moving step 2's finished checkpoint aside and renaming its rewrite in: the next prune puts the
+    finished one back under its name and drops the unfinished rewrite."""
+    rd = RunDir(tmp_path / "run")
+    write_checkpoint(rd.checkpoint(2), 2, lambda tmp: (tmp / "meta.json").write_text('{"step": 2}'))
+    os.replace(rd.checkpoint(2), rd.checkpoints / ".replaced-step_000002")
+    (rd.checkpoints / ".writing-step_000002").mkdir()
+    assert rd.latest_checkpoint() is None
+    assert [p.name for p in rd.prune_checkpoints(keep=0)] == [".writing-step_000002"]
+    assert rd.latest_checkpoint() == rd.checkpoint(2) and [p.name for p in rd.checkpoints.iterdir()] == ["step_000002"]
+
+
 def test_a_failed_rewrite_of_a_step_keeps_its_finished_checkpoint(tmp_path):
     rd = RunDir(tmp_path / "run")
     write_checkpoint(rd.checkpoint(2), 2, lambda tmp: (tmp / "meta.json").write_text('{"step": 2}'))
