@@ -11,7 +11,7 @@ table once when tied; V vocabulary rows, H hidden, L layers):
 - a checkpoint (agentopd.trainer.checkpoint: torch.distributed.checkpoint of the fp32 master weights and AdamW's two
   fp32 moments, the RNG states, meta.json, config.json): 4P + 8P, plus 4VH more when the embeddings are tied (the model
   state dict names the shared table twice and DCP writes it under both names; the optimizer holds it once), plus
-  ~8 KiB of records per tensor (11 tensors a Qwen3 layer, 3 more). Measured on CPU 2026-11-29 (tests/test_disk_plan.py
+  ~8 KiB of records per tensor (11 tensors a Qwen3 layer, 3 more). Measured on CPU 2026-11-29 at db33513 (tests/test_disk_plan.py
   checks it against a written checkpoint): within 1% of what a 0.2M-5.7M model wrote, tied or not.
 - final/ (Trainer.export: save_pretrained of the fp32 weights, the table once, and the tokenizer): 4P + 32 MiB.
 - how many at once: the run writes a checkpoint every `run.checkpoint_every` steps and at its last step; each is written
