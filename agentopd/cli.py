@@ -223,6 +223,7 @@ def run_command(
     from agentopd.runner import Runner
 
     from agentopd.memory_plan import OutOfMemory
+    from agentopd.rundir import CheckpointError
 
     made = not run_dir.exists()  # the runner prints "run directory: ..." once it makes it
     try:
@@ -234,7 +235,7 @@ def run_command(
             raise
     except KeyboardInterrupt:  # a second Ctrl-C during the checkpoint
         raise typer.Exit(130) from None
-    except OutOfMemory as e:  # one line naming the phase, then the plan (agentopd.memory_plan)
+    except (OutOfMemory, CheckpointError) as e:  # one line (an OOM's phase, then its plan; a checkpoint not written)
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(1) from None
     if summary.interrupted:
@@ -259,18 +260,34 @@ def plan_memory_command(
     config: Annotated[Path | None, typer.Option("--config", help="a YAML config replacing configs/<env>.yaml")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="plan for N GPUs of --gpu-gib each (default: the GPUs present)")] = None,
     gpu_gib: Annotated[float, typer.Option("--gpu-gib", help="memory per GPU with --gpus, GiB")] = 80.0,
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="where the run would write (its disk's free space; with --gpus "
+                                                                "only run.disk_gib is judged)")] = Path("runs"),
 ) -> None:
     """What each role of `agentopd run` holds on each GPU (agentopd.memory_plan), or on a CPU in this machine's memory
-    (agentopd.memory_host); exit 2 when it cannot fit. Reads the models' config.json only."""
+    (agentopd.memory_host), and what its checkpoints take of the disk (agentopd.disk_plan); exit 2 when it cannot fit.
+    Reads the models' config.json only."""
     from agentopd.backends.base import BackendKind
     from agentopd.config import load_config
     from agentopd.memory_plan import cuda_gpus, plan_memory, shapes_of
     from agentopd.models import SELF, resolve_model, resolve_student
     from agentopd.teacher.base import is_server
 
+    from agentopd.disk_plan import plan_disk
+    from agentopd.rundir import RunDir
+    from agentopd.shape import ModelShape
+
     cfg = load_config(env, config_file=config, overrides=overrides or [])
     names = cfg.env.name.split(",")
     size = cfg.embedded.size
+
+    def disk(student: Path | str) -> None:  # the line under the memory plan; exit 2 when the checkpoints cannot fit
+        plan = plan_disk(cfg, ModelShape.from_ref(student), RunDir(run_dir))
+        judged = gpus is None or cfg.run.disk_gib is not None  # --gpus plans for another machine: not this one's disk
+        console.print(plan.line(judged), markup=False, highlight=False)
+        if judged and not plan.fits:
+            from agentopd.disk_plan import DiskPlanError
+
+            raise DiskPlanError(plan)
 
     def refs() -> dict[str, Path | str]:
         out = {"student": resolve_student(cfg.student.path, names, mixed=len(names) > 1, size=size)}
@@ -293,16 +310,19 @@ def plan_memory_command(
                 from agentopd.memory_host import HostMemoryError
 
                 raise ValueError(str(HostMemoryError(host)).splitlines()[0])
+            disk(student)
             return
         if cfg.run.backend == BackendKind.LOCAL:
             index = int(cfg.run.device.split(":")[1]) if cfg.run.device.startswith("cuda:") else 0
             sizes = [sizes[index]]
-    plan = plan_memory(cfg, shapes_of(refs()), sizes)
+    models = refs()
+    plan = plan_memory(cfg, shapes_of(models), sizes)
     console.print(plan.table(), markup=False, highlight=False)
     if not plan.fits:  # the table is above: the error is its one line
         from agentopd.memory_plan import MemoryPlanError
 
         raise ValueError(str(MemoryPlanError(plan)).splitlines()[0])
+    disk(models["student"])
 
 
 def gain_line(before: float, after: float, teacher: float) -> str:

@@ -42,6 +42,8 @@ from transformers import AutoTokenizer
 from agentopd.backends import make_backend
 from agentopd.backends.base import BackendKind, TrainerRestarted
 from agentopd.backends.stages import STUDENT
+from agentopd.disk_plan import DiskPlan, free_gib, plan_disk
+from agentopd.disk_plan import size as gib_or_mib
 from agentopd.evaluate import EvalResult
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.memory_plan import MemoryPlan, OutOfMemory, run_plan
@@ -54,7 +56,7 @@ from agentopd.progress import RunProgress
 from agentopd.routing import Router
 from agentopd.run_models import resolve_models
 from agentopd.run_parts import check_pairs, cross_scorer, fit_host, privileged_view, run_context
-from agentopd.rundir import DONE, RunDir
+from agentopd.rundir import DONE, CheckpointError, RunDir
 from agentopd.shape import ModelShape
 from agentopd.step.evals import Evals
 from agentopd.step.phases import Phases
@@ -102,6 +104,7 @@ class Runner:
         self.progress = RunProgress(console)
         self.phases = Phases(self.progress)  # the phase running now (what a CUDA out-of-memory names) and its memory
         self.memory_plan: MemoryPlan | None = None  # on CUDA: what each role holds per GPU and phase (agentopd.memory_plan)
+        self.disk_plan: DiskPlan | None = None  # what the checkpoints and final/ take on disk (agentopd.disk_plan)
         self.recipes: list[Recipe] = []
         # the resume state: what a checkpoint, a rewind or an interruption needs
         self._trained_through = 0  # the last step whose optimizer step was taken (what a checkpoint holds)
@@ -137,6 +140,11 @@ class Runner:
             self.progress.note(line)
         shapes = {STUDENT: ModelShape.from_ref(models.student)} | {
             name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in models.teachers.items()}
+        self.rd.prune_checkpoints(keep=0)  # what a killed checkpoint write left (hidden folders) is not free space
+        self.disk_plan = plan_disk(cfg, shapes[STUDENT], self.rd, start=resume_after or 0)
+        self.disk_plan.check()  # checkpoints that cannot fit the disk: refused here, not when the first one is written
+        if self.disk_plan.need_gib >= 1.0:
+            self.progress.note(self.disk_plan.line())
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.progress.note(f"run directory: {self.run_dir}")  # printed once it exists (agentopd run removes it if no step ends)
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
@@ -175,6 +183,7 @@ class Runner:
             self.progress.note(f"resumed from {ckpt.name}: continuing at step {start + 1}")
         interrupted = False
         oom: OutOfMemory | None = None
+        failed: CheckpointError | None = None
         restore = self._catch_ctrl_c()
         try:
             if start == 0:
@@ -210,9 +219,14 @@ class Runner:
             last = self._trained_through
             if self._unlogged is not None:
                 self._write(*self._unlogged)
-            if last > start and self._checkpointed != last:
-                self._checkpoint(last, summary)
-            self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
+            try:
+                if last > start and self._checkpointed != last:
+                    self._checkpoint(last, summary)
+                self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
+            except CheckpointError as e:
+                failed = e
+        except CheckpointError as e:  # a checkpoint the disk could not take: the run stops, the last good one stays
+            interrupted, failed = True, e
         except torch.OutOfMemoryError as e:
             interrupted, oom = True, self._out_of_memory(e, start, summary)
         finally:
@@ -232,6 +246,8 @@ class Runner:
                 recipe.close()
         if oom is not None:
             raise oom
+        if failed is not None:
+            raise failed
         return summary
 
     def _step(self, step: int) -> dict[str, float]:
@@ -300,10 +316,27 @@ class Runner:
         self._unlogged = None
 
     def _checkpoint(self, step: int, summary: RunSummary) -> None:
-        """Save the trainer's state as step `step`; a Ctrl-C meanwhile waits until the files are on disk."""
+        """Save the trainer's state as step `step`; a Ctrl-C meanwhile waits until the files are on disk. A write that
+        fails leaves no part of it (agentopd.rundir.write_checkpoint) and raises CheckpointError, one line; once it is
+        complete, the finished checkpoints beyond run.keep_checkpoints are removed."""
         with writes_uninterrupted(lambda: self.progress.note("Ctrl-C: finishing the checkpoint first")):
-            self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
+            try:
+                self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
+            except (TrainerRestarted, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # a full disk, an I/O error, a rank that failed to write: said in one line (DCP's
+                raise self._checkpoint_failed(step, e) from e  # CheckpointException is a BaseException)
         self._checkpointed = step
+        self.rd.prune_checkpoints(self.cfg.run.keep_checkpoints)
+
+    def _checkpoint_failed(self, step: int, error: BaseException) -> CheckpointError:
+        folder, free = free_gib(self.rd.checkpoints)
+        size = f", a checkpoint takes {gib_or_mib(self.disk_plan.checkpoint_gib)}" if self.disk_plan is not None else ""
+        last = self.rd.latest_checkpoint()
+        kept = (f"the last good checkpoint is {last.name} (--resume continues from it)" if last is not None
+                else "there is no earlier checkpoint to resume from")  # fmt: skip
+        return CheckpointError(f"checkpoint of step {step} not written: {write_error(error)} ({gib_or_mib(free)} free under "
+                               f"{folder}{size}); nothing of it was kept, {kept}")  # fmt: skip
 
     def _catch_ctrl_c(self) -> Callable[[], None]:
         """First Ctrl-C: finish the running step, checkpoint it, stop. A second one stops at once
@@ -326,7 +359,7 @@ class Runner:
                 self._checkpoint(last, summary)
                 saved = f"; checkpoint at step {last} (continue with --resume)"
             except Exception as again:  # noqa: BLE001 - the checkpoint is a courtesy; the OOM is the error
-                saved = f"; no checkpoint ({type(again).__name__})"
+                saved = f"; {again}" if isinstance(again, CheckpointError) else f"; no checkpoint ({type(again).__name__})"
         elif self._checkpointed >= 0:
             saved = f"; last checkpoint at step {self._checkpointed}"
         when = f"the eval after step {last}" if phase == "eval" else f"step {last + 1}"
@@ -339,6 +372,28 @@ class Runner:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def write_error(error: BaseException) -> str:
+    """What made a checkpoint write fail, in a few words: the operating system's error where one is inside (a full disk:
+    'No space left on device'), through torch.distributed.checkpoint's per-rank failures, Ray's task errors and the
+    exceptions' causes; else the first line of the innermost error."""
+    stack, seen, inner = [error], set(), error
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return os.strerror(e.errno) + (f": {e.filename}" if e.filename else "")
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException: rank -> (error, tb)
+        nested = [f[0] for f in failures.values() if isinstance(f, tuple) and f] if isinstance(failures, dict) else []
+        nested += [getattr(e, "cause", None), e.__cause__, e.__context__]  # Ray's RayTaskError keeps the task's in .cause
+        nested = [n for n in nested if isinstance(n, BaseException)]
+        if nested:
+            inner = nested[0]
+        stack += nested
+    return f"{type(inner).__name__}: {_first_line(inner)}"
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:

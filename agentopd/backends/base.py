@@ -13,8 +13,9 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
 - `train(samples, head, loss=None, temperature=None)` -> the step's metrics (the same on every rank); `head` is
   the teacher's lm_head for the full-vocabulary losses, or a list of one per teacher indexed by the samples'
   `teacher_index`; a `loss` (at `temperature`) replaces the trainer's own for this step (the SFT warm start).
-- `save_checkpoint(path, extra)`: every rank's part, then the DONE marker (`RunDir.mark_done`),
-  so a checkpoint without DONE is never resumed from.
+- `save_checkpoint(path, extra)`: every rank's part into a hidden folder, then the DONE marker and one rename to
+  `path` (`rundir.write_checkpoint`), so a folder named step_N is complete and a failed or killed write leaves no
+  checkpoint a resume would take.
 - `connect(cfg, teachers)` (teacher name -> model reference) comes first, before any model is built: a
   backend that needs resources (Ray: a cluster, a reservation of every role; a teacher behind a server
   reserves no GPU) checks them here, so a run that cannot fit fails in seconds, not after the bootstrap.
