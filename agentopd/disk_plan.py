@@ -25,6 +25,7 @@ less SLACK_GIB (for those files), or within `run.disk_gib` for a run that must l
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from agentopd.shape import ModelShape
 
 if TYPE_CHECKING:
     from agentopd.config import Config
-    from agentopd.rundir import RunDir
+    from agentopd.rundir import CheckpointError, RunDir
 
 GIB = 2**30
 TENSOR_RECORD_BYTES = 8 * 1024  # DCP's per-tensor records in a checkpoint (measured: 7.6-9.5 KiB, model + optimizer)
@@ -158,3 +159,40 @@ def plan_disk(cfg: Config, student: ModelShape, rd: RunDir, start: int = 0) -> D
         folder=folder, free_gib=r.disk_gib if r.disk_gib is not None else free, budget=r.disk_gib is not None,
         checkpoint_gib=checkpoint_bytes(student) / GIB, checkpoints=peak, after=after, writes=writes, keep=r.keep_checkpoints, export_gib=0.0 if rd.final.is_dir() else export_bytes(student) / GIB,
     )  # fmt: skip
+
+
+def checkpoint_failed(rd: RunDir, step: int, error: BaseException, plan: DiskPlan | None) -> CheckpointError:
+    """The one line of a checkpoint write that failed (agentopd.rundir.write_checkpoint left nothing of it): why, the
+    free space, and the checkpoint a --resume would take."""
+    from agentopd.rundir import CheckpointError
+
+    folder, free = free_gib(rd.checkpoints)
+    took = f", a checkpoint takes {size(plan.checkpoint_gib)}" if plan is not None else ""
+    last = rd.latest_checkpoint()
+    kept = (f"the last good checkpoint is {last.name} (--resume continues from it)" if last is not None
+            else "there is no earlier checkpoint to resume from")  # fmt: skip
+    return CheckpointError(f"checkpoint of step {step} not written: {write_error(error)} ({size(free)} free under "
+                           f"{folder}{took}); nothing of it was kept, {kept}")  # fmt: skip
+
+
+def write_error(error: BaseException) -> str:
+    """What made a checkpoint write fail, in a few words: the operating system's error where one is inside (a full disk:
+    'No space left on device'), through torch.distributed.checkpoint's per-rank failures, Ray's task errors and the
+    exceptions' causes; else the first line of the innermost error."""
+    stack, seen, inner = [error], set(), error
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return os.strerror(e.errno) + (f": {e.filename}" if e.filename else "")
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException: rank -> (error, tb)
+        nested = [f[0] for f in failures.values() if isinstance(f, tuple) and f] if isinstance(failures, dict) else []
+        nested += [getattr(e, "cause", None), e.__cause__, e.__context__]  # Ray's RayTaskError keeps the task's in .cause
+        nested = [n for n in nested if isinstance(n, BaseException)]
+        if nested:
+            inner = nested[0]
+        stack += nested
+    text = str(inner).strip()
+    return f"{type(inner).__name__}: {text.splitlines()[0]}" if text else type(inner).__name__

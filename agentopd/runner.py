@@ -42,8 +42,7 @@ from transformers import AutoTokenizer
 from agentopd.backends import make_backend
 from agentopd.backends.base import BackendKind, TrainerRestarted
 from agentopd.backends.stages import STUDENT
-from agentopd.disk_plan import DiskPlan, free_gib, plan_disk
-from agentopd.disk_plan import size as gib_or_mib
+from agentopd.disk_plan import DiskPlan, checkpoint_failed, plan_disk
 from agentopd.evaluate import EvalResult
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.memory_plan import MemoryPlan, OutOfMemory, run_plan
@@ -325,18 +324,9 @@ class Runner:
             except (TrainerRestarted, KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # a full disk, an I/O error, a rank that failed to write: said in one line (DCP's
-                raise self._checkpoint_failed(step, e) from e  # CheckpointException is a BaseException)
+                raise checkpoint_failed(self.rd, step, e, self.disk_plan) from e  # CheckpointException is a BaseException)
         self._checkpointed = step
         self.rd.prune_checkpoints(self.cfg.run.keep_checkpoints)
-
-    def _checkpoint_failed(self, step: int, error: BaseException) -> CheckpointError:
-        folder, free = free_gib(self.rd.checkpoints)
-        size = f", a checkpoint takes {gib_or_mib(self.disk_plan.checkpoint_gib)}" if self.disk_plan is not None else ""
-        last = self.rd.latest_checkpoint()
-        kept = (f"the last good checkpoint is {last.name} (--resume continues from it)" if last is not None
-                else "there is no earlier checkpoint to resume from")  # fmt: skip
-        return CheckpointError(f"checkpoint of step {step} not written: {write_error(error)} ({gib_or_mib(free)} free under "
-                               f"{folder}{size}); nothing of it was kept, {kept}")  # fmt: skip
 
     def _catch_ctrl_c(self) -> Callable[[], None]:
         """First Ctrl-C: finish the running step, checkpoint it, stop. A second one stops at once
@@ -372,28 +362,6 @@ class Runner:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-def write_error(error: BaseException) -> str:
-    """What made a checkpoint write fail, in a few words: the operating system's error where one is inside (a full disk:
-    'No space left on device'), through torch.distributed.checkpoint's per-rank failures, Ray's task errors and the
-    exceptions' causes; else the first line of the innermost error."""
-    stack, seen, inner = [error], set(), error
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno is not None:
-            return os.strerror(e.errno) + (f": {e.filename}" if e.filename else "")
-        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException: rank -> (error, tb)
-        nested = [f[0] for f in failures.values() if isinstance(f, tuple) and f] if isinstance(failures, dict) else []
-        nested += [getattr(e, "cause", None), e.__cause__, e.__context__]  # Ray's RayTaskError keeps the task's in .cause
-        nested = [n for n in nested if isinstance(n, BaseException)]
-        if nested:
-            inner = nested[0]
-        stack += nested
-    return f"{type(inner).__name__}: {_first_line(inner)}"
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> None:

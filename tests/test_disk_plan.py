@@ -169,7 +169,7 @@ def test_keep_checkpoints_removes_the_older_finished_ones(cli, tmp_path):
 def test_write_error_finds_the_operating_systems_error_inside_dcps():
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from agentopd.runner import write_error
+    from agentopd.disk_plan import write_error
 
     full = CheckpointException("save", {0: (OSError(28, "No space left on device"), [])})
     assert write_error(full) == "No space left on device"
