@@ -378,6 +378,8 @@ def eval_command(
     table = _table(f"eval {cfg.env.name} ({split}, {r.num_tasks} tasks x {n})", "model", "success", f"pass@{n}", "mean turns", "tool error rate", "parse error rate")
     table.add_row(str(model), f"{r.success_rate:.1%}", f"{r.pass_at_n:.1%}", f"{r.mean_turns:.2f}", f"{r.tool_error_rate:.1%}", f"{r.parse_error_rate:.1%}")
     console.print(table)
+    if (note := r.timeout_note(rollout)) is not None:
+        err_console.print(f"[bold yellow]warning:[/] {escape(note)}", soft_wrap=True)
 
 
 @command("bootstrap")
