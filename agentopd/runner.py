@@ -273,6 +273,9 @@ class Runner:
         teacher = self.evals.teacher if with_teacher else None
         self.progress.note(f"eval @ step {step}: student success {result.success_rate:.0%}"
                            + (f", teacher {teacher.success_rate:.0%}" if teacher else ""))  # fmt: skip
+        for who, r in (("student", result), ("teacher", teacher)):
+            if r is not None and (note := r.timeout_note(self.evals.rollout_cfg)) is not None:
+                self.progress.note(f"warning: the {who}'s eval: {note}")
         return result
 
     # ---- resume, rewind, checkpoints, interruptions -----------------------------------------

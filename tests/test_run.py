@@ -260,3 +260,14 @@ def test_eval_says_when_episodes_timed_out(cli):
     slow = cli("eval", "--env", "calculator", "--model", "builtin:teacher", "--num-tasks", "3", "rollout.episode_timeout_s=0.0001")
     assert slow.exit_code == 0, slow.output
     assert "3 of 3 episodes timed out (rollout.episode_timeout_s=0.0001, 3 at once)" in " ".join(slow.output.split())
+
+
+def test_a_run_says_when_its_episodes_timed_out(cli, tmp_path):
+    """Eval episodes out of time are named (graded 0); a step none of whose episodes got to a token stops the run in one
+    line (it used to die inside the trainer: 'min() arg is an empty sequence')."""
+    result = cli("run", "--env", "calculator", "--run-dir", tmp_path / "r", *SHORT, "steps=1", "rollout.episode_timeout_s=0.0001")
+    assert result.exit_code == 2, result.output
+    out = " ".join(result.output.split())
+    assert "warning: the student's eval: 4 of 4 episodes timed out" in out
+    assert ("error: step 1: none of its 6 episodes got to its first token (6 timeout): raise rollout.episode_timeout_s "
+            "(now 0.0001 s) or lower rollout.concurrency (now 64)") in out

@@ -14,6 +14,7 @@ dropped or played again.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ from agentopd.backends.stages import STUDENT, OnEpisode
 from agentopd.config.schema import Stale
 from agentopd.plan import Planned
 from agentopd.step.values import Played
-from agentopd.types import PLAYED_BY, Episode, PlayedBy
+from agentopd.types import PLAYED_BY, Episode, PlayedBy, StopReason
 
 if TYPE_CHECKING:
     from agentopd.backends.base import RolloutHandle
@@ -80,6 +81,14 @@ class Play:
         with parts.phases("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
             planned, episodes, stats, collected = self._rollout(step, advance)
         seconds = time.perf_counter() - t
+        kept = [i for i, ep in enumerate(episodes) if ep.tokens is not None and ep.tokens.num_llm_tokens > 0]
+        if episodes and not kept:
+            raise ValueError(_none_played(step, episodes, self.config(step)))
+        if len(kept) < len(episodes):  # out of time (or failed) before their first token: stored, nothing to train on
+            stats = {**stats, "rollout/unplayed": float(len(episodes) - len(kept))}
+            planned, episodes = [planned[i] for i in kept], [episodes[i] for i in kept]
+            parts.backend.forget(collected)  # scores started ahead are per played episode: the score stage scores these
+            collected = []
         return Played(step, objective, planned, episodes, teacher_of=[parts.router.teacher_of(p) for p in planned],
                       teacher_played=self._teacher_played.pop(step, set()), collected=collected, seconds=seconds,
                       metrics=stats)  # fmt: skip
@@ -184,3 +193,13 @@ def collect(parts: StepParts, handles: list[RolloutHandle], on_episode: OnEpisod
         episodes += parts.backend.collect(handle, on_episode)
         planned += handle.planned
     return planned, episodes
+
+
+def _none_played(step: int, episodes: Sequence[Episode], config: RolloutConfig) -> str:
+    """The one line of a step none of whose episodes got to its first token."""
+    stops = Counter(str(ep.stop_reason) for ep in episodes)
+    why = ", ".join(f"{n} {reason}" for reason, n in stops.most_common())
+    errors = [ep.info["error"] for ep in episodes if "error" in ep.info]
+    hint = (f"raise rollout.episode_timeout_s (now {config.episode_timeout_s:g} s) or lower rollout.concurrency (now "
+            f"{config.concurrency})" if stops.get(str(StopReason.TIMEOUT)) else f"the first: {errors[0]}" if errors else "")  # fmt: skip
+    return f"step {step}: none of its {len(episodes)} episodes got to its first token ({why})" + (f": {hint}" if hint else "")
