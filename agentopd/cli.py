@@ -223,6 +223,7 @@ def run_command(
     from agentopd.runner import Runner
 
     from agentopd.memory_plan import OutOfMemory
+    from agentopd.step.selftest import TeacherChanged
 
     made = not run_dir.exists()  # the runner prints "run directory: ..." once it makes it
     try:
@@ -234,7 +235,7 @@ def run_command(
             raise
     except KeyboardInterrupt:  # a second Ctrl-C during the checkpoint
         raise typer.Exit(130) from None
-    except OutOfMemory as e:  # one line naming the phase, then the plan (agentopd.memory_plan)
+    except (OutOfMemory, TeacherChanged) as e:  # one line naming the phase and the plan / the teacher's change
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(1) from None
     if summary.interrupted:
