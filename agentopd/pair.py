@@ -299,7 +299,7 @@ def _selftest(student: str, teacher: str, tok: PreTrainedTokenizerBase, messages
 
     max_noise = TeacherConfig.model_fields["selftest_max_noise"].default  # a run's default
     found = judge("teacher", probe, repeats, [s.logprobs for s in own.score(probe)], vocab_size=shared, max_noise=max_noise,
-                  oracle=[oracle], check_oracle=check_oracle and oracle)  # fmt: skip
+                  oracle=[True], check_oracle=check_oracle and oracle)  # fmt: skip  # an oracle's only with the env
     detail = (f"{found.tokens} tokens, {time.perf_counter() - t0:.1f} s: repeat |difference| max {found.repeat.max:.1e} mean "
               f"{found.repeat.mean:.1e}; OPD signal (mean |teacher - student|) {found.signal:.3f}; noise share "
               f"{found.noise_share:.1%}; entropy {found.entropy_share:.1%} of ln(vocabulary); log-probability of the "

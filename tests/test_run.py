@@ -51,6 +51,9 @@ def test_short_run_writes_the_run_directory_contract(cli, tmp_path, env):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == [1, 2]
+    first = next(r for r in records if "loss" in r)  # the teacher's pre-flight self-test (agentopd.step.selftest)
+    assert first["teacher/selftest_signal"] > 0 and first["teacher/selftest_repeat_max_diff"] == 0.0  # CPU: bit-exact
+    assert first["teacher/selftest_entropy_share"] < 0.95 and first["teacher/selftest_tokens"] > 0
     for key in METRICS:
         assert key in records[-1], key
     assert "eval/success_rate" in records[0] and "eval/teacher_success_rate" in records[0]
