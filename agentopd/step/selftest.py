@@ -20,6 +20,7 @@ objective whose teacher scores nothing (sft, grpo).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,7 @@ class TeacherSelfTest:
     score_temperature: float
     loss_temperature: float
     check_oracle: bool
+    max_noise: float
     found: dict[str, SelfTest] = field(default_factory=dict)
     probes: dict[str, list[TokenStream]] = field(default_factory=dict)
 
@@ -93,9 +95,12 @@ class TeacherSelfTest:
             return None
         from agentopd.models import SELF
 
-        is_student = cfg.teacher.path == SELF or cfg.teacher.privileged is not None  # the teacher is the student by design
+        # teacher=self or a privileged teacher is the student by design: on the probe (no privileged prompt) its signal
+        # is ~0, so neither its noise share nor its oracle margin over the student means anything there
+        is_student = cfg.teacher.path == SELF or cfg.teacher.privileged is not None
         return TeacherSelfTest(parts, tokenizer, student_ref, device, dtype, len(tokenizer), score_temperature, loss_temperature,
-                               check_oracle=cfg.teacher.selftest_oracle and not is_student)  # fmt: skip
+                               check_oracle=cfg.teacher.selftest_oracle and not is_student,
+                               max_noise=math.inf if is_student else cfg.teacher.selftest_max_noise)  # fmt: skip
 
     def _probes(self, played: Played) -> dict[str, tuple[list[TokenStream], list[bool]]]:
         """Per teacher: its probe streams and which of them are oracle episodes."""
@@ -133,7 +138,7 @@ class TeacherSelfTest:
                 first = backend.score_replicas(name, probe, TeacherMode.TOPK)
                 second = backend.score_replicas(name, probe, TeacherMode.TOPK)
                 found = judge(name, probe, list(zip(first, second)), student_lp[name], vocab_size=self.vocab_size,
-                              max_noise=self.parts.cfg.teacher.selftest_max_noise, oracle=oracle,
+                              max_noise=self.max_noise, oracle=oracle,
                               check_oracle=self.check_oracle)  # fmt: skip
                 found.seconds = time.perf_counter() - t
                 line = found.refusal()

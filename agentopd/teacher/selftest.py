@@ -124,7 +124,7 @@ class SelfTest:
             "teacher/selftest_replica_max_diff": self.replica.max,
             "teacher/selftest_replica_mean_diff": self.replica.mean,
             "teacher/selftest_signal": self.signal,
-            "teacher/selftest_noise_share": self.noise_share,
+            "teacher/selftest_noise_share": min(self.noise_share, 1e6),  # noise over a zero signal: 1e6, not inf (JSON)
             "teacher/selftest_entropy_share": self.entropy_share,
             "teacher/selftest_s": self.seconds,
         }
