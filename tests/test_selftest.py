@@ -11,6 +11,7 @@ weights are all zero (uniform), and a vLLM server that shuffles its prompt log-p
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -24,7 +25,7 @@ from agentopd.config import load_config
 from agentopd.pair import conversation
 from agentopd.pair_stream import play_conversation
 from agentopd.teacher import HFTeacher, TeacherMode
-from agentopd.teacher.selftest import judge, recheck
+from agentopd.teacher.selftest import entropy_share, judge, recheck
 
 SHORT = [
     "steps=3", "rollout.tasks_per_step=3", "rollout.n=2", "rollout.max_new_tokens=24", "rollout.max_turns=3",
@@ -72,11 +73,18 @@ def test_judge_names_the_noisy_replica_and_token(tiny_home, monkeypatch):
     # the random tiny teacher is worse than its flatter student on the oracle: the oracle check says so
     broken = judge("teacher", probe, [twice(steady)], student, vocab_size=vocab, max_noise=0.1, oracle=[True])
     assert "no better than the student on the env's oracle episodes" in broken.refusal()
+    # the entropy a local teacher returns, and the top-k bound a server's scores give (never below it)
+    exact = steady.score(probe, mode="topk")
+    bound = [dataclasses.replace(s, entropy=None) for s in exact]
+    assert 0 < entropy_share(probe, exact, vocab) <= entropy_share(probe, bound, vocab) < 0.95
     # after a reload, the same weights pass the re-check; zeroed weights do not
     assert recheck("teacher", probe, ok, steady.score(probe), "a reload")[1] is None
     with torch.no_grad():
         for p in steady.model.parameters():
             p.zero_()
+    uniform = steady.score(probe, mode="topk")
+    assert entropy_share(probe, uniform, vocab) == pytest.approx(1.0, abs=1e-5)
+    assert entropy_share(probe, [dataclasses.replace(s, entropy=None) for s in uniform], vocab) == pytest.approx(1.0, abs=1e-5)
     diff, line = recheck("teacher", probe, ok, steady.score(probe), "a reload")
     assert line is not None and "changed after a reload" in line and diff.max > 1
 

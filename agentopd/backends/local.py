@@ -119,8 +119,8 @@ class LocalBackend:
         t0 = time.perf_counter()
         self.players.sleep() if asleep else self.players.wake()
         self._sleeping = asleep
-        if not asleep:  # a colocated engine's wake is what wiped a teacher's weights elsewhere (redai-studio/Relax#287)
-            self._events.append("the engine's sleep/wake")
+        if not asleep and "the engine's sleep/wake" not in self._events:  # a colocated engine's wake is what wiped a
+            self._events.append("the engine's sleep/wake")  # teacher's weights elsewhere (redai-studio/Relax#287)
         key = "perf/engine_sleep_s" if asleep else "perf/engine_wake_s"
         self._stats[key] = self._stats.get(key, 0.0) + time.perf_counter() - t0
 

@@ -238,7 +238,8 @@ class RayBackend:
         if self._asleep:  # the wake runs on each worker before the plays queued after it
             self._asleep = False
             for name in self.teachers:  # teachers sharing a GPU with a woken engine (redai-studio/Relax#287)
-                self._teacher_events.setdefault(name, []).append("the rollout engines' sleep/wake")
+                if "the rollout engines' sleep/wake" not in self._teacher_events.setdefault(name, []):
+                    self._teacher_events[name].append("the rollout engines' sleep/wake")
             for w in self.workers:
                 w.wake.remote()
         planned, n = list(planned), len(self.workers)

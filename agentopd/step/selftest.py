@@ -127,6 +127,10 @@ class TeacherSelfTest:
         probes = self._probes(played)
         backend.teacher_events()  # what happened before the pre-flight is what it measures
         with self.parts.phases("teacher"):
+            # the teachers first: the backend puts the student's engine to sleep (engine.sleep) before they score, so the
+            # student's scorer then loads beside the teacher's phase, not beside the engine's KV pool
+            scored = {name: (backend.score_replicas(name, probe, TeacherMode.TOPK), backend.score_replicas(name, probe, TeacherMode.TOPK))
+                      for name, (probe, _) in probes.items()}  # fmt: skip
             student = HFTeacher(self.student_ref, device=self.device, dtype=self.dtype, temperature=self.score_temperature,
                                 vocab_size=self.vocab_size)  # fmt: skip
             try:
@@ -134,13 +138,10 @@ class TeacherSelfTest:
             finally:
                 del student
             for name, (probe, oracle) in probes.items():
-                t = time.perf_counter()
-                first = backend.score_replicas(name, probe, TeacherMode.TOPK)
-                second = backend.score_replicas(name, probe, TeacherMode.TOPK)
+                first, second = scored[name]
                 found = judge(name, probe, list(zip(first, second)), student_lp[name], vocab_size=self.vocab_size,
                               max_noise=self.max_noise, oracle=oracle,
                               check_oracle=self.check_oracle)  # fmt: skip
-                found.seconds = time.perf_counter() - t
                 line = found.refusal()
                 if line is not None:
                     raise TeacherRefused(f"teacher self-test: {line}")

@@ -14,9 +14,10 @@ student tokens (response mask 1):
 - signal: mean |teacher - student| log-probability, what on-policy distillation moves the student by;
 - noise share = the larger mean noise / signal; above `max_noise` the teacher is refused (its noise would be a
   meaningful share of what the student is trained toward);
-- entropy share: the teacher's per-token entropy over ln(vocabulary), estimated from the top-k with the rest spread
-  evenly over the other ids (an upper bound of the entropy, exact for a uniform teacher); above UNIFORM_SHARE the
-  teacher is refused as uniform (weights wiped: every logit equal);
+- entropy share: the teacher's per-token entropy over ln(vocabulary): exact where the teacher returns it (a local or
+  Ray teacher in TOPK mode), else (a server) estimated from the top-k with the rest spread evenly over the other ids
+  (an upper bound, exact for a uniform teacher); above UNIFORM_SHARE the teacher is refused as uniform (weights wiped:
+  every logit equal);
 - oracle: the mean log-probability teacher and student give the oracle episodes' tokens; a teacher no better than
   the student there (`oracle_margin` below the student's or worse) is refused as broken, unless it is meant to be the
   student (`teacher=self`: `check_oracle=False`).
@@ -64,9 +65,13 @@ class Diff:
 
 
 def entropy_share(probe: Sequence[TokenStream], scores: Sequence[TeacherScores], vocab_size: int) -> float:
-    """Mean estimated entropy per student token over ln(vocab_size) (module docstring); needs TOPK scores."""
+    """Mean entropy per student token over ln(vocab_size) (module docstring); needs TOPK scores."""
     total, count = 0.0, 0
     for s, sc in zip(probe, scores, strict=True):
+        if sc.entropy is not None:
+            values = [h for m, h in zip(s.response_mask, sc.entropy) if m]
+            total, count = total + sum(values), count + len(values)
+            continue
         assert sc.topk_logprobs is not None, "entropy_share needs TOPK scores"
         for m, top in zip(s.response_mask, sc.topk_logprobs):
             if not m:
@@ -104,7 +109,6 @@ class SelfTest:
     max_noise: float
     oracle_margin: float = 0.0
     check_oracle: bool = True
-    seconds: float = 0.0
     baseline: list[list[float]] = field(default_factory=list, repr=False)  # replica 0's first scoring (re-checks)
 
     @property
@@ -126,7 +130,6 @@ class SelfTest:
             "teacher/selftest_signal": self.signal,
             "teacher/selftest_noise_share": min(self.noise_share, 1e6),  # noise over a zero signal: 1e6, not inf (JSON)
             "teacher/selftest_entropy_share": self.entropy_share,
-            "teacher/selftest_s": self.seconds,
         }
         if self.oracle_teacher is not None and self.oracle_student is not None:
             out["teacher/selftest_oracle_teacher_logprob"] = self.oracle_teacher
