@@ -81,7 +81,7 @@ def main() -> None:
     rows = [("fp32 teacher, scored again (repeat)", repeat), ("bf16 copy of the teacher (replica)", bf16)]
     rng = random.Random(0)
     for sigma in (0.01, 0.03, 0.1, 0.3):
-        noisy = [[x + rng.gauss(0, sigma) if x else x for x in row] for row in lp]
+        noisy = [[x + rng.gauss(0, sigma) if m else x for x, m in zip(row, s.response_mask)] for row, s in zip(lp, probe)]
         rows.append((f"Gaussian noise, sigma {sigma}", Diff.of(probe, lp, noisy)))
 
     records = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines()]

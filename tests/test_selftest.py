@@ -42,8 +42,8 @@ class NoisyTeacher(HFTeacher):
 
     def score(self, streams, *, mode=TeacherMode.LOGPROBS):
         out = super().score(streams, mode=mode)
-        for sc in out:
-            sc.logprobs = [x + random.gauss(0, self.sigma) if x else x for x in sc.logprobs]
+        for sc, s in zip(out, streams):
+            sc.logprobs = [x + random.gauss(0, self.sigma) if m else x for x, m in zip(sc.logprobs, s.response_mask)]
         return out
 
 
@@ -210,8 +210,8 @@ def test_ray_pool_with_one_noisy_replica_is_refused(ray_cluster, tiny_home, tmp_
     class NoisyTeacherWorker(TeacherWorker):
         def score(self, streams, mode):
             out = super().score(streams, mode)
-            for sc in out:
-                sc.logprobs = [x + random.gauss(0, 1.0) if x else x for x in sc.logprobs]
+            for sc, s in zip(out, streams):
+                sc.logprobs = [x + random.gauss(0, 1.0) if m else x for x, m in zip(sc.logprobs, s.response_mask)]
             return out
 
     class OneNoisyReplica(RayBackend):

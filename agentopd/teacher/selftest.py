@@ -23,7 +23,7 @@ student tokens (response mask 1):
   student (`teacher=self`: `check_oracle=False`).
 
 `recheck(probe, before, after, tolerance)` compares a scoring after a sleep, offload, reload or restart with the one
-before: the largest |difference| must stay within the noise the pre-flight measured.
+before: the largest |difference| must stay within the noise the pre-flight measured (RECHECK_FACTOR, RECHECK_FLOOR).
 
 Legend: R = response tokens of one stream.
 """
@@ -38,7 +38,11 @@ from agentopd.teacher.base import TeacherScores
 from agentopd.types import TokenStream
 
 UNIFORM_SHARE = 0.95  # entropy / ln(V) above this: a uniform teacher (a trained model sits far below: see judge's callers)
-RECHECK_FLOOR = 1e-3  # a re-check passes within max(the pre-flight's largest repeat difference, this) nats per token
+# a re-check passes within max(RECHECK_FACTOR x the pre-flight's largest repeat or replica difference, RECHECK_FLOOR) nats a
+# token: two scorings measure the noise once, later ones may land a little past it (bf16 kernels on a GPU); a wiped or
+# changed teacher moves by nats (zeroed weights: > 1 on every probe measured, tests/test_selftest.py)
+RECHECK_FACTOR = 4.0
+RECHECK_FLOOR = 1e-2
 
 
 @dataclass
@@ -188,9 +192,9 @@ def judge(
 
 def recheck(teacher: str, probe: Sequence[TokenStream], found: SelfTest, after: Sequence[TeacherScores], event: str) -> tuple[Diff, str | None]:
     """The probe scored again after `event` (a sleep, offload, reload, restart) against the pre-flight's scoring: the
-    difference, and one line when it exceeds the measured noise (max(largest repeat difference, RECHECK_FLOOR))."""
+    difference, and one line when it exceeds the measured noise (RECHECK_FACTOR, RECHECK_FLOOR above)."""
     diff = Diff.of(probe, found.baseline, [sc.logprobs for sc in after])
-    tolerance = max(found.repeat.max, found.replica.max, RECHECK_FLOOR)
+    tolerance = max(RECHECK_FACTOR * max(found.repeat.max, found.replica.max), RECHECK_FLOOR)
     if diff.max <= tolerance:
         return diff, None
     return diff, (f"teacher {teacher!r} changed after {event}: its log-probabilities of the self-test probe differ from the "
