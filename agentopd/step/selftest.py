@@ -149,6 +149,8 @@ class TeacherSelfTest:
         return self._metrics(time.perf_counter() - t0)
 
     def _metrics(self, seconds: float) -> dict[str, float]:
+        if not self.found:  # a step with no episode to probe: the next step's play stage tries again
+            return {}
         worst = max(self.found.values(), key=lambda f: f.noise_share)
         out = worst.metrics() | {"teacher/selftest_s": seconds, "teacher/selftest_score_temperature": self.score_temperature,
                                  "teacher/selftest_loss_temperature": self.loss_temperature}  # fmt: skip
