@@ -73,6 +73,12 @@ def test_judge_names_the_noisy_replica_and_token(tiny_home, monkeypatch):
     # the random tiny teacher is worse than its flatter student on the oracle: the oracle check says so
     broken = judge("teacher", probe, [twice(steady)], student, vocab_size=vocab, max_noise=0.1, oracle=[True])
     assert "no better than the student on the env's oracle episodes" in broken.refusal()
+    # ORACLE_TOLERANCE: a teacher 0.2 nats a token below its student passes (a sound teacher in a foreign format), 0.6 does not
+    own = [sc.logprobs for sc in steady.score(probe)]
+    for shift, refused in ((0.2, False), (0.6, True)):
+        student_above = [[x + shift * m for x, m in zip(row, s.response_mask)] for row, s in zip(own, probe)]
+        found = judge("teacher", probe, [twice(steady)], student_above, vocab_size=vocab, max_noise=0.1, oracle=[True])
+        assert (found.refusal() is not None) == refused, (shift, found.refusal())
     # the entropy a local teacher returns, and the top-k bound a server's scores give (never below it)
     exact = steady.score(probe, mode="topk")
     bound = [dataclasses.replace(s, entropy=None) for s in exact]
