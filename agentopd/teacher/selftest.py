@@ -154,7 +154,8 @@ class SelfTest:
             if self.replica.mean >= self.repeat.mean:
                 what, diff = f"replica {self.replica_index} differs from replica 0", self.replica
             else:
-                what, diff = f"replica {self.repeat_replica} differs from itself between two scorings", self.repeat
+                who_repeats = f"replica {self.repeat_replica}" if self.replicas > 1 else "its one replica"
+                what, diff = f"{who_repeats} differs from itself between two scorings", self.repeat
             return (f"{who}: {what} by {diff.mean:.3g} nats a token on average, {self.noise_share:.0%} of the OPD signal "
                     f"(mean |teacher - student| {self.signal:.3g}); largest {diff.max:.3g} at {diff.where}; refused above "
                     f"teacher.selftest_max_noise={self.max_noise:g} (raise it to train anyway)")  # fmt: skip
