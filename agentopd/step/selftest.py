@@ -131,12 +131,17 @@ class TeacherSelfTest:
             # student's scorer then loads beside the teacher's phase, not beside the engine's KV pool
             scored = {name: (backend.score_replicas(name, probe, TeacherMode.TOPK), backend.score_replicas(name, probe, TeacherMode.TOPK))
                       for name, (probe, _) in probes.items()}  # fmt: skip
-            student = HFTeacher(self.student_ref, device=self.device, dtype=self.dtype, temperature=self.score_temperature,
-                                vocab_size=self.vocab_size)  # fmt: skip
+            student = HFTeacher(self.student_ref, device=self._student_device(), dtype=self.dtype, offload_after_score=False,
+                                temperature=self.score_temperature, vocab_size=self.vocab_size)  # fmt: skip
             try:
                 student_lp = {name: [sc.logprobs for sc in student.score(probe)] for name, (probe, _) in probes.items()}
             finally:
+                on_gpu = student.device.type == "cuda"
                 del student
+                if on_gpu:
+                    import torch
+
+                    torch.cuda.empty_cache()
             for name, (probe, oracle) in probes.items():
                 first, second = scored[name]
                 found = judge(name, probe, list(zip(first, second)), student_lp[name], vocab_size=self.vocab_size,
@@ -147,6 +152,19 @@ class TeacherSelfTest:
                     raise TeacherRefused(f"teacher self-test: {line}")
                 self.found[name], self.probes[name] = found, probe
         return self._metrics(time.perf_counter() - t0)
+
+    def _student_device(self) -> torch.device:
+        """The run's device for the student's scorer where it has room for a second copy of the student (twice its
+        weights free: the memory plan never counted it), else the CPU (slower, never out of memory)."""
+        import torch
+
+        if self.device.type != "cuda":
+            return self.device
+        from agentopd.shape import ModelShape
+
+        free, _ = torch.cuda.mem_get_info(self.device)
+        need = 2 * ModelShape.from_ref(self.student_ref).params * torch.finfo(self.dtype).bits // 8
+        return self.device if free > need else torch.device("cpu")
 
     def _metrics(self, seconds: float) -> dict[str, float]:
         if not self.found:  # a step with no episode to probe: the next step's play stage tries again
