@@ -145,7 +145,7 @@ def check_pair_command(
     student: Annotated[str, typer.Option("--student", help="the student: a Hugging Face folder, a .gguf file or a hub id")],
     teacher: Annotated[str, typer.Option("--teacher", help="the teacher: a Hugging Face folder, a .gguf file or a hub id")],
     env: Annotated[str | None, typer.Option("--env", help="render this env's oracle conversation; check its preset's max_context")] = None,
-    self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it twice) and run the run's teacher self-test")] = True,
+    self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it once, in fp32) and run the run's teacher self-test (loads it and the student once more)")] = True,
     selftest_oracle: Annotated[bool, typer.Option(help="the self-test fails a teacher no better than the student on the env's oracle")] = True,
     loss: Annotated[str | None, typer.Option("--loss", help="the run's trainer.loss: a cross-tokenizer one (xtok_k1) checks "
                                                             "the pair for a teacher with another tokenizer")] = None,  # fmt: skip
@@ -225,6 +225,7 @@ def run_command(
     from agentopd.runner import Runner
 
     from agentopd.memory_plan import OutOfMemory
+    from agentopd.rundir import CheckpointError
     from agentopd.step.selftest import TeacherChanged
 
     made = not run_dir.exists()  # the runner prints "run directory: ..." once it makes it
@@ -237,7 +238,7 @@ def run_command(
             raise
     except KeyboardInterrupt:  # a second Ctrl-C during the checkpoint
         raise typer.Exit(130) from None
-    except (OutOfMemory, TeacherChanged) as e:  # one line naming the phase and the plan / the teacher's change
+    except (OutOfMemory, CheckpointError, TeacherChanged) as e:  # one line (an OOM's phase, then its plan; a checkpoint not written; the teacher's change)
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(1) from None
     if summary.interrupted:
@@ -262,18 +263,34 @@ def plan_memory_command(
     config: Annotated[Path | None, typer.Option("--config", help="a YAML config replacing configs/<env>.yaml")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="plan for N GPUs of --gpu-gib each (default: the GPUs present)")] = None,
     gpu_gib: Annotated[float, typer.Option("--gpu-gib", help="memory per GPU with --gpus, GiB")] = 80.0,
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="where the run would write (its disk's free space; with --gpus "
+                                                                "only run.disk_gib is judged)")] = Path("runs"),
 ) -> None:
     """What each role of `agentopd run` holds on each GPU (agentopd.memory_plan), or on a CPU in this machine's memory
-    (agentopd.memory_host); exit 2 when it cannot fit. Reads the models' config.json only."""
+    (agentopd.memory_host), and what its checkpoints take of the disk (agentopd.disk_plan); exit 2 when it cannot fit.
+    Reads the models' config.json only."""
     from agentopd.backends.base import BackendKind
     from agentopd.config import load_config
     from agentopd.memory_plan import cuda_gpus, plan_memory, shapes_of
     from agentopd.models import SELF, resolve_model, resolve_student
     from agentopd.teacher.base import is_server
 
+    from agentopd.disk_plan import plan_disk
+    from agentopd.rundir import RunDir
+    from agentopd.shape import ModelShape
+
     cfg = load_config(env, config_file=config, overrides=overrides or [])
     names = cfg.env.name.split(",")
     size = cfg.embedded.size
+
+    def disk(student: Path | str) -> None:  # the line under the memory plan; exit 2 when the checkpoints cannot fit
+        plan = plan_disk(cfg, ModelShape.from_ref(student), RunDir(run_dir))
+        judged = gpus is None or cfg.run.disk_gib is not None  # --gpus plans for another machine: not this one's disk
+        console.print(plan.line(judged), markup=False, highlight=False)
+        if judged and not plan.fits:
+            from agentopd.disk_plan import DiskPlanError
+
+            raise DiskPlanError(plan)
 
     def refs() -> dict[str, Path | str]:
         out = {"student": resolve_student(cfg.student.path, names, mixed=len(names) > 1, size=size)}
@@ -296,16 +313,19 @@ def plan_memory_command(
                 from agentopd.memory_host import HostMemoryError
 
                 raise ValueError(str(HostMemoryError(host)).splitlines()[0])
+            disk(student)
             return
         if cfg.run.backend == BackendKind.LOCAL:
             index = int(cfg.run.device.split(":")[1]) if cfg.run.device.startswith("cuda:") else 0
             sizes = [sizes[index]]
-    plan = plan_memory(cfg, shapes_of(refs()), sizes)
+    models = refs()
+    plan = plan_memory(cfg, shapes_of(models), sizes)
     console.print(plan.table(), markup=False, highlight=False)
     if not plan.fits:  # the table is above: the error is its one line
         from agentopd.memory_plan import MemoryPlanError
 
         raise ValueError(str(MemoryPlanError(plan)).splitlines()[0])
+    disk(models["student"])
 
 
 def gain_line(before: float, after: float, teacher: float) -> str:

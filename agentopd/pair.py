@@ -26,9 +26,9 @@ Distillation compares the two models token id by token id over the same token st
   template re-renders reasoning) are named and pass — so check-pair and check-tokens agree;
 - max_context: both models' `max_position_embeddings` hold the run's episodes (the env preset's
   `rollout.max_context`, or `max_context=`), else the smaller of the two is reported;
-- self_score (not cheap: loads the teacher twice): the teacher scores that conversation as the
-  teacher (agentopd.teacher.HFTeacher, hidden states) and is trained on it as the student with the
-  full-vocabulary forward KL (agentopd.trainer.Trainer, one step) — the loss and the difference between
+- self_score (not cheap: loads the teacher once, in fp32): the teacher scores that conversation as the
+  teacher (agentopd.teacher.HFTeacher, hidden states) and the same model takes the student's side of the
+  full-vocabulary forward KL (agentopd.trainer.StudentLoss, no optimizer step) — the loss and the difference between
   the scored log-probs and the model's own must be ~0 (< 1e-3): the scoring and loss path agree with the
   model itself. Both normalise over the shared token ids, as a run does (the engines never sample the
   padding rows past them); the probability the teacher would put on its padding rows is named.

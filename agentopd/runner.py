@@ -42,6 +42,7 @@ from transformers import AutoTokenizer
 from agentopd.backends import make_backend
 from agentopd.backends.base import BackendKind, TrainerRestarted
 from agentopd.backends.stages import STUDENT
+from agentopd.disk_plan import DiskPlan, checkpoint_failed, plan_disk
 from agentopd.evaluate import EvalResult
 from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.memory_plan import MemoryPlan, OutOfMemory, run_plan
@@ -54,7 +55,7 @@ from agentopd.progress import RunProgress
 from agentopd.routing import Router
 from agentopd.run_models import resolve_models
 from agentopd.run_parts import check_pairs, cross_scorer, fit_host, privileged_view, run_context
-from agentopd.rundir import DONE, RunDir
+from agentopd.rundir import DONE, CheckpointError, RunDir
 from agentopd.shape import ModelShape
 from agentopd.step.evals import Evals
 from agentopd.step.phases import Phases
@@ -103,6 +104,7 @@ class Runner:
         self.progress = RunProgress(console)
         self.phases = Phases(self.progress)  # the phase running now (what a CUDA out-of-memory names) and its memory
         self.memory_plan: MemoryPlan | None = None  # on CUDA: what each role holds per GPU and phase (agentopd.memory_plan)
+        self.disk_plan: DiskPlan | None = None  # what the checkpoints and final/ take on disk (agentopd.disk_plan)
         self.recipes: list[Recipe] = []
         # the resume state: what a checkpoint, a rewind or an interruption needs
         self._trained_through = 0  # the last step whose optimizer step was taken (what a checkpoint holds)
@@ -138,6 +140,11 @@ class Runner:
             self.progress.note(line)
         shapes = {STUDENT: ModelShape.from_ref(models.student)} | {
             name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in models.teachers.items()}
+        self.rd.prune_checkpoints(keep=0)  # what a killed checkpoint write left (hidden folders) is not free space
+        self.disk_plan = plan_disk(cfg, shapes[STUDENT], self.rd, start=resume_after or 0)
+        self.disk_plan.check()  # checkpoints that cannot fit the disk: refused here, not when the first one is written
+        if self.disk_plan.need_gib >= 1.0:
+            self.progress.note(self.disk_plan.line())
         self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no directory behind
         self.progress.note(f"run directory: {self.run_dir}")  # printed once it exists (agentopd run removes it if no step ends)
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
@@ -180,6 +187,7 @@ class Runner:
         interrupted = False
         oom: OutOfMemory | None = None
         changed: TeacherChanged | None = None
+        failed: CheckpointError | None = None
         restore = self._catch_ctrl_c()
         try:
             if start == 0:
@@ -215,9 +223,14 @@ class Runner:
             last = self._trained_through
             if self._unlogged is not None:
                 self._write(*self._unlogged)
-            if last > start and self._checkpointed != last:
-                self._checkpoint(last, summary)
-            self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
+            try:
+                if last > start and self._checkpointed != last:
+                    self._checkpoint(last, summary)
+                self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
+            except CheckpointError as e:
+                failed = e
+        except CheckpointError as e:  # a checkpoint the disk could not take: the run stops, the last good one stays
+            interrupted, failed = True, e
         except torch.OutOfMemoryError as e:
             interrupted, oom = True, self._out_of_memory(e, start, summary)
         except TeacherChanged as e:  # the self-test's re-check: stop with a checkpoint of what the trainer has
@@ -241,6 +254,8 @@ class Runner:
             raise oom
         if changed is not None:
             raise changed
+        if failed is not None:
+            raise failed
         return summary
 
     def _step(self, step: int) -> dict[str, float]:
@@ -314,10 +329,18 @@ class Runner:
         self._unlogged = None
 
     def _checkpoint(self, step: int, summary: RunSummary) -> None:
-        """Save the trainer's state as step `step`; a Ctrl-C meanwhile waits until the files are on disk."""
+        """Save the trainer's state as step `step`; a Ctrl-C meanwhile waits until the files are on disk. A write that
+        fails leaves no part of it (agentopd.rundir.write_checkpoint) and raises CheckpointError, one line; once it is
+        complete, the finished checkpoints beyond run.keep_checkpoints are removed."""
         with writes_uninterrupted(lambda: self.progress.note("Ctrl-C: finishing the checkpoint first")):
-            self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
+            try:
+                self.backend.save_checkpoint(self.rd.checkpoint(step), {"step": step, "evals": summary.evals})
+            except (TrainerRestarted, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # a full disk, an I/O error, a rank that failed to write: said in one line (DCP's
+                raise checkpoint_failed(self.rd, step, e, self.disk_plan) from e  # CheckpointException is a BaseException)
         self._checkpointed = step
+        self.rd.prune_checkpoints(self.cfg.run.keep_checkpoints)
 
     def _catch_ctrl_c(self) -> Callable[[], None]:
         """First Ctrl-C: finish the running step, checkpoint it, stop. A second one stops at once
@@ -340,7 +363,7 @@ class Runner:
                 self._checkpoint(last, summary)
                 saved = f"; checkpoint at step {last} (continue with --resume)"
             except Exception as again:  # noqa: BLE001 - the checkpoint is a courtesy; the OOM is the error
-                saved = f"; no checkpoint ({type(again).__name__})"
+                saved = f"; {again}" if isinstance(again, CheckpointError) else f"; no checkpoint ({type(again).__name__})"
         elif self._checkpointed >= 0:
             saved = f"; last checkpoint at step {self._checkpointed}"
         when = f"the eval after step {last}" if phase == "eval" else f"step {last + 1}"

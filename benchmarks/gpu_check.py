@@ -4,6 +4,7 @@
     python benchmarks/gpu_check.py --only engine,loss --out DIR                      # some parts
     python benchmarks/gpu_check.py --out DIR --record                                # + DIR/gpu_baseline.json
     python benchmarks/gpu_check.py --only opd --out DIR --against /tmp/old --against-commit ea9f3b9   # A/B, one call
+    python benchmarks/gpu_check.py --only realsize --tokenizer TOK --out DIR   # the README's example, ~7 min on an H200
 
 CI has no GPU, so nothing else notices when a change slows the GPU path (one line once cut the trainer's
 throughput 42% and every test passed). Run this before resolving any change to `engines/`, `trainer/`, `losses/`,
@@ -27,6 +28,11 @@ Parts, each in a process of its own (its own CUDA context and inductor cache), o
     loop     benchmarks/rollout_loop.py: the agent loop against the engine alone on the same requests (math and
              sql_db, 64 episodes, 0.6B shape, the embedded tokenizer): the loop's tok/s and its share of the
              engine's (1.0: the loop costs nothing on top)
+    realsize benchmarks/realsize.py: the README's GPU example as written (configs/examples/qwen3-gpu.yaml: 64 tasks x 8,
+             up to 8 turns, 1,024 new tokens; random Qwen3-1.7B / 8B shapes with Qwen3's real vocabulary) for 2 steps:
+             the second step's rollout, teacher, train and sync seconds, their sum, throughputs and MFU, and the
+             seconds of the run's one checkpoint (not gated: the host's disk); needs `--tokenizer`, a real-vocabulary
+             tokenizer folder (`agentopd make-tokenizer qwen3 DIR`, built where the real-vocab extra is installed)
     tests    pytest -m gpu: every GPU-marked test
 
 Baselines: benchmarks/results/gpu_baseline.json, per figure and card kind (H100, H200, ...): value, which way is
@@ -61,7 +67,7 @@ from _measured import commit_measured
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "benchmarks" / "results" / "gpu_baseline.json"
-PARTS = ("engine", "trainer", "loss", "opd", "loop", "tests")
+PARTS = ("engine", "trainer", "loss", "opd", "loop", "realsize", "tests")
 TOLERANCE = 0.10
 LOSS_SHAPE = "x151936x2048x4096"  # N x V x H_s x H_t: the 1.7B student's head against an 8B-wide teacher
 
@@ -77,6 +83,7 @@ def card_kind(name: str) -> str:
 
 
 TREE = ROOT  # the tree a part runs in: this checkout, or --against's for the same-call baseline
+TOKENIZER: Path | None = None  # --tokenizer: the realsize part's real vocabulary
 
 
 def run(cmd: list[str], log: Path, timeout: int) -> subprocess.CompletedProcess:
@@ -157,6 +164,15 @@ def loop(out: Path, log: Path) -> dict[str, float]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def realsize(out: Path, log: Path) -> dict[str, float]:
+    if TOKENIZER is None:
+        print("  realsize needs --tokenizer DIR (`agentopd make-tokenizer qwen3 DIR`)", flush=True)
+        return {}
+    path = out / "realsize"
+    run([sys.executable, "benchmarks/realsize.py", "--tokenizer", str(TOKENIZER), "--out", str(path)], log, 580)
+    return json.loads((path / "realsize.json").read_text()) if (path / "realsize.json").exists() else {}
+
+
 def tests(out: Path, log: Path) -> dict[str, float]:
     # only the files that hold GPU-marked tests: the others import what a GPU machine may lack (fastapi, ray, vllm)
     files = sorted(str(p.relative_to(TREE)) for p in (TREE / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
@@ -218,7 +234,8 @@ def recorded(figures: dict[str, float], baseline: dict, card: str, commit: str) 
         new.setdefault(name, {})[card] = {
             "value": round(value, 4), "better": "lower" if _lower(name) else "higher", "commit": commit,
             "date": datetime.date.today().isoformat(), "source": "benchmarks/gpu_check.py",
-            "gate": not name.endswith("weight_sync_s"),  # ~0.01 s: a few ms either way is noise, not a regression
+            # a weight sync is ~0.01 s: a few ms either way is noise; a checkpoint's seconds are the host's disk
+            "gate": not name.endswith(("weight_sync_s", "checkpoint_s")),
         }
     return new
 
@@ -235,6 +252,7 @@ def main() -> None:
                     help="another commit's tree (`git archive REF | tar -x -C DIR`): each part runs there too, right "
                          "before this tree's, and its figures are the baseline (same host, same call)")
     ap.add_argument("--against-commit", default="", help="the commit --against holds (for the table)")
+    ap.add_argument("--tokenizer", type=Path, help="the realsize part's real-vocabulary tokenizer folder (agentopd make-tokenizer qwen3 DIR)")
     args = ap.parse_args()
     args.commit = args.commit or commit_measured()
     args.out = args.out.resolve()  # the parts of --against run in its tree: a relative path would land there
@@ -256,7 +274,8 @@ def main() -> None:
     against: dict[str, float] = {}
     if args.against is not None and not (args.against / "benchmarks" / "gpu_check.py").exists():
         raise SystemExit(f"--against {args.against}: not a tree of agentopd (no benchmarks/gpu_check.py in it)")
-    global TREE
+    global TREE, TOKENIZER
+    TOKENIZER = args.tokenizer.resolve() if args.tokenizer is not None else None
     t0 = time.perf_counter()
     for part in PARTS:
         if part in parts:

@@ -36,7 +36,8 @@ def test_prose_around_a_fenced_call_is_content_and_other_code_stays():
 
 
 @pytest.mark.parametrize("text", [
-    '{"name": "search", "arguments": {"q": "x"}}',          # names no offered tool
+    '{"name": "search", "q": "x"}',                         # names no offered tool, not a call's shape
+    '{"name": "search", "arguments": "x"}',                 # arguments that are no object
     '{"answer": 42}', "[1, 2, 3]", "42", '"Paris"',          # an answer that happens to be JSON
     '{"name": "Amanda Campbell", "total": 100}',             # a row, not a call
     "```sql\nSELECT name FROM products\n```",                # fenced code that is no call
@@ -118,3 +119,23 @@ def test_a_call_in_doubled_braces_as_its_template_shows_it_is_read():
         ("sql_query", {"query": "SELECT role FROM employees WHERE name = 'Elizabeth Johnson';"})]
     assert lenient('{{"name": "sql_query", "arguments": {"query": "SEL').errors[0].startswith("tool call 1: invalid JSON")
     assert lenient('{{"a": 1}}').tool_calls == [] and lenient('{{"a": 1}}').content == '{{"a": 1}}'
+
+
+@pytest.mark.parametrize("text", [
+    # written by Qwen2.5-Coder-1.5B-Instruct on sql_db, greedy, schema in the prompt (2026-11-29): a table for the tool
+    """{"name": "employees", "arguments": {"query": "SELECT role FROM employees WHERE name = 'Elizabeth Johnson'"}}""",
+    """```json\n{"name": "orders", "parameters": {"query": "SELECT 1"}}\n```""",
+])  # fmt: skip
+def test_a_call_of_a_tool_not_offered_is_an_error_the_model_reads(text):
+    turn = lenient(text)
+    assert turn.tool_calls == [] and turn.content == ""
+    name = "employees" if "employees" in text else "orders"
+    assert turn.errors == [f"tool call 1: no tool is named {name!r}; the tools are calculate, sql_query"]
+
+
+def test_doubled_braces_closed_with_one_two_or_three_braces():
+    inner = '{"name": "sql_query", "arguments": {"query": "SELECT 1"}}'
+    for closing in ("", "}", "}}"):
+        turn = lenient("{" + inner + closing)
+        assert [(c.name, c.arguments) for c in turn.tool_calls] == [("sql_query", {"query": "SELECT 1"})], closing
+    assert lenient("{" + inner + "}}}").tool_calls == []  # three more: not the escaped example any more

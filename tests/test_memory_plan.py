@@ -182,12 +182,14 @@ def test_plan_memory_command(tmp_path, monkeypatch):
     result = cli.invoke(app, [*args, "--gpus", "1", "--gpu-gib", "80"])
     assert result.exit_code == 0, result.output
     assert "KV pool" in result.output and "fits" in result.output and "DOES NOT FIT" not in result.output
+    # --gpus plans for another machine: its disk line says what the checkpoints take, judging no disk here
+    assert "disk: 61.2 GiB at the peak (3 of 10 checkpoint(s) of 20.4 GiB, run.keep_checkpoints=2; final/ 6.4 GiB)\n" in result.output
     big = _model_dir(tmp_path / "big", Q32)
     result = cli.invoke(app, [*args[:-1], f"teacher={big}", f"student={t}", "--gpus", "1", "--gpu-gib", "80"])
     assert result.exit_code == 2
     assert "DOES NOT FIT" in result.output and "error: this run does not fit its GPUs" in result.output
     if not torch.cuda.is_available():  # a CPU run: this machine's memory (agentopd.memory_host), capped by the key
-        result = cli.invoke(app, [*args, "run.host_memory_gib=1000"])
+        result = cli.invoke(app, [*args, "run.host_memory_gib=1000", "run.disk_gib=1000"])  # not this machine's disk
         assert result.exit_code == 0 and "GiB available" in result.output and ": fits" in result.output, result.output
         result = cli.invoke(app, [*args, "run.host_memory_gib=8"])
         assert result.exit_code == 2 and "error: this run does not fit this machine's memory" in result.output

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from agentopd.tool import ToolError, tool_name
-from envs.sql_db import SqlDbEnv, answers_match
+from agentopd.config import load_config
+from envs.sql_db import SCHEMA_PROMPT, SYSTEM_PROMPT, SqlDbEnv, answers_match
 from envs.sql_db.database import DB_VERSION, _is_current, default_db_path
 from envs.sql_db.tasks import Difficulty, generate_tasks
 from tools.sql import SqlDatabase
@@ -412,13 +413,32 @@ def test_bad_kwargs_are_value_errors(library, tmp_path, home):
 def test_registered_entry_points(home):
     from agentopd.registry import make_env, plugins
 
-    env = make_env("sql_db", split="eval", max_turns=3, schema_in_prompt=True)
+    env = make_env("sql_db", split="eval", max_turns=3)
     assert isinstance(env, SqlDbEnv) and env.max_turns == 3
     system = env.reset(seed=0)[0][0]["content"]
     assert "only the final value" in system and "orders(id, customer_id, store_id" in system
     assert plugins("agentopd.tools")["sql"].obj is SqlDatabase
     env.close()
     env.close()  # twice is fine
+
+
+def test_the_schema_is_shown_unless_it_must_be_looked_up(home):
+    """A model that has never seen the database gets its tables and is told to query (the classic families, and the
+    preset); the explore family hides them (its tasks need list_tables / describe_table), as does schema_in_prompt=False."""
+    def system(**kwargs) -> str:
+        env = SqlDbEnv(split="eval", **kwargs)
+        try:
+            return env.reset(seed=0)[0][0]["content"]
+        finally:
+            env.close()
+
+    shown = system()
+    assert shown.startswith(SCHEMA_PROMPT) and "customers(id, name, email, city, signup_year)" in shown
+    assert system(difficulty=["explore"]) == SYSTEM_PROMPT
+    assert system(schema_in_prompt=False) == SYSTEM_PROMPT
+    assert "Tables: " in system(difficulty=["explore"], schema_in_prompt=True)
+    assert load_config("sql_db").env.kwargs["schema_in_prompt"] is True
+    assert load_config("sql_db_explore").env.kwargs["schema_in_prompt"] is False
 
 
 def test_list_tables_survives_an_endless_view(tmp_path):

@@ -17,8 +17,9 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
   elsewhere), every replica scoring every stream: the teacher's self-test (agentopd.step.selftest).
 - `teacher_events()` -> {teacher: what it went through since the last call that may change its scores} (an engine's
   sleep/wake, an offload and reload, an actor restarted): the self-test scores its probe again after each.
-- `save_checkpoint(path, extra)`: every rank's part, then the DONE marker (`RunDir.mark_done`),
-  so a checkpoint without DONE is never resumed from.
+- `save_checkpoint(path, extra)`: every rank's part into a hidden folder, then the DONE marker and one rename to
+  `path` (`rundir.write_checkpoint`), so a folder named step_N is complete and a failed or killed write leaves no
+  checkpoint a resume would take.
 - `connect(cfg, teachers)` (teacher name -> model reference) comes first, before any model is built: a
   backend that needs resources (Ray: a cluster, a reservation of every role; a teacher behind a server
   reserves no GPU) checks them here, so a run that cannot fit fails in seconds, not after the bootstrap.

@@ -42,7 +42,7 @@ from agentopd.memory_plan import PhaseMemory, measure_since_last
 from agentopd.plan import Planned
 from agentopd.recipes.intervene import guide_for, intervene_metrics
 from agentopd.rollout import RolloutConfig
-from agentopd.rundir import RunDir
+from agentopd.rundir import write_checkpoint
 from agentopd.types import Episode, TokenStream
 
 if TYPE_CHECKING:
@@ -181,9 +181,7 @@ class LocalBackend:
         self._synced = self.trainer.step
 
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
-        self.trainer.save_checkpoint(path, extra=extra)
-        if self.trainer.rank == 0:
-            RunDir.mark_done(path, extra["step"])
+        write_checkpoint(path, extra["step"], lambda tmp: self.trainer.save_checkpoint(tmp, extra=extra))
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         return self.trainer.load_checkpoint(path)

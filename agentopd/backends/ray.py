@@ -76,7 +76,7 @@ from agentopd.backends.weight_sync import WeightLayout, WeightSync
 from agentopd.memory_plan import PhaseMemory
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
-from agentopd.rundir import RunDir
+from agentopd.rundir import RunDir, write_checkpoint
 from agentopd.teacher.base import is_server
 from agentopd.types import Episode, TokenStream
 
@@ -565,11 +565,14 @@ class RayBackend:
     # ---- checkpoints and export ------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra: dict[str, Any]) -> None:
         self._settle()
-        try:
-            self.group.call("save", str(path), extra)
-        except TrainerLost as e:
-            self._trainer_lost(e)
-        RunDir.mark_done(path, extra["step"])
+
+        def write(tmp: Path) -> None:  # every rank's part (a shared file system)
+            try:
+                self.group.call("save", str(tmp), extra)
+            except TrainerLost as e:
+                self._trainer_lost(e)
+
+        write_checkpoint(path, extra["step"], write)
         self._checkpoint = path
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:

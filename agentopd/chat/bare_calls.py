@@ -11,7 +11,10 @@ and only when, it names a tool the episode offers:
   ```` ```json ````) whose bodies are JSON objects, each `{"name": <an offered tool>, "arguments": {...}}`
   (`"parameters"` is read too, as Llama writes it). Text around fenced calls, other fenced code included, is the
   turn's content.
-- an object that names no offered tool, or any other JSON (`{"answer": 42}`, `[1, 2]`, `42`), leaves the turn an
+- an object of exactly a call's shape (`{"name": ..., "arguments": {...}}`, no other key) that names a tool not offered
+  is a call gone wrong, not an answer: the model reads "no tool is named 'employees'; the tools are ..." and tries
+  again (the 1.5B takes sql_db's table names for tools: 4 of 8 held-out tasks, 2026-11-29).
+- any other JSON (`{"answer": 42}`, `{"name": "Amanda Campbell", "total": 100}`, `[1, 2]`, `42`) leaves the turn an
   answer, exactly as strict parsing would read it. Beside a call, such an object is reported (an error the model
   reads) and the call is kept.
 - text that opens like a call of an offered tool (`{"name": "calculate"` ...) but is not valid JSON, or a fence left
@@ -48,10 +51,14 @@ def _objects(body: str) -> list[object] | str:
     badly shows the model `{{"name": <function-name>, ...}}`, and the model copies it (Qwen2.5-Coder-1.5B's GGUF)."""
     decoder, values, pos = json.JSONDecoder(), [], 0
     body = body.strip()
-    if body.startswith("{{") and body.endswith("}}"):
-        inner = body[1:-1].strip()
-        if not isinstance(_objects(inner), str):
-            body = inner
+    if body.startswith("{{"):  # the model closes with one, two or three braces: `{{...}}}` as often as `{{...}}`
+        try:
+            value, end = decoder.raw_decode(body, 1)
+        except json.JSONDecodeError:
+            pass
+        else:
+            if re.fullmatch(r"\s*\}{0,2}\s*", body[end:]):
+                return [value]
     while pos < len(body):
         try:
             value, end = decoder.raw_decode(body, pos)
@@ -68,6 +75,18 @@ def _names_tool(value: object, tools: Collection[str]) -> bool:
     return isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"].strip() in tools
 
 
+def _call_shaped(value: object) -> bool:
+    """Exactly a call's keys, `{"name": "...", "arguments": {...}}` (or "parameters"), whatever the name: what the
+    1.5B writes when it takes a table for the tool (`{"name": "employees", "arguments": {"query": "SELECT ..."}}`)."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or len(value) != 2:
+        return False
+    return isinstance(value.get("arguments", value.get("parameters")), dict)
+
+
+def _is_call(value: object, tools: Collection[str]) -> bool:
+    return _names_tool(value, tools) or _call_shaped(value)
+
+
 def _opens_call(text: str, tools: Collection[str]) -> bool:
     """Does `text` start like a JSON call of an offered tool (what a cut-off call looks like)?"""
     m = re.match(r'\s*\{\{?\s*"name"\s*:\s*"([^"]*)"', text)
@@ -77,6 +96,10 @@ def _opens_call(text: str, tools: Collection[str]) -> bool:
 def _calls(values: list[object], tools: Collection[str], first: int) -> tuple[list, list[str]]:
     calls, errors = [], []
     for i, value in enumerate(values, first):
+        if _call_shaped(value) and not _names_tool(value, tools):
+            assert isinstance(value, dict)
+            errors.append(f"tool call {i}: no tool is named {value['name']!r}; the tools are {', '.join(sorted(tools))}")
+            continue
         if not _names_tool(value, tools):
             errors.append(f"tool call {i}: a JSON value beside the tool call that is not a call of an offered tool")
             continue
@@ -100,7 +123,7 @@ def read_bare_calls(text: str, tools: Collection[str]) -> ParsedTurn | None:
         values = _objects(text)
         if isinstance(values, str):
             return ParsedTurn(content="", errors=[f"tool call 1: {values}"]) if _opens_call(text, tools) else None
-        if not any(_names_tool(v, tools) for v in values):
+        if not any(_is_call(v, tools) for v in values):
             return None
         calls, errors = _calls(values, tools, 1)
         return ParsedTurn(content="", tool_calls=calls, errors=errors)
@@ -110,7 +133,7 @@ def read_bare_calls(text: str, tools: Collection[str]) -> ParsedTurn | None:
         if isinstance(body, str) and _opens_call(m.group(1), tools):
             errors.append(f"tool call {index}: {body}")
             index += 1
-        elif not isinstance(body, str) and any(_names_tool(v, tools) for v in body):
+        elif not isinstance(body, str) and any(_is_call(v, tools) for v in body):
             got, bad = _calls(body, tools, index)
             calls += got
             errors += bad

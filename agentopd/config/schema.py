@@ -114,6 +114,14 @@ class RunConfig(Section):
         "/proc/meminfo calls available at start",
     )
     checkpoint_every: int = Field(10, ge=0, description="steps between resumable checkpoints (0 = only at the end)")
+    keep_checkpoints: int = Field(
+        0, ge=0, description="finished checkpoints kept: once a new one is complete the older ones beyond this many are "
+        "removed; 0 = keep all (agentopd.disk_plan counts what the run keeps against the free disk)",
+    )
+    disk_gib: float | None = Field(
+        None, gt=0, description="the disk the run's checkpoints and final/ may fill, GiB (agentopd.disk_plan); null = the "
+        "free space of the run directory's file system at start",
+    )
     backend: BackendKind = Field(BackendKind.LOCAL, description="local (one process) | ray (actors: agentopd.backends.ray)")
 
 

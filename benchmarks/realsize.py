@@ -1,0 +1,207 @@
+"""The README's GPU example at its real size, reduced to a few steps: seconds and throughput per phase (issue 52).
+
+    agentopd make-tokenizer qwen3 TOK                                   # once, where the real-vocab extra is installed
+    python benchmarks/realsize.py --tokenizer TOK --out DIR             # 2 steps, ~7 min on an H200 (models built once)
+    python benchmarks/realsize.py --tokenizer TOK --out DIR --profile   # + torch profiler tables of the last step
+    python benchmarks/realsize.py --tiny --out DIR                      # the same path at toy sizes (CPU smoke test)
+    python benchmarks/realsize.py ... trainer.micro_batch_tokens=16384  # extra key=value overrides go to the run
+
+configs/examples/qwen3-gpu.yaml as written (64 tasks x 8 episodes, up to 8 turns, 1,024 new tokens a turn, 32k-token
+micro-batches, compiled trainer, reverse KL with the teacher's hidden states) with random-weight Qwen3-1.7B / 8B shapes
+and Qwen3's real vocabulary (151,936 rows; the models are built and cached by benchmarks/memory_gpu.py under
+/tmp/memory_gpu), on one GPU, for `--steps` steps (default 2: step 1 compiles and captures CUDA graphs, the last is the
+measured one), eval.every=0 with 8 eval tasks and no teacher eval (the before/after evals the runner always plays stay
+short), run.checkpoint_every=0: the run's one checkpoint, at its last step, and final/ are written as the README's run
+writes them, and timed. Writes DIR/realsize.json (the last step's figures, `realsize/*`, what gpu_check.py's realsize
+part gates), DIR/metrics.jsonl and DIR/realsize.md.
+
+`--profile`: the last step's rollout, teacher and train phases each under torch.profiler (CPU and CUDA activities):
+per phase the top kernels by CUDA time (DIR/profile_<phase>.txt) and a Chrome trace (DIR/trace_<phase>.json.gz with
+--traces). The profiler slows the phases it watches: their seconds are not the unprofiled ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import memory_gpu  # noqa: E402  (the model builder and its cache)
+from _measured import commit_measured  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "examples" / "qwen3-gpu.yaml"
+REDUCED = ["eval.every=0", "eval.num_tasks=8", "eval.teacher=false", "run.checkpoint_every=0", "log.tensorboard=false"]
+TINY = ["run.device=cpu", "trainer.compile=false", "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_turns=2",
+        "rollout.max_new_tokens=32", "rollout.max_context=1024", "eval.num_tasks=2", "trainer.micro_batch_tokens=4096"]  # fmt: skip
+FIGURES = {  # realsize/<name>: the run's metric of the last step
+    "rollout_s": "perf/rollout_s", "teacher_s": "perf/teacher_s", "train_s": "perf/train_step_s",
+    "weight_sync_s": "perf/weight_sync_s", "rollout_tok_s": "perf/rollout_tokens_per_s",
+    "teacher_tok_s": "perf/teacher_tokens_per_s", "train_tok_s": "perf/train_tokens_per_s", "train_mfu": "perf/mfu",
+}  # fmt: skip
+PROFILED = ("rollout", "teacher", "train")
+
+
+def profile_phases(out: Path, step: int, traces: bool) -> None:
+    """Wrap the run's phases (agentopd.step.phases.Phases) so that those of `step` run under torch.profiler, each
+    writing its top kernels to out/profile_<phase>.txt."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from agentopd.runner import Runner
+    from agentopd.step.phases import Phases
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    now = {"step": 0}
+    run_step = Runner._step
+
+    def counted(self, k):
+        now["step"] = k
+        return run_step(self, k)
+
+    Runner._step = counted
+    phase = Phases.__call__
+
+    @contextlib.contextmanager
+    def profiled(self, name, total=None):
+        if now["step"] != step or name not in PROFILED:
+            with phase(self, name, total) as advance:
+                yield advance
+            return
+        sync()
+        t = time.perf_counter()
+        with profile(activities=activities) as prof:
+            with phase(self, name, total) as advance:
+                yield advance
+            sync()
+        wall = time.perf_counter() - t
+        events = prof.key_averages()
+        cuda_total = sum(e.self_device_time_total for e in events) / 1e6
+        head = (f"{name} phase of step {step}: {wall:.1f} s wall under the profiler; kernels {cuda_total:.1f} s of GPU "
+                f"time ({cuda_total / wall:.0%} of the wall)\n")  # fmt: skip
+        by_cuda = events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=90) if cuda else ""
+        by_cpu = events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=90)
+        (out / f"profile_{name}.txt").write_text(f"{head}\n## by self CUDA time\n{by_cuda}\n\n## by self CPU time\n{by_cpu}\n")
+        if traces:
+            raw = out / f"trace_{name}.json"
+            prof.export_chrome_trace(str(raw))
+            with raw.open("rb") as f, gzip.open(f"{raw}.gz", "wb") as g:
+                shutil.copyfileobj(f, g)
+            raw.unlink()
+        print(head, flush=True)
+
+    Phases.__call__ = profiled
+
+
+def time_checkpoints(seconds: list[float]) -> None:
+    """Record how long each checkpoint write takes (the backend's save_checkpoint: DCP, DONE, the rename)."""
+    from agentopd.backends.local import LocalBackend
+
+    save = LocalBackend.save_checkpoint
+
+    def timed(self, path, extra):
+        t = time.perf_counter()
+        save(self, path, extra)
+        seconds.append(time.perf_counter() - t)
+
+    LocalBackend.save_checkpoint = timed
+
+
+def pick_run_dir(cfg, student) -> Path:
+    """The run directory: under --work, or where that disk cannot hold the run's checkpoint and final/ beside the models
+    (a 64 GiB GPU machine: the 1.7B checkpoint is ~20 GiB, the models ~20 GB), /dev/shm when it can (agentopd.disk_plan
+    judges both; the run refuses if neither fits)."""
+    from agentopd.disk_plan import plan_disk
+    from agentopd.rundir import RunDir
+
+    places = [memory_gpu.WORK / "realsize_run", Path("/dev/shm/realsize_run")]
+    for place in places:
+        shutil.rmtree(place, ignore_errors=True)  # an earlier run's: its space is free again
+        plan = plan_disk(cfg, student, RunDir(place))
+        print(f"run directory {place}? {plan.line()}", flush=True)
+        if plan.fits:
+            return place
+    return places[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, help="a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
+    ap.add_argument("--shapes", default="1.7b,8b", help="student,teacher among " + ", ".join(memory_gpu.SHAPES))
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="profile the last step's rollout, teacher and train phases")
+    ap.add_argument("--traces", action="store_true", help="with --profile: also write Chrome traces (large)")
+    ap.add_argument("--work", type=Path, default=memory_gpu.WORK, help="models and the run directory")
+    ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (CPU smoke test)")
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run")
+    args = ap.parse_args()
+    memory_gpu.WORK = args.work.resolve()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        tok_dir, (s_shape, t_shape) = memory_gpu.tiny_tokenizer(), ("tiny-s", "tiny-t")
+    elif args.tokenizer is None:
+        sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
+    else:
+        tok_dir, (s_shape, t_shape) = args.tokenizer.resolve(), args.shapes.split(",")
+    t = time.perf_counter()
+    models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
+    built = time.perf_counter() - t
+
+    from agentopd.config import load_config
+    from agentopd.disk_plan import checkpoint_bytes
+    from agentopd.runner import Runner
+    from agentopd.shape import ModelShape
+
+    keys = [f"student={models['student']}", f"teacher={models['teacher']}", f"run.steps={args.steps}", *REDUCED,
+            *(TINY if args.tiny else []), *args.overrides]  # fmt: skip
+    cfg = load_config("sql_db", config_file=CONFIG, overrides=keys)
+    run_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]))
+    if args.profile:
+        profile_phases(args.out, args.steps, args.traces)
+    saves: list[float] = []
+    time_checkpoints(saves)
+    t = time.perf_counter()
+    summary = Runner(cfg, run_dir).run()
+    wall = time.perf_counter() - t
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (args.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    steps = [r for r in records if "perf/train_step_s" in r]
+    last = steps[-1]
+    figures = {f"realsize/{name}": last[key] for name, key in FIGURES.items() if key in last}
+    figures["realsize/step_s"] = sum(last[FIGURES[k]] for k in ("rollout_s", "teacher_s", "train_s", "weight_sync_s"))
+    ckpt = run_dir / "checkpoints" / f"step_{args.steps:06d}"
+    written = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+    planned = checkpoint_bytes(ModelShape.from_ref(models["student"]))
+    if saves:
+        figures["realsize/checkpoint_s"] = saves[-1]
+    (args.out / "realsize.json").write_text(json.dumps(figures, indent=1))
+    lines = [f"# realsize: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}; run directory {run_dir}",
+             f"commit {commit_measured()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; models ready in {built:.0f} s, "
+             f"the run {wall:.0f} s ({len(steps)} steps{', interrupted' if summary.interrupted else ''})",
+             f"`{' '.join(keys)}` on {CONFIG.relative_to(ROOT)}\n",
+             "| step | rollout s | teacher s | train s | sync s | rollout tok/s | teacher tok/s | train tok/s | MFU | episodes | turns |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in steps:
+        lines.append(f"| {r['step']} | {r['perf/rollout_s']:.1f} | {r.get('perf/teacher_s', 0):.1f} | {r['perf/train_step_s']:.1f} | "
+                     f"{r.get('perf/weight_sync_s', 0):.2f} | {r.get('perf/rollout_tokens_per_s', 0):,.0f} | "
+                     f"{r.get('perf/teacher_tokens_per_s', 0):,.0f} | {r.get('perf/train_tokens_per_s', 0):,.0f} | "
+                     f"{r.get('perf/mfu', float('nan')):.1%} | {r.get('episodes', float('nan')):.0f} | {r.get('num_turns/mean', float('nan')):.2f} |")  # fmt: skip
+    lines.append(f"\ncheckpoint of step {args.steps}: {written / 2**30:.2f} GiB written in "
+                 f"{saves[-1] if saves else float('nan'):.1f} s; the disk plan's figure {planned / 2**30:.2f} GiB "
+                 f"({written / planned:.3f} of it)")  # fmt: skip
+    (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""benchmarks/realsize.py at toy sizes on the CPU (the real size needs a GPU: gpu_check.py's realsize part): the run
+as the README's GPU example writes it, its last step's figures, the checkpoint against the disk plan's figure, and the
+profiler's per-phase tables of that step; gpu_check's realsize rows gate the phase seconds, not the checkpoint's."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+
+def test_realsize_at_toy_sizes_reports_the_last_steps_phases_and_profiles_them(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "benchmarks/realsize.py", "--tiny", "--profile", "--out", str(out), "--work",
+                           str(tmp_path / "work")], cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    figures = json.loads((out / "realsize.json").read_text())
+    for name in ("rollout_s", "teacher_s", "train_s", "weight_sync_s", "step_s", "rollout_tok_s", "checkpoint_s"):
+        assert figures[f"realsize/{name}"] > 0, name
+    parts = ("rollout_s", "teacher_s", "train_s", "weight_sync_s")
+    assert abs(figures["realsize/step_s"] - sum(figures[f"realsize/{p}"] for p in parts)) < 1e-9
+    report = (out / "realsize.md").read_text()
+    assert "| 2 |" in report and "checkpoint of step 2:" in report and "the disk plan's figure" in report
+    for phase in ("rollout", "teacher", "train"):
+        assert (out / f"profile_{phase}.txt").read_text().startswith(f"{phase} phase of step 2:")
+
+
+def test_realsize_figures_are_gated_but_the_checkpoints_seconds_are_the_hosts_disk():
+    new = gpu_check.recorded({"realsize/train_s": 33.0, "realsize/checkpoint_s": 40.0}, {}, "H200", "abc1234")
+    assert new["realsize/train_s"]["H200"]["gate"] and new["realsize/train_s"]["H200"]["better"] == "lower"
+    assert not new["realsize/checkpoint_s"]["H200"]["gate"]
+    assert "realsize" in gpu_check.PARTS and gpu_check.PARTS[-1] == "tests"
