@@ -202,6 +202,7 @@ def test_a_qwen3_run_checks_clean_and_check_pair_agrees(tok, tmp_path, monkeypat
     assert result.exit_code == 0, result.output
     assert " 0 drifted" in result.output and re.search(r"reasoning_inserted in \d+ episodes", result.output), result.output
     report = check_pair(tmp_path / "student", tmp_path / "teacher", env="sql_db")
-    assert report.ok, report.failed
+    failed = {c.name: c.detail for c in report.failed}  # random weights: the self-test finds the teacher uniform, rightly
+    assert list(failed) == ["selftest"] and "is uniform" in failed["selftest"], report.failed
     detail = {c.name: c.detail for c in report.checks}["token_stream"]
     assert "no reasoning sampled" in detail and "reasoning_inserted" in detail and "last turn sampled by the student" in detail
