@@ -145,7 +145,8 @@ def check_pair_command(
     student: Annotated[str, typer.Option("--student", help="the student: a Hugging Face folder, a .gguf file or a hub id")],
     teacher: Annotated[str, typer.Option("--teacher", help="the teacher: a Hugging Face folder, a .gguf file or a hub id")],
     env: Annotated[str | None, typer.Option("--env", help="render this env's oracle conversation; check its preset's max_context")] = None,
-    self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it once, in fp32)")] = True,
+    self_score: Annotated[bool, typer.Option(help="also let the teacher score itself (loads it once, in fp32) and run the run's teacher self-test (loads it and the student once more)")] = True,
+    selftest_oracle: Annotated[bool, typer.Option(help="the self-test fails a teacher no better than the student on the env's oracle")] = True,
     loss: Annotated[str | None, typer.Option("--loss", help="the run's trainer.loss: a cross-tokenizer one (xtok_k1) checks "
                                                             "the pair for a teacher with another tokenizer")] = None,  # fmt: skip
     teacher_template: Annotated[str | None, typer.Option("--teacher-template", help="the run's teacher.chat_template: student "
@@ -167,7 +168,8 @@ def check_pair_command(
 
         report = check_cross_pair(student, teacher, env, self_score=self_score)
     else:
-        report = check_pair(student, teacher, env, self_score=self_score, teacher_template=teacher_template)
+        report = check_pair(student, teacher, env, self_score=self_score, teacher_template=teacher_template,
+                            selftest_oracle=selftest_oracle)  # fmt: skip
     _print_checks(f"check-pair: student {student}, teacher {teacher}", report.checks, "the pair fits: all checks passed")
 
 
@@ -224,6 +226,7 @@ def run_command(
 
     from agentopd.memory_plan import OutOfMemory
     from agentopd.rundir import CheckpointError
+    from agentopd.step.selftest import TeacherChanged
 
     made = not run_dir.exists()  # the runner prints "run directory: ..." once it makes it
     try:
@@ -235,7 +238,7 @@ def run_command(
             raise
     except KeyboardInterrupt:  # a second Ctrl-C during the checkpoint
         raise typer.Exit(130) from None
-    except (OutOfMemory, CheckpointError) as e:  # one line (an OOM's phase, then its plan; a checkpoint not written)
+    except (OutOfMemory, CheckpointError, TeacherChanged) as e:  # one line (an OOM's phase, then its plan; a checkpoint not written; the teacher's change)
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(1) from None
     if summary.interrupted:

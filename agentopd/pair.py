@@ -32,6 +32,11 @@ Distillation compares the two models token id by token id over the same token st
   the scored log-probs and the model's own must be ~0 (< 1e-3): the scoring and loss path agree with the
   model itself. Both normalise over the shared token ids, as a run does (the engines never sample the
   padding rows past them); the probability the teacher would put on its padding rows is named.
+- selftest (with self_score): the run's pre-flight teacher self-test on that conversation (agentopd.teacher.selftest):
+  the teacher scores it twice, the student once; the largest and mean |difference| between the repeats, the OPD signal
+  (mean |teacher - student|), the entropy share of ln(vocabulary), and teacher against student on the conversation's
+  tokens (an oracle's when the env is given). Fails on a noisy or uniform teacher, and on one no better than the
+  student on the env's oracle unless `selftest_oracle=False` (`--no-selftest-oracle`).
 A check that cannot run because an earlier one failed is skipped.
 """
 
@@ -274,8 +279,39 @@ def _self_score(teacher: str, tok: PreTrainedTokenizerBase, messages, tools, sha
     return detail
 
 
+def _selftest(student: str, teacher: str, tok: PreTrainedTokenizerBase, messages, tools, shared: int, oracle: bool,
+              check_oracle: bool) -> str:  # fmt: skip
+    import time
+
+    import torch
+
+    from agentopd.pair_stream import play_conversation
+    from agentopd.teacher import HFTeacher, TeacherMode
+    from agentopd.teacher.selftest import judge
+
+    t0 = time.perf_counter()
+    probe = [play_conversation(tok, messages, tools, reasoning=False).tokens]
+    scorer = HFTeacher(teacher, device="cpu", dtype=torch.float32, offload_after_score=False, vocab_size=shared)
+    repeats = [(scorer.score(probe, mode=TeacherMode.TOPK), scorer.score(probe, mode=TeacherMode.TOPK))]
+    del scorer
+    own = HFTeacher(student, device="cpu", dtype=torch.float32, offload_after_score=False, vocab_size=shared)
+    from agentopd.config.schema import TeacherConfig
+
+    max_noise = TeacherConfig.model_fields["selftest_max_noise"].default  # a run's default
+    found = judge("teacher", probe, repeats, [s.logprobs for s in own.score(probe)], vocab_size=shared, max_noise=max_noise,
+                  oracle=[True], check_oracle=check_oracle and oracle)  # fmt: skip  # an oracle's only with the env
+    detail = (f"{found.tokens} tokens, {time.perf_counter() - t0:.1f} s: repeat |difference| max {found.repeat.max:.1e} mean "
+              f"{found.repeat.mean:.1e}; OPD signal (mean |teacher - student|) {found.signal:.3f}; noise share "
+              f"{found.noise_share:.1%}; entropy {found.entropy_share:.1%} of ln(vocabulary); log-probability of the "
+              f"{'oracle' if oracle else 'conversation'}'s tokens: teacher {found.oracle_teacher:.3f}, student {found.oracle_student:.3f}")  # fmt: skip
+    line = found.refusal()
+    if line is not None:
+        raise _Fail(f"{line} ({detail})")
+    return detail
+
+
 def check_pair(student: str | Path, teacher: str | Path, env: str | None = None, *, max_context: int | None = None,
-               self_score: bool = True, only: Sequence[str] | None = None,
+               self_score: bool = True, only: Sequence[str] | None = None, selftest_oracle: bool = True,
                template_kwargs: dict[str, Any] | None = None, teacher_template: str | None = None) -> PairReport:  # fmt: skip
     """Every pair check (module docstring), or `only` those named; `self_score=False` runs the cheap ones only;
     `template_kwargs` (the run's `rollout.enable_thinking`) go to the chat_template check's renders; `teacher_template`
@@ -302,13 +338,15 @@ def check_pair(student: str | Path, teacher: str | Path, env: str | None = None,
     ]
     if self_score:
         steps.append(("self_score", lambda: _self_score(teacher, teacher_tok, messages, tools, shared[0])))
+        steps.append(("selftest", lambda: _selftest(student, teacher, teacher_tok, messages, tools, shared[0], env is not None,
+                                                    selftest_oracle)))  # fmt: skip
     if only is not None:
         unknown = sorted(set(only) - {name for name, _ in steps})
         if unknown:
             raise ValueError(f"unknown pair checks {unknown}; choose from {[name for name, _ in steps]}")
         # self_score needs the shared size: vocabulary runs with it
-        steps = [step for step in steps if step[0] in only or (step[0] == "vocabulary" and "self_score" in only)]
-    run_checks(report, steps, after_a_pass=("self_score",))
+        steps = [step for step in steps if step[0] in only or (step[0] == "vocabulary" and {"self_score", "selftest"} & set(only))]
+    run_checks(report, steps, after_a_pass=("self_score", "selftest"))
     report.shared_vocab = shared[0] if shared else None
     return report
 

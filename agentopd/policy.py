@@ -123,6 +123,7 @@ def check_run(cfg: Config) -> None:
         _check_privileged(cfg, trainer)
     if trainer.loss.is_cross_tokenizer:
         _check_cross_tokenizer(cfg, trainer)
+    _check_temperature(cfg, trainer)
     servers = server_teachers(cfg)
     if servers:
         _check_server_teacher(cfg, servers[0], trainer)
@@ -248,3 +249,31 @@ def _check_server_teacher(cfg: Config, url: str, trainer: TrainerConfig) -> None
         problems.append(f"rollout.temperature={cfg.rollout.temperature}: prompt logprobs are at temperature 1 only")
     if problems:
         raise ValueError(f"teacher={url} is a server that scores tokens only: " + "; ".join(problems))
+
+
+def score_temperature(cfg: Config) -> float:
+    """The temperature the teachers score sampled tokens at: the sampler's (rollout.temperature; 1 for greedy), for
+    every loss. Sampled-token losses compare the teacher's log-probability with the sampler's on the same token, so
+    both must be at one temperature; full-vocabulary losses take the teacher's hidden states (no temperature) and
+    apply trainer.temperature themselves, while its sampled-token log-probabilities feed kl/* beside the sampler's."""
+    from agentopd.engines.base import logprob_temperature
+
+    return logprob_temperature(cfg.rollout.temperature)
+
+
+def _check_temperature(cfg: Config, trainer: TrainerConfig) -> None:
+    """teacher.temperature, where given, must be the rule's (`score_temperature`) for the run's loss (verl#5592: a
+    teacher scored at another temperature than the loss assumes trains the student toward the wrong distribution)."""
+    rule = score_temperature(cfg)
+    given = cfg.teacher.temperature
+    if given is None or given == rule:
+        return
+    if trainer.loss.is_full_vocab:
+        why = (f"trainer.loss={trainer.loss.value} compares full distributions at trainer.temperature={trainer.temperature} "
+               f"from the teacher's hidden states, and the teacher's sampled-token log-probabilities (kl/*) sit beside the "
+               f"sampler's at {rule}")  # fmt: skip
+    else:
+        why = (f"trainer.loss={trainer.loss.value} compares the teacher's log-probability of each sampled token with the "
+               f"sampler's, at rollout.temperature's {rule}")  # fmt: skip
+    raise ValueError(f"teacher.temperature={given} disagrees with the loss: {why}; leave teacher.temperature unset "
+                     f"(or set it to {rule}), or change rollout.temperature")  # fmt: skip

@@ -50,7 +50,7 @@ from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device
 from agentopd.objectives import Objective, teacher_mode
 from agentopd.plan import Mixture
-from agentopd.policy import rollout_config, trainer_config
+from agentopd.policy import rollout_config, score_temperature, trainer_config
 from agentopd.progress import RunProgress
 from agentopd.routing import Router
 from agentopd.run_models import resolve_models
@@ -63,6 +63,7 @@ from agentopd.step.play import Play, StudentEngines
 from agentopd.step.recipes import run_recipes
 from agentopd.step.report import FlopsMeter, report
 from agentopd.step.score import score
+from agentopd.step.selftest import TeacherChanged, TeacherSelfTest
 from agentopd.step.train import prepare, sync, train
 from agentopd.step.values import StepParts
 from agentopd.store import Store
@@ -159,6 +160,9 @@ class Runner:
         self.parts = StepParts(cfg, self.backend, mixture, self.router, self.store, self.phases, self.recipes,
                                Objective(cfg.run.objective), teacher_mode(self.trainer_cfg.loss), rollout_cfg, shapes)  # fmt: skip
         self.engines = StudentEngines(self.parts)
+        self.selftest = TeacherSelfTest.for_run(self.parts, self.tokenizer, models.student, device, ctx.inference_dtype(models.student),
+                                                score_temperature(cfg), self.trainer_cfg.temperature,
+                                                cross_tokenizer=self.trainer_cfg.loss.is_cross_tokenizer)  # fmt: skip
         self.play = Play(self.parts, self.engines)
         self.evals = Evals(self.parts, self.engines, replace(rollout_cfg, temperature=cfg.eval.temperature), cfg.env.name)
 
@@ -182,6 +186,7 @@ class Runner:
             self.progress.note(f"resumed from {ckpt.name}: continuing at step {start + 1}")
         interrupted = False
         oom: OutOfMemory | None = None
+        changed: TeacherChanged | None = None
         failed: CheckpointError | None = None
         restore = self._catch_ctrl_c()
         try:
@@ -228,6 +233,8 @@ class Runner:
             interrupted, failed = True, e
         except torch.OutOfMemoryError as e:
             interrupted, oom = True, self._out_of_memory(e, start, summary)
+        except TeacherChanged as e:  # the self-test's re-check: stop with a checkpoint of what the trainer has
+            interrupted, changed = True, TeacherChanged(f"{e}{self._stop_checkpoint(start, summary)}")
         finally:
             restore()
             self.log.close()
@@ -245,19 +252,26 @@ class Runner:
                 recipe.close()
         if oom is not None:
             raise oom
+        if changed is not None:
+            raise changed
         if failed is not None:
             raise failed
         return summary
 
     def _step(self, step: int) -> dict[str, float]:
-        """One step: play -> score -> samples -> train -> sync -> report (agentopd/step/, docs/design.md 9)."""
+        """One step: play -> score -> samples -> train -> sync -> report (agentopd/step/, docs/design.md 9); the
+        teacher's self-test after the play stage (agentopd.step.selftest): the pre-flight at this process's first step,
+        a re-check after a sleep, offload, reload or restart at the others."""
         played = self.play(step)
+        checked: dict[str, float] = {}
+        if self.selftest is not None:
+            checked = self.selftest.recheck() if self.selftest.found else self.selftest.preflight(played)
         scored = score(played, self.parts)
         samples = prepare(played, scored, self.parts)
         trained = train(samples, self.parts)
         self._trained_through, self._unlogged = step, (step, trained.metrics)  # a checkpoint now holds this step
         synced = sync(played, self.parts, self.engines)
-        metrics = report(played, scored, samples, trained, synced, self.parts, self.flops)
+        metrics = report(played, scored, samples, trained, synced, self.parts, self.flops) | checked
         self._unlogged = (step, metrics)
         return metrics
 
@@ -357,6 +371,16 @@ class Runner:
             saved = f"; last checkpoint at step {self._checkpointed}"
         when = f"the eval after step {last}" if phase == "eval" else f"step {last + 1}"
         return OutOfMemory(f"CUDA out of memory in the {phase} phase ({when}){saved}: {_first_line(error)}{self._plan_table()}")
+
+    def _stop_checkpoint(self, start: int, summary: RunSummary) -> str:
+        """A checkpoint of the last step the trainer took, where there is one to write; what to say about it."""
+        last = self._trained_through
+        if self._unlogged is not None:
+            self._write(*self._unlogged)
+        if last > start and self._checkpointed != last:
+            self._checkpoint(last, summary)
+            return f"; checkpoint at step {last} (continue with --resume once the teacher is fixed)"
+        return f"; last checkpoint at step {self._checkpointed}" if self._checkpointed >= 0 else "; no step was trained"
 
     def _plan_table(self) -> str:
         return f"\n{self.memory_plan.table()}" if self.memory_plan is not None else ""

@@ -100,7 +100,8 @@ def main() -> None:
            "rollout.tasks_per_step=16", "rollout.n=4", "rollout.max_new_tokens=128", "rollout.max_turns=3",
            "rollout.max_context=2048", "eval.num_tasks=32", "eval.every=0", "log.tensorboard=false",
            "trainer.loss=reverse_kl", "trainer.lr=1e-5", "trainer.activation_checkpointing=true",
-           "trainer.micro_batch_tokens=16384", "run.checkpoint_every=0", *args.overrides]  # fmt: skip
+           "trainer.micro_batch_tokens=16384", "run.checkpoint_every=0",
+           "teacher.selftest=false", *args.overrides]  # fmt: skip  # random weights are a uniform teacher: the self-test would refuse them
     t = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t

@@ -126,7 +126,7 @@ def main() -> None:
                  "eval.num_tasks=2", "trainer.compile=false", "run.device=cpu", "run.backend=local"]  # fmt: skip
     common = ["--env", "sql_db", "--config", args.config]
     keys = [*common, f"student={models['student']}", f"teacher={models['teacher']}", *sizes, "run.checkpoint_every=0",
-            "log.tensorboard=false", *args.overrides]  # fmt: skip
+            "log.tensorboard=false", "teacher.selftest=false", *args.overrides]  # fmt: skip  # random weights are a uniform teacher: the self-test would refuse them
     cli = [sys.executable, "-m", "agentopd.cli"]
     refusal = _refusal(cli, common, args, tok_dir) if args.refuse else []
     plan = subprocess.run([*cli, "plan-memory", *keys], capture_output=True, text=True)

@@ -109,6 +109,7 @@ def measure(actors: int, episodes_per_step: list[int], steps: int, run_dir: Path
         "ray.cpus_per_teacher=0", "ray.cpus_per_trainer_worker=0", f"ray.episodes_per_call={per_call}",
         f"rollout.n={n}", "rollout.tasks_per_step=8", "rollout.max_turns=2", "eval.every=0", "log.tensorboard=false",
         "trainer.loss=sampled_k1",
+        "teacher.selftest=false",  # the stand-in teacher has no model to self-test
     ]  # fmt: skip
     cfg = load_config("calculator", overrides=overrides)
     runner_module.make_backend = lambda cfg: InstantBackend()  # the stand-ins (module docstring)

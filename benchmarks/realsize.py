@@ -37,7 +37,8 @@ from _measured import commit_measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "examples" / "qwen3-gpu.yaml"
-REDUCED = ["eval.every=0", "eval.num_tasks=8", "eval.teacher=false", "run.checkpoint_every=0", "log.tensorboard=false"]
+REDUCED = ["eval.every=0", "eval.num_tasks=8", "eval.teacher=false", "run.checkpoint_every=0", "log.tensorboard=false",
+           "teacher.selftest=false"]  # random weights are a uniform teacher: the self-test would refuse them
 TINY = ["run.device=cpu", "trainer.compile=false", "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_turns=2",
         "rollout.max_new_tokens=32", "rollout.max_context=1024", "eval.num_tasks=2", "trainer.micro_batch_tokens=4096"]  # fmt: skip
 FIGURES = {  # realsize/<name>: the run's metric of the last step

@@ -221,7 +221,8 @@ def _keys(args: argparse.Namespace, layout: Layout, mode: Mode, fault: Fault | N
     steps = max(args.steps, args.fault_step + 1) if fault else args.steps
     keys = [f"student={models['student']}", f"teacher={models['teacher']}", *layout.keys(cpu=args.tiny), *mode.keys(),
             f"run.steps={steps}", f"rollout.tasks_per_step={tasks}", *(f"{k}={v}" for k, v in sizes.items()),
-            "eval.every=0", "eval.teacher=false", "run.checkpoint_every=0", "log.tensorboard=false"]  # fmt: skip
+            "eval.every=0", "eval.teacher=false", "run.checkpoint_every=0", "log.tensorboard=false",
+            "teacher.selftest=false"]  # fmt: skip  # random weights are a uniform teacher: the self-test would refuse them
     if fault:  # work items of a quarter of a worker's share: a worker killed mid-step holds some of them
         keys.append(f"ray.episodes_per_call={max(1, per_step // (4 * layout.rollout[0]))}")
     return [*keys, *args.overrides], per_step

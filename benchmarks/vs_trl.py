@@ -163,7 +163,8 @@ def run_ours(task: str, common: dict, student: Path, teacher: Path, out: Path, w
            f"trainer.loss={loss}", f"trainer.beta={common['beta']}", f"trainer.lr={common['lr']}",
            f"trainer.betas={common['betas']}", f"trainer.weight_decay={common['weight_decay']}",
            f"trainer.grad_clip={common['grad_clip']}", "trainer.schedule=constant", "trainer.warmup_steps=0",
-           "eval.every=0", "run.checkpoint_every=0", "log.tensorboard=false", f"run.seed={common['seed']}"]  # fmt: skip
+           "eval.every=0", "run.checkpoint_every=0", "log.tensorboard=false", f"run.seed={common['seed']}",
+           "teacher.selftest=false"]  # fmt: skip  # the GPU leg's random weights are a uniform teacher; TRL has no self-test
     load = os.getloadavg()[0]
     rc, wall, rss, stamps = run_timed(cmd, out / f"ours_{task}.log", lines=run / "metrics.jsonl")
     if rc != 0:

@@ -211,7 +211,8 @@ def test_out_of_memory_in_the_train_phase_names_it_and_checkpoints(tiny_home, tm
     monkeypatch.setattr(LocalBackend, "train", oom_at_step_2)
     cfg = load_config("sql_db", overrides=[
         "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16", "rollout.max_turns=2", "eval.num_tasks=2",
-        "eval.every=0", "eval.teacher=false", "steps=3", "run.checkpoint_every=0"])  # fmt: skip
+        "eval.every=0", "eval.teacher=false", "steps=3", "run.checkpoint_every=0",
+        "teacher.selftest_oracle=false"])  # fmt: skip  # the tiny_home teachers are random (conftest)
     s = ModelShape.from_hf_config(Q06)
     monkeypatch.setattr("agentopd.runner.run_plan", lambda *a: plan_memory(cfg, {"student": s}, [80.0]))
     with pytest.raises(OutOfMemory) as err:
@@ -239,7 +240,8 @@ def test_engine_sleep_on_the_local_backend_and_the_teachers_eval_engine_closed(c
     monkeypatch.setattr(LocalBackend, "collect", watch)
     run = tmp_path / "run"
     result = cli("run", "--env", "sql_db", "--run-dir", run, "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16",
-                 "rollout.max_turns=2", "eval.num_tasks=2", "eval.every=0", "steps=2", "engine.sleep=true")  # fmt: skip
+                 "rollout.max_turns=2", "eval.num_tasks=2", "eval.every=0", "steps=2", "engine.sleep=true",
+                 "teacher.selftest_oracle=false")  # fmt: skip  # the tiny_home teachers are random (conftest)
     assert result.exit_code == 0, result.output
     assert ("teacher", ["student"]) in closed  # its engine is gone once its eval is played
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
@@ -328,7 +330,8 @@ def test_the_runs_teacher_follows_the_plans_offload(tiny_home, tmp_path, monkeyp
     monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
     monkeypatch.setattr("agentopd.teacher.HFTeacher", Recorded)
     cfg = load_config("sql_db", overrides=["rollout.tasks_per_step=2", "rollout.n=1", "rollout.max_new_tokens=8", "rollout.max_turns=1",
-                                           "eval.num_tasks=1", "eval.every=0", "eval.teacher=false", "steps=1"])  # fmt: skip
+                                           "eval.num_tasks=1", "eval.every=0", "eval.teacher=false", "steps=1",
+                                           "teacher.selftest=false"])  # fmt: skip  # its student scorer is an HFTeacher too
     for offload in (False, True):
         plan = plan_memory(cfg, {"student": ModelShape.from_hf_config(Q06)}, [80.0])
         plan.teacher_offload = offload

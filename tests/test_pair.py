@@ -34,16 +34,37 @@ def statuses(report) -> dict[str, Status]:
 
 def test_builtin_pair_passes_every_check(cli, pair):
     student, teacher = pair
-    report = check_pair(student, teacher, env="sql_db")
+    report = check_pair(student, teacher, env="sql_db", selftest_oracle=False)  # the tiny_home teacher is random (conftest)
     assert report.ok and set(statuses(report).values()) == {Status.PASS}
-    assert list(statuses(report)) == ["vocabulary", "special_tokens", "stop_ids", "chat_template", "token_stream", "max_context", "self_score"]
+    assert list(statuses(report)) == ["vocabulary", "special_tokens", "stop_ids", "chat_template", "token_stream", "max_context",
+                                      "self_score", "selftest"]
     detail = {c.name: c.detail for c in report.checks}
     assert "sql_db oracle" in detail["chat_template"] and "identical" in detail["chat_template"]
     assert "played by the agent loop" in detail["token_stream"] and "no drift" in detail["token_stream"]
     assert "forward KL" in detail["self_score"]
+    assert "repeat |difference| max 0.0e+00" in detail["selftest"] and "OPD signal" in detail["selftest"]
     result = cli("check-pair", "--student", student, "--teacher", teacher)
     assert result.exit_code == 0, result.output
-    assert "all checks passed" in result.output and "self_score" in result.output
+    assert "all checks passed" in result.output and "self_score" in result.output and "selftest" in result.output
+
+
+def test_selftest_fails_a_teacher_no_better_than_the_student_or_uniform(cli, pair, tmp_path):
+    """check-pair reports the run's pre-flight self-test: the random tiny teacher is worse than its student on the
+    sql_db oracle; a teacher with zeroed weights is uniform."""
+    student, teacher = pair
+    report = check_pair(student, teacher, env="sql_db")
+    failed = {c.name: c.detail for c in report.failed}
+    assert list(failed) == ["selftest"] and "no better than the student on the env's oracle episodes" in failed["selftest"]
+    result = cli("check-pair", "--student", student, "--teacher", teacher, "--env", "sql_db", "--no-selftest-oracle")
+    assert result.exit_code == 0, result.output
+    zeroed = AutoModelForCausalLM.from_pretrained(teacher)
+    with torch.no_grad():
+        for p in zeroed.parameters():
+            p.zero_()
+    zeroed.save_pretrained(tmp_path / "zeroed")
+    AutoTokenizer.from_pretrained(teacher).save_pretrained(tmp_path / "zeroed")
+    uniform = {c.name: c.detail for c in check_pair(student, tmp_path / "zeroed").failed}
+    assert "is uniform" in uniform["selftest"] and "100.0% of ln(vocabulary)" in uniform["selftest"]
 
 
 def test_padded_vocabulary_passes_and_names_the_padding(cli, pair, tmp_path):

@@ -57,7 +57,8 @@ def home(tiny_home, monkeypatch):
 
 
 SHORT = ["steps=2", "rollout.tasks_per_step=4", "rollout.max_new_tokens=16", "rollout.max_turns=2",
-         "eval.num_tasks=2", "eval.every=0", "log.tensorboard=false", "rollout.max_context=2048"]  # fmt: skip
+         "eval.num_tasks=2", "eval.every=0", "log.tensorboard=false", "rollout.max_context=2048",
+         "teacher.selftest_oracle=false"]  # fmt: skip  # the tiny_home teachers are random (conftest)
 
 
 def test_readme_line_runs_on_two_cpus_without_ray_overrides(ray_cluster, home, tmp_path):

@@ -21,6 +21,7 @@ from agentopd.bootstrap import TINY_SPEC
 SHORT = [
     "steps=2", "rollout.tasks_per_step=3", "rollout.n=2", "rollout.max_new_tokens=24", "rollout.max_turns=3",
     "eval.num_tasks=4", "eval.every=1", "run.checkpoint_every=1", "trainer.lr=1e-3",
+    "teacher.selftest_oracle=false",  # the tiny_home teachers are random: no better than the student on the oracle (conftest)
 ]  # fmt: skip
 METRICS = [
     "loss", "grad_norm", "lr", "tool_mask/llm_tokens", "tool_mask/tool_tokens", "tool_mask/tool_ratio",
@@ -50,6 +51,9 @@ def test_short_run_writes_the_run_directory_contract(cli, tmp_path, env):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == [1, 2]
+    first = next(r for r in records if "loss" in r)  # the teacher's pre-flight self-test (agentopd.step.selftest)
+    assert first["teacher/selftest_signal"] > 0 and first["teacher/selftest_repeat_max_diff"] == 0.0  # CPU: bit-exact
+    assert first["teacher/selftest_entropy_share"] < 0.95 and first["teacher/selftest_tokens"] > 0
     for key in METRICS:
         assert key in records[-1], key
     assert "eval/success_rate" in records[0] and "eval/teacher_success_rate" in records[0]
@@ -121,7 +125,7 @@ def test_local_model_folders_as_student_and_teacher(cli, home, tmp_path):
         folders[role] = tmp_path / role
     run = tmp_path / "run"
     result = cli("run", "--env", "calculator", "--run-dir", run, f"student={folders['student']}",
-                 f"teacher={folders['teacher']}", *SHORT)  # fmt: skip
+                 f"teacher={folders['teacher']}", *SHORT, "teacher.selftest=false")  # fmt: skip  # random init: a uniform teacher
     assert result.exit_code == 0, result.output
     AutoModelForCausalLM.from_pretrained(run / "final")
     result = cli("export", run / "checkpoints" / "step_000001", tmp_path / "exported")
@@ -169,7 +173,8 @@ def test_bad_input_is_one_line_error(cli, tmp_path, args, message):
     assert result.exit_code == 2 and message in result.output, result.output
 
 
-QUICK = ["steps=1", "rollout.tasks_per_step=2", "rollout.max_new_tokens=8", "rollout.max_turns=2", "eval.num_tasks=2"]
+QUICK = ["steps=1", "rollout.tasks_per_step=2", "rollout.max_new_tokens=8", "rollout.max_turns=2", "eval.num_tasks=2",
+         "teacher.selftest_oracle=false"]  # the tiny_home teachers are random (conftest)
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,18 @@ def test_run_page_charts(client, runs):
     assert {"loss", "kl/mean", "kl/turn_0", "success_rate", "tool_mask/tool_ratio"} <= set(metrics[0])
 
 
+def test_run_page_shows_the_teacher_selftest(client, runs):
+    """The real run's pre-flight (teacher/selftest_* at step 1) as its own panel; the synthetic run has none."""
+    html = client.get("/runs/demo").text
+    real = "teacher/selftest_signal" in (runs[1].path / "metrics.jsonl").read_text()  # every real run has one
+    assert ("teacher self-test" in html) == real
+    if real:
+        panel = html.split("teacher self-test", 1)[1].split("</section>", 1)[0]
+        assert "before step 1" in panel
+        for key in ("signal", "noise_share", "repeat_max_diff", "entropy_share", "score_temperature", "loss_temperature"):
+            assert f"<code>{key}</code>" in panel, key
+
+
 def walk(client, limit, order, start="first"):
     """Every id by following cursors from the first (or last) page; checks page sizes."""
     params = {"limit": limit, "order": order}

@@ -13,6 +13,10 @@ Both backends (local.py, ray.py) implement exactly this, in the records of the c
 - `train(samples, head, loss=None, temperature=None)` -> the step's metrics (the same on every rank); `head` is
   the teacher's lm_head for the full-vocabulary losses, or a list of one per teacher indexed by the samples'
   `teacher_index`; a `loss` (at `temperature`) replaces the trainer's own for this step (the SFT warm start).
+- `score_replicas(name, streams, mode)` -> one list of scores per replica of teacher `name` (a Ray pool's actors; one
+  elsewhere), every replica scoring every stream: the teacher's self-test (agentopd.step.selftest).
+- `teacher_events()` -> {teacher: what it went through since the last call that may change its scores} (an engine's
+  sleep/wake, an offload and reload, an actor restarted): the self-test scores its probe again after each.
 - `save_checkpoint(path, extra)`: every rank's part into a hidden folder, then the DONE marker and one rename to
   `path` (`rundir.write_checkpoint`), so a folder named step_N is complete and a failed or killed write leaves no
   checkpoint a resume would take.
@@ -94,6 +98,10 @@ class Backend(Protocol):
     def collect(self, handle: RolloutHandle, on_episode: OnEpisode | None = None) -> list[Episode]: ...
 
     def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]: ...
+
+    def score_replicas(self, name: str, streams: list[TokenStream], mode: TeacherMode) -> list[list[TeacherScores]]: ...
+
+    def teacher_events(self) -> dict[str, str]: ...
 
     # async mode: scoring started on a submitted rollout's episodes as they are played (where the backend can);
     # after `collect`, `ahead_scores` gives them in plan order, None where the caller must score itself

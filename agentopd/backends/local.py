@@ -79,6 +79,7 @@ class LocalBackend:
         )
         self._stats: dict[str, float] = {}  # the step's metrics, until stats() reads them
         self._sleeping = False  # the student's engine freed its KV pool (ctx.engine_sleep)
+        self._events: list[str] = []  # what the teachers went through since `teacher_events` last read it
 
     def _student_engine(self, student: torch.nn.Module) -> Engine:
         from agentopd.engines import EngineKind, resolve_kind
@@ -118,12 +119,33 @@ class LocalBackend:
         t0 = time.perf_counter()
         self.players.sleep() if asleep else self.players.wake()
         self._sleeping = asleep
+        if not asleep and "the engine's sleep/wake" not in self._events:  # a colocated engine's wake is what wiped a
+            self._events.append("the engine's sleep/wake")  # teacher's weights elsewhere (redai-studio/Relax#287)
         key = "perf/engine_sleep_s" if asleep else "perf/engine_wake_s"
         self._stats[key] = self._stats.get(key, 0.0) + time.perf_counter() - t0
 
     def score(self, by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
         self._asleep(True)
         return score_routed(self.teachers, by_teacher, mode)
+
+    def score_replicas(self, name: str, streams: list[TokenStream], mode: TeacherMode) -> list[list[TeacherScores]]:
+        """The teacher's self-test (agentopd.step.selftest): `streams` scored by each replica of `name` (here: one)."""
+        self._asleep(True)
+        return [self.teachers[name].score(streams, mode=mode)]
+
+    def teacher_events(self) -> dict[str, str]:
+        """What each teacher went through since the last call that may change its scores (teacher name -> the event):
+        the student engine's sleep/wake (engine.sleep), an offload to host memory and reload (teacher.offload on CUDA)."""
+        events = list(self._events)
+        self._events.clear()
+        out = {}
+        for name, teacher in self.teachers.items():
+            mine = list(events)
+            if getattr(teacher, "offload_after_score", False) and teacher.device.type == "cuda":
+                mine.append("its offload and reload (teacher.offload)")
+            if mine:
+                out[name] = " and ".join(mine)
+        return out
 
     def score_ahead(self, handle: RolloutHandle, teacher_of: Sequence[str], mode: TeacherMode) -> None:
         pass  # rollouts run when collected: there is nothing to score beside (ahead_scores gives None)

@@ -179,6 +179,7 @@ class RayBackend:
         self._weight_members: tuple[Any, ...] = ()
         self._pending: list[Any] = []  # a weight sync still running (async mode): settled before the trainer's next call
         self._asleep = False  # the engines freed their KV pools for training (ray.engine_sleep)
+        self._teacher_events: dict[str, list[str]] = {}  # teacher -> what it went through since teacher_events read it
 
     # ---- actors -----------------------------------------------------------------------------
     def _new_rollout_worker(self, i: int) -> Any:
@@ -236,6 +237,9 @@ class RayBackend:
     def submit_rollout(self, planned: Sequence[Planned], config: RolloutConfig, who: str = STUDENT) -> RolloutHandle:
         if self._asleep:  # the wake runs on each worker before the plays queued after it
             self._asleep = False
+            for name in self.teachers:  # teachers sharing a GPU with a woken engine (redai-studio/Relax#287)
+                if "the rollout engines' sleep/wake" not in self._teacher_events.setdefault(name, []):
+                    self._teacher_events[name].append("the rollout engines' sleep/wake")
             for w in self.workers:
                 w.wake.remote()
         planned, n = list(planned), len(self.workers)
@@ -298,6 +302,7 @@ class RayBackend:
             self._restart("teacher", error)
             self.ray.kill(dead, no_restart=True)
             self.teachers[name][replica] = self._new_teacher(name, replica)
+            self._teacher_events.setdefault(name, []).append(f"replica {replica}'s restart after a fault")
 
     def _scores(self, refs: list[Any], mode: TeacherMode) -> list[TeacherScores]:
         """The scores of a `TeacherWorker.score_apart` call from its ObjectRefs (the scores, then each stream's rows)."""
@@ -376,6 +381,27 @@ class RayBackend:
                     job[4] = self.teachers[name][r]
                     job[3] = submit(job[4], by_teacher[name][part])
         return out
+
+    def score_replicas(self, name: str, streams: list[TokenStream], mode: TeacherMode) -> list[list[TeacherScores]]:
+        """Every replica of `name`'s pool scores every stream (the teacher's self-test, agentopd.step.selftest); a replica
+        found dead is replaced and asked again."""
+        from ray.exceptions import RayActorError
+
+        out = []
+        for r in range(len(self.teachers[name])):
+            while True:
+                actor = self.teachers[name][r]
+                try:
+                    out.append(self._scores(actor.score_apart.options(num_returns=len(streams) + 1).remote(streams, mode), mode))
+                    break
+                except RayActorError as e:
+                    self._replace_teacher(name, r, actor, e)
+        return out
+
+    def teacher_events(self) -> dict[str, str]:
+        """{teacher: its replicas restarted and the engines' sleep/wake since the last call} (Backend.teacher_events)."""
+        events, self._teacher_events = self._teacher_events, {}
+        return {name: " and ".join(dict.fromkeys(e)) for name, e in events.items() if e}
 
     def teacher_head(self, name: str) -> torch.Tensor:
         """The teacher's lm_head, fetched once (its weights never change: 1.2 GB for a Qwen3-8B head, which went through

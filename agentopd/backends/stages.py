@@ -229,7 +229,7 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
 
     # the teacher's sampled-token logprobs (kl/* metrics, sampled losses) sit beside the sampler's: same temperature;
     # the hidden states the full-vocabulary losses use carry none (the loss applies trainer.temperature)
-    temperature = logprob_temperature(ctx.rollout_cfg.temperature)
+    temperature = logprob_temperature(ctx.rollout_cfg.temperature)  # teacher.temperature may only agree (policy.check_run)
     ref = ctx.teacher_refs[name]
     if is_server(ref):
         return ServerTeacher(str(ref), top_k=ctx.cfg.teacher.top_k, temperature=temperature)

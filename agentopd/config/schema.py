@@ -150,6 +150,23 @@ class TeacherConfig(Section):
         None, description="the teacher's chat template for the pair check: null = its own; student = the student's (a pair "
         "whose templates differ only in how they are written, e.g. an escaped brace); or a .jinja file",
     )
+    temperature: float | None = Field(
+        None, gt=0, description="the temperature the teacher scores the sampled tokens at; null = the rule of the loss "
+        "(the sampler's: rollout.temperature, 1 for greedy); any other value is refused at load (agentopd.policy)",
+    )
+    selftest: bool = Field(
+        True, description="score a probe (the env's oracle episodes and the student's first rollouts) twice on every replica "
+        "before step 1 and again after a sleep, offload, reload or restart; refuse a noisy, uniform or broken teacher "
+        "(agentopd.step.selftest)",
+    )
+    selftest_max_noise: float = Field(
+        0.1, ge=0, description="the self-test refuses a teacher whose repeat or replica noise (mean |difference| a "
+        "token) exceeds this share of the OPD signal (mean |teacher - student| on the same tokens)",
+    )
+    selftest_oracle: bool = Field(
+        True, description="the self-test refuses a teacher no better than the student on the env's oracle episodes "
+        "(off by itself for teacher=self and teacher.privileged, where the teacher is the student)",
+    )
     offload: Literal["auto"] | bool = Field(
         "auto", description="a local teacher on a GPU: move it to pinned host memory after each scoring and back before the "
         "next (a host-to-GPU copy of its weights every step); false = keep it resident; auto = resident when the memory "

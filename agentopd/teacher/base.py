@@ -38,12 +38,15 @@ class TeacherScores:
     topk_logprobs  R x K logprobs matching topk_ids (TOPK mode)
     hidden         R x H final hidden states of the positions that predict the response tokens
                    (HIDDEN mode; row i predicts response token i; the teacher's dtype)
+    entropy        R floats: the entropy of the teacher's distribution at each response position (TOPK mode, a local
+                   teacher; a server gives None: agentopd.teacher.selftest bounds it from the top-k)
     """
 
     logprobs: list[float]
     topk_ids: list[list[int]] | None = None
     topk_logprobs: list[list[float]] | None = None
     hidden: torch.Tensor | None = None
+    entropy: list[float] | None = None
 
 
 @runtime_checkable

@@ -316,7 +316,7 @@ class HFTeacher:
         mask_N = torch.cat([torch.tensor(s.response_mask, dtype=torch.float32) for s in streams])
         assert hidden_NH.shape[0] == targets_N.shape[0] == mask_N.shape[0]
 
-        logprob_chunks, ids_chunks, topk_chunks = [], [], []
+        logprob_chunks, ids_chunks, topk_chunks, entropy_chunks = [], [], [], []
         k = min(self.top_k, weight_VH.shape[0])
         for start in range(0, hidden_NH.shape[0], self.head_chunk):
             h_nH = hidden_NH[start : start + self.head_chunk]
@@ -327,12 +327,14 @@ class HFTeacher:
                 top_nK = logprobs_nV.topk(k, dim=-1)
                 ids_chunks.append(top_nK.indices)
                 topk_chunks.append(top_nK.values)
+                entropy_chunks.append(-(logprobs_nV.exp() * logprobs_nV).sum(-1))
         # one device-to-host copy per group (not per chunk and stream): the GPU is not stopped in between
         logprobs_N = torch.cat(logprob_chunks).cpu() if logprob_chunks else torch.zeros(0)
         logprobs_N = torch.where(mask_N > 0, logprobs_N, torch.zeros_like(logprobs_N))
         if mode is TeacherMode.TOPK:
             ids_NK = torch.cat(ids_chunks).cpu() if ids_chunks else torch.zeros(0, k, dtype=torch.long)
             top_NK = torch.cat(topk_chunks).cpu() if topk_chunks else torch.zeros(0, k)
+            entropy_N = torch.cat(entropy_chunks).cpu() if entropy_chunks else torch.zeros(0)
         if mode is TeacherMode.HIDDEN:
             hidden_host_NH = hidden_NH.to("cpu")
 
@@ -343,6 +345,7 @@ class HFTeacher:
             if mode is TeacherMode.TOPK:
                 scores.topk_ids = ids_NK[start:end].tolist()
                 scores.topk_logprobs = top_NK[start:end].tolist()
+                scores.entropy = entropy_N[start:end].tolist()
             if mode is TeacherMode.HIDDEN:
                 scores.hidden = hidden_host_NH[start:end].clone()  # its own storage, not a view of the group's
             out.append(scores)

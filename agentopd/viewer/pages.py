@@ -89,6 +89,20 @@ CHARTS = (
 )
 
 
+SELFTEST = "teacher/selftest_"
+
+
+def teacher_selftest(rows: list[dict[str, Any]]) -> tuple[int, list[tuple[str, Any]], list[tuple[int, float]]] | None:
+    """The teacher's pre-flight self-test (its step, its teacher/selftest_* values) and each later re-check (step,
+    largest difference), from metrics.jsonl rows; None for a run without one (agentopd.step.selftest)."""
+    first = next((r for r in rows if f"{SELFTEST}signal" in r), None)
+    if first is None:
+        return None
+    values = sorted((k.removeprefix(SELFTEST), v) for k, v in first.items() if k.startswith(SELFTEST) and "recheck" not in k)
+    rechecks = [(r["step"], r[f"{SELFTEST}recheck_max_diff"]) for r in rows if f"{SELFTEST}recheck_max_diff" in r]
+    return first["step"], values, rechecks
+
+
 @router.get("/runs/{run}", response_class=HTMLResponse)
 def run_page(request: Request, run: str) -> HTMLResponse:
     r = get_run(request, run)
@@ -96,6 +110,7 @@ def run_page(request: Request, run: str) -> HTMLResponse:
     rows = r.metrics()
     charts = [line_chart(rows, names, title) for title, names in CHARTS]
     latest = sorted((rows[-1] if rows else {}).items())
+    selftest = teacher_selftest(rows)
     return render(
         request,
         "run.html",
@@ -103,6 +118,7 @@ def run_page(request: Request, run: str) -> HTMLResponse:
         charts=charts,
         heatmap=kl_heatmap(rows),
         latest=latest,
+        selftest=selftest,
         latest_step=rows[-1]["step"] if rows else None,
         n_rows=len(rows),
     )

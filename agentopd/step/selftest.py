@@ -1,0 +1,197 @@
+"""The teacher's self-test in a run: a pre-flight before step 1's training, and a re-check after every event that may
+change a teacher's scores (agentopd.teacher.selftest judges; this module builds the probe and asks the backend).
+
+    selftest = TeacherSelfTest.for_run(parts, tokenizer, student_ref, device, dtype)   # None when the run has none
+    metrics = selftest.preflight(played)   # step 1 (or the first step after a resume), after its play stage
+    metrics = selftest.recheck()           # every later step, after its play stage: {} when nothing happened
+
+The probe of a teacher: the oracle episodes (ORACLE_TASKS training tasks of each source it scores, played through the
+agent loop as check-pair plays them, agentopd.pair_stream) and the first PROBE_ROLLOUTS of the step's episodes routed
+to it. Each replica (`Backend.score_replicas`: a Ray pool's actors, else the one teacher) scores it twice in TOPK mode;
+the student's starting weights score it once (a scorer loaded for the pre-flight and dropped after it). A refusal is
+`TeacherRefused` (a ValueError: one line, exit 2, before any optimizer step). Later, after an event the backend reports
+(`Backend.teacher_events`: the engine's sleep/wake, a teacher's offload and reload, a restarted replica), each replica
+scores the probe again; a difference beyond the pre-flight's noise is `TeacherChanged` (the runner checkpoints the last
+trained step and stops with that line).
+
+Off with teacher.selftest=false; not run for a cross-tokenizer loss (the teacher reads other token ids) or an
+objective whose teacher scores nothing (sft, grpo).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentopd.teacher.base import TeacherMode
+from agentopd.teacher.selftest import SelfTest, judge, recheck
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from agentopd.step.values import Played, StepParts
+    from agentopd.types import TokenStream
+
+ORACLE_TASKS = 2  # oracle episodes per source in the probe
+PROBE_ROLLOUTS = 8  # the step's first episodes per teacher in the probe
+
+
+class TeacherRefused(ValueError):
+    """The pre-flight refused a teacher (one line)."""
+
+
+class TeacherChanged(RuntimeError):
+    """A teacher's scores of the probe changed after a sleep, offload, reload or restart (one line)."""
+
+
+def oracle_streams(parts: StepParts, tokenizer: PreTrainedTokenizerBase, source: str) -> list[TokenStream]:
+    """The token streams of the oracle solving the first ORACLE_TASKS training tasks of `source`, as the agent loop
+    plays them ([] for an env without an oracle or tasks)."""
+    from agentopd.corpus import oracle_conversation
+    from agentopd.pair_stream import play_conversation
+
+    thinking = parts.cfg.rollout.enable_thinking
+    kwargs = None if thinking is None else {"enable_thinking": thinking}
+    env = parts.mixture.sources[source].factory("train")()
+    try:
+        tasks = list(getattr(env.unwrapped, "tasks", []) or [])[:ORACLE_TASKS]
+        out = []
+        for task in tasks:
+            try:
+                messages, tools = oracle_conversation(env, task.id)
+            except NotImplementedError:  # an env without an oracle: the probe holds its rollouts only
+                return []
+            episode = play_conversation(tokenizer, [dict(m) for m in messages], tools, kwargs, reasoning=False)
+            if "error" not in episode.info and sum(episode.tokens.response_mask):
+                out.append(episode.tokens)
+        return out
+    finally:
+        env.close()
+
+
+@dataclass
+class TeacherSelfTest:
+    parts: StepParts
+    tokenizer: PreTrainedTokenizerBase
+    student_ref: Any
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int
+    score_temperature: float
+    loss_temperature: float
+    check_oracle: bool
+    max_noise: float
+    found: dict[str, SelfTest] = field(default_factory=dict)
+    probes: dict[str, list[TokenStream]] = field(default_factory=dict)
+
+    @staticmethod
+    def for_run(parts: StepParts, tokenizer: PreTrainedTokenizerBase, student_ref: Any, device: torch.device, dtype: torch.dtype,
+                score_temperature: float, loss_temperature: float, *, cross_tokenizer: bool) -> TeacherSelfTest | None:  # fmt: skip
+        cfg = parts.cfg
+        if not cfg.teacher.selftest or cross_tokenizer or not parts.objective.scores:
+            return None
+        from agentopd.models import SELF
+
+        # teacher=self or a privileged teacher is the student by design: on the probe (no privileged prompt) its signal
+        # is ~0, so neither its noise share nor its oracle margin over the student means anything there
+        is_student = cfg.teacher.path == SELF or cfg.teacher.privileged is not None
+        return TeacherSelfTest(parts, tokenizer, student_ref, device, dtype, len(tokenizer), score_temperature, loss_temperature,
+                               check_oracle=cfg.teacher.selftest_oracle and not is_student,
+                               max_noise=math.inf if is_student else cfg.teacher.selftest_max_noise)  # fmt: skip
+
+    def _probes(self, played: Played) -> dict[str, tuple[list[TokenStream], list[bool]]]:
+        """Per teacher: its probe streams and which of them are oracle episodes."""
+        sources: dict[str, list[str]] = {}
+        rollouts: dict[str, list[TokenStream]] = {}
+        for p, e, name in zip(played.planned, played.episodes, played.teacher_of):
+            if p.source not in sources.setdefault(name, []):
+                sources[name].append(p.source)
+            if len(rollouts.setdefault(name, [])) < PROBE_ROLLOUTS and sum(e.tokens.response_mask):
+                rollouts[name].append(e.tokens)
+        out = {}
+        for name in sources:
+            oracle = [s for source in sources[name] for s in oracle_streams(self.parts, self.tokenizer, source)]
+            out[name] = (oracle + rollouts[name], [True] * len(oracle) + [False] * len(rollouts[name]))
+        return out
+
+    def preflight(self, played: Played) -> dict[str, float]:
+        """Score each teacher's probe twice on every replica, beside the student; TeacherRefused on the first teacher
+        that fails; else the teacher/selftest_* metrics."""
+        from agentopd.teacher import HFTeacher
+
+        t0 = time.perf_counter()
+        backend = self.parts.backend
+        probes = self._probes(played)
+        backend.teacher_events()  # what happened before the pre-flight is what it measures
+        with self.parts.phases("teacher"):
+            # the teachers first: the backend puts the student's engine to sleep (engine.sleep) before they score, so the
+            # student's scorer then loads beside the teacher's phase, not beside the engine's KV pool
+            scored = {name: (backend.score_replicas(name, probe, TeacherMode.TOPK), backend.score_replicas(name, probe, TeacherMode.TOPK))
+                      for name, (probe, _) in probes.items()}  # fmt: skip
+            student = HFTeacher(self.student_ref, device=self._student_device(), dtype=self.dtype, offload_after_score=False,
+                                temperature=self.score_temperature, vocab_size=self.vocab_size)  # fmt: skip
+            try:
+                student_lp = {name: [sc.logprobs for sc in student.score(probe)] for name, (probe, _) in probes.items()}
+            finally:
+                on_gpu = student.device.type == "cuda"
+                del student
+                if on_gpu:
+                    import torch
+
+                    torch.cuda.empty_cache()
+            for name, (probe, oracle) in probes.items():
+                first, second = scored[name]
+                found = judge(name, probe, list(zip(first, second)), student_lp[name], vocab_size=self.vocab_size,
+                              max_noise=self.max_noise, oracle=oracle,
+                              check_oracle=self.check_oracle)  # fmt: skip
+                line = found.refusal()
+                if line is not None:
+                    raise TeacherRefused(f"teacher self-test: {line}")
+                self.found[name], self.probes[name] = found, probe
+        return self._metrics(time.perf_counter() - t0)
+
+    def _student_device(self) -> torch.device:
+        """The run's device for the student's scorer where it has room for a second copy of the student (twice its
+        weights free: the memory plan never counted it), else the CPU (slower, never out of memory)."""
+        import torch
+
+        if self.device.type != "cuda":
+            return self.device
+        from agentopd.shape import ModelShape
+
+        free, _ = torch.cuda.mem_get_info(self.device)
+        need = 2 * ModelShape.from_ref(self.student_ref).params * torch.finfo(self.dtype).bits // 8
+        return self.device if free > need else torch.device("cpu")
+
+    def _metrics(self, seconds: float) -> dict[str, float]:
+        if not self.found:  # a step with no episode to probe: the next step's play stage tries again
+            return {}
+        worst = max(self.found.values(), key=lambda f: f.noise_share)
+        out = worst.metrics() | {"teacher/selftest_s": seconds, "teacher/selftest_score_temperature": self.score_temperature,
+                                 "teacher/selftest_loss_temperature": self.loss_temperature}  # fmt: skip
+        if len(self.found) > 1:
+            for name, found in self.found.items():
+                out |= {f"{key}/{name}": value for key, value in found.metrics().items()}
+        return out
+
+    def recheck(self) -> dict[str, float]:
+        """After each event the backend reports, the teachers it names score their probe again on every replica;
+        TeacherChanged when one moved beyond the pre-flight's noise; else teacher/selftest_recheck_* metrics ({} when
+        nothing happened)."""
+        events = {name: e for name, e in self.parts.backend.teacher_events().items() if name in self.found}
+        if not events:
+            return {}
+        t0 = time.perf_counter()
+        largest = 0.0
+        with self.parts.phases("teacher"):
+            for name, event in events.items():
+                for r, scores in enumerate(self.parts.backend.score_replicas(name, self.probes[name], TeacherMode.LOGPROBS)):
+                    diff, line = recheck(name, self.probes[name], self.found[name], scores, event)
+                    if line is not None:
+                        where = f" (replica {r})" if self.found[name].replicas > 1 else ""
+                        raise TeacherChanged(f"teacher self-test: {line}{where}")
+                    largest = max(largest, diff.max)
+        return {"teacher/selftest_recheck_max_diff": largest, "teacher/selftest_recheck_s": time.perf_counter() - t0}
