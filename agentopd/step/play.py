@@ -81,7 +81,7 @@ class Play:
         with parts.phases("rollout", total=cfg.rollout.tasks_per_step * cfg.rollout.n) as advance:
             planned, episodes, stats, collected = self._rollout(step, advance)
         seconds = time.perf_counter() - t
-        kept = [i for i, ep in enumerate(episodes) if ep.tokens is not None and ep.tokens.num_llm_tokens > 0]
+        kept = [i for i, ep in enumerate(episodes) if ep.tokens is not None and ep.num_turns > 0]  # a guide's turns count
         if episodes and not kept:
             raise ValueError(_none_played(step, episodes, self.config(step)))
         if len(kept) < len(episodes):  # out of time (or failed) before their first token: stored, nothing to train on
