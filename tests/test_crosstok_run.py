@@ -173,30 +173,18 @@ def test_server_teacher_of_another_tokenizer(tiny_home, tmp_path):
     test_server_teacher (no vLLM server runs in the main suite), over real HTTP, serving the builtin:cross teacher;
     the scores it gives equal the local teacher's on the same first step (same seed: the same episodes)."""
     import sqlite3
-    import threading
-    import time
 
-    import uvicorn
-    from test_server_teacher import fake_vllm, free_port
+    from test_server_teacher import fake_vllm, serving
     from transformers import AutoModelForCausalLM
 
     teacher_dir = add_cross_teacher(tiny_home)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(fake_vllm(AutoModelForCausalLM.from_pretrained(teacher_dir).eval()),
-                                          host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     env = {**os.environ, "AGENTOPD_HOME": str(tiny_home)}
     common = ["steps=1", "rollout.tasks_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16", "rollout.max_turns=2",
               "eval.num_tasks=2", "eval.every=0", "eval.teacher=false", "run.checkpoint_every=0", "trainer.loss=xtok_k1",
               "rollout.temperature=1.0"]  # a server scores at temperature 1
-    try:
-        deadline = time.time() + 20
-        while not server.started:
-            assert time.time() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
+    with serving(fake_vllm(AutoModelForCausalLM.from_pretrained(teacher_dir).eval())) as url:
         scored = {}
-        for name, teacher in [("server", [f"teacher=http://127.0.0.1:{port}", f"teacher.tokenizer={teacher_dir}"]),
+        for name, teacher in [("server", [f"teacher={url}", f"teacher.tokenizer={teacher_dir}"]),
                               ("local", ["teacher=builtin:cross"])]:
             cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(tmp_path / name),
                    *common, *teacher]
@@ -204,9 +192,6 @@ def test_server_teacher_of_another_tokenizer(tiny_home, tmp_path):
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             db = sqlite3.connect(tmp_path / name / "trajectories.db")
             scored[name] = dict(db.execute("select id, teacher_logprobs from episodes where split='train'").fetchall())
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
     assert scored["server"].keys() == scored["local"].keys() and len(scored["local"]) == 4
     for eid, local in scored["local"].items():
         assert json.loads(scored["server"][eid]) == pytest.approx(json.loads(local), abs=1e-4)

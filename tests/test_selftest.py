@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import threading
-import time
 
 import pytest
 import torch
-import uvicorn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentopd.config import load_config
@@ -170,23 +167,12 @@ def _shuffling_server(app_model, shuffle: bool):
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_server_teacher_that_shuffles_its_logprobs_is_refused(cli, tiny_home, tmp_path, shuffle):
-    from test_server_teacher import free_port
+    from test_server_teacher import serving
 
     model = AutoModelForCausalLM.from_pretrained(tiny_home / "models" / "sql_db" / "teacher").eval()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_shuffling_server(model, shuffle), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 20
-        while not server.started:
-            assert time.time() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
+    with serving(_shuffling_server(model, shuffle)) as url:
         result = cli("run", "--env", "sql_db", "--run-dir", tmp_path / "run", *SHORT, RANDOM, "steps=1",
-                     f"teacher=http://127.0.0.1:{port}", "rollout.temperature=1.0", "trainer.loss=sampled_k1")  # fmt: skip
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+                     f"teacher={url}", "rollout.temperature=1.0", "trainer.loss=sampled_k1")  # fmt: skip
     if not shuffle:
         assert result.exit_code == 0, result.output
         return

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 import threading
 import time
 
@@ -123,10 +125,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_over_real_http_with_uvicorn():
-    model = tiny_model()
+@contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """`app` served by uvicorn on a free local port in a thread, until the block ends; yields its URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(fake_vllm(model), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -134,12 +137,18 @@ def test_over_real_http_with_uvicorn():
         while not server.started:
             assert time.time() < deadline, "uvicorn did not start"
             time.sleep(0.05)
-        streams = make_streams(4, seed=6)
-        got = ServerTeacher(f"http://127.0.0.1:{port}/", top_k=3).score(streams, mode="topk")
-        check_equal(got, HFTeacher(model, device="cpu", top_k=3).score(streams, mode="topk"), topk=True)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_over_real_http_with_uvicorn():
+    model = tiny_model()
+    with serving(fake_vllm(model)) as url:
+        streams = make_streams(4, seed=6)
+        got = ServerTeacher(f"{url}/", top_k=3).score(streams, mode="topk")
+        check_equal(got, HFTeacher(model, device="cpu", top_k=3).score(streams, mode="topk"), topk=True)
 
 
 def test_parse_a_hand_written_vllm_payload():
