@@ -9,8 +9,8 @@ settings with `--new-tokens` new tokens a turn, the model's own chat template, a
 default 300 s a 1.5B model on 2 busy cores lost 31 of 50 math episodes to it: what it measured was the machine). Two arms:
 - before: `rollout.tool_parsing=strict` (only `<tool_call>` blocks are calls: what the loop read before) and sql_db
   without its tables (`env.schema_in_prompt=false`: the prompt it had);
-- after: the presets as they are (`tool_parsing` lenient: bare or fenced JSON naming an offered tool,
-  agentopd.chat.bare_calls; sql_db with its tables and the prompt that says to query).
+- after: `tool_parsing` lenient (the default: bare or fenced JSON naming an offered tool, agentopd.chat.bare_calls),
+  sql_db with its tables and the prompt that says to query (`env.schema_in_prompt=true`).
 math offers no tools and its prompt did not change: one arm. Per cell: success, tool calls and parse errors per turn,
 seconds. Writes a JSON line per cell to --out and prints a table.
 """
@@ -35,11 +35,11 @@ from agentopd.splits import without_split
 
 
 ARMS = {"before": ["rollout.tool_parsing=strict"], "after": []}
-BEFORE_ENV = {"sql_db": ["env.schema_in_prompt=false"]}
+ENV_ARMS = {"sql_db": {"before": ["env.schema_in_prompt=false"], "after": ["env.schema_in_prompt=true"]}}
 
 
 def cell(model: Path, env: str, tasks: int, arm: str, new_tokens: int, overrides: list[str]) -> dict:
-    arm_overrides = ARMS[arm] + (BEFORE_ENV.get(env, []) if arm == "before" else [])
+    arm_overrides = ARMS[arm] + ENV_ARMS.get(env, {}).get(arm, [])
     cfg = load_config(env, overrides=[*arm_overrides, f"rollout.max_new_tokens={new_tokens}", "rollout.max_context=4096",
                                       "rollout.episode_timeout_s=7200", *overrides])  # fmt: skip
     dtype = torch.bfloat16 if stored_in_bf16(model) else torch.float32

@@ -413,7 +413,7 @@ def test_bad_kwargs_are_value_errors(library, tmp_path, home):
 def test_registered_entry_points(home):
     from agentopd.registry import make_env, plugins
 
-    env = make_env("sql_db", split="eval", max_turns=3)
+    env = make_env("sql_db", split="eval", max_turns=3, schema_in_prompt=True)
     assert isinstance(env, SqlDbEnv) and env.max_turns == 3
     system = env.reset(seed=0)[0][0]["content"]
     assert "only the final value" in system and "orders(id, customer_id, store_id" in system
@@ -422,9 +422,9 @@ def test_registered_entry_points(home):
     env.close()  # twice is fine
 
 
-def test_the_schema_is_shown_unless_it_must_be_looked_up(home):
-    """A model that has never seen the database gets its tables and is told to query (the classic families, and the
-    preset); the explore family hides them (its tasks need list_tables / describe_table), as does schema_in_prompt=False."""
+def test_the_schema_prompt_is_asked_for(home):
+    """schema_in_prompt=True (real checkpoints) shows the tables and says to query; the default and the presets keep the
+    short prompt the embedded default is trained on (its tokenizer is trained on the envs' default text)."""
     def system(**kwargs) -> str:
         env = SqlDbEnv(split="eval", **kwargs)
         try:
@@ -432,12 +432,10 @@ def test_the_schema_is_shown_unless_it_must_be_looked_up(home):
         finally:
             env.close()
 
-    shown = system()
+    shown = system(schema_in_prompt=True)
     assert shown.startswith(SCHEMA_PROMPT) and "customers(id, name, email, city, signup_year)" in shown
-    assert system(difficulty=["explore"]) == SYSTEM_PROMPT
-    assert system(schema_in_prompt=False) == SYSTEM_PROMPT
-    assert "Tables: " in system(difficulty=["explore"], schema_in_prompt=True)
-    assert load_config("sql_db").env.kwargs["schema_in_prompt"] is True
+    assert system() == SYSTEM_PROMPT and system(difficulty=["explore"]) == SYSTEM_PROMPT
+    assert load_config("sql_db").env.kwargs["schema_in_prompt"] is False
     assert load_config("sql_db_explore").env.kwargs["schema_in_prompt"] is False
 
 

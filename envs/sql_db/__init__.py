@@ -25,9 +25,10 @@ Kwargs:
     query_timeout_s  default 1.0: a query running longer is stopped and reported
     max_rows         default 50 rows shown per result, then "... N more rows"
     max_output_chars default 2000 characters per tool result
-    schema_in_prompt default None = on unless the explore family is chosen: list every table's columns in the system
-                     prompt, and say that the answer must be queried (SCHEMA_PROMPT: what a model that has never
-                     seen the database needs); False: the shorter SYSTEM_PROMPT alone (explore: the schema is looked up)
+    schema_in_prompt default False: the short SYSTEM_PROMPT (the embedded default is trained on this database);
+                     True: every table's columns in the system prompt and a prompt that says the answer must be
+                     queried (SCHEMA_PROMPT: what a model that has never seen the database needs; not meant for the
+                     explore family, whose schema is looked up)
     difficulty       default None (the five classic families): keep only these task families of
                      the generated set, e.g. [count, join] or one name; user task lines (no family)
                      are always kept. `explore` is chosen only by name: its questions need the
@@ -60,8 +61,9 @@ SYSTEM_PROMPT = (
     "You answer questions about a SQLite database. Use the tools to query it. "
     "When you know the answer, reply with only the final value(s), comma-separated, nothing else."
 )
-# with the schema shown (schema_in_prompt, the default): a model that has never seen this database is told that it
-# must query it. Qwen2.5-Coder-1.5B-Instruct, 16 held-out tasks, greedy (2026-11-29): 0/16 with the prompt above and
+# with the schema shown (schema_in_prompt=True, what real checkpoints need): a model that has never seen this database
+# is told that it must query it. Off by default: as the preset's default it changed the text a fresh home's embedded
+# tokenizer is trained on, and the calculator's embedded teacher fell from 89% to 14% (2026-11-29). Qwen2.5-Coder-1.5B-Instruct, 16 held-out tasks, greedy (2026-11-29): 0/16 with the prompt above and
 # no schema; 3/16 with this one and the tables (its answers from memory -- '1', '2023-04-15' -- otherwise)
 SCHEMA_PROMPT = (
     "You answer questions about a SQLite database. You cannot see its rows: always run a SQL query with the "
@@ -122,7 +124,7 @@ class SqlDbEnv(ToolEnv):
         query_timeout_s: float = 1.0,
         max_rows: int = 50,
         max_output_chars: int = 2000,
-        schema_in_prompt: bool | None = None,
+        schema_in_prompt: bool = False,
         difficulty: list[str] | None = None,
         tools: list[str] | None = None,
         error_hints: bool | None = None,
@@ -155,7 +157,7 @@ class SqlDbEnv(ToolEnv):
             chosen = _select(split_user_tasks(load_tasks_jsonl(tasks, self.db, builtin), self.split, tasks), Split.ALL, difficulty)
         if not chosen:
             raise ValueError(f"sql_db: no tasks in split {self.split.value!r} of {tasks or 'the generated set'}")
-        self.schema_in_prompt = bool(not explore if schema_in_prompt is None else schema_in_prompt)
+        self.schema_in_prompt = bool(schema_in_prompt)
         self._tool_list: list[Tool] = [self.db.sql_query, self.db.list_tables, self.db.describe_table]
         if isinstance(tools, str):  # make_env("sql_db", tools="sql_query"): one tool
             tools = [tools]
