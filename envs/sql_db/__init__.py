@@ -63,8 +63,9 @@ SYSTEM_PROMPT = (
 )
 # with the schema shown (schema_in_prompt=True, what real checkpoints need): a model that has never seen this database
 # is told that it must query it. Off by default: as the preset's default it changed the text a fresh home's embedded
-# tokenizer is trained on, and the calculator's embedded teacher fell from 89% to 14% (2026-11-29). Qwen2.5-Coder-1.5B-Instruct, 16 held-out tasks, greedy (2026-11-29): 0/16 with the prompt above and
-# no schema; 3/16 with this one and the tables (its answers from memory -- '1', '2023-04-15' -- otherwise)
+# tokenizer is trained on, and the calculator's embedded teacher fell from 89% to 14% (2026-11-29).
+# Qwen2.5-Coder-1.5B-Instruct, 16 held-out tasks, greedy (2026-11-29): 0/16 with the prompt above and no schema;
+# 3/16 with this one and the tables (its answers from memory -- '1', '2023-04-15' -- otherwise)
 SCHEMA_PROMPT = (
     "You answer questions about a SQLite database. You cannot see its rows: always run a SQL query with the "
     "sql_query tool first, then reply with only the final value(s) from its result, comma-separated, nothing else."
