@@ -218,14 +218,8 @@ class Runner:
                 step += 1
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, keep what the trainer has
             interrupted = True
-            # the checkpoint is labelled with the last step the trainer took (its update is in the weights, so
-            # it must not be replayed); a step interrupted before its optimizer step is replayed on resume
-            last = self._trained_through
-            if self._unlogged is not None:
-                self._write(*self._unlogged)
             try:
-                if last > start and self._checkpointed != last:
-                    self._checkpoint(last, summary)
+                last, _ = self._save_trained(start, summary)
                 self.progress.note(f"interrupted: checkpoint at step {last}; continue with --resume")
             except CheckpointError as e:
                 failed = e
@@ -372,13 +366,22 @@ class Runner:
         when = f"the eval after step {last}" if phase == "eval" else f"step {last + 1}"
         return OutOfMemory(f"CUDA out of memory in the {phase} phase ({when}){saved}: {_first_line(error)}{self._plan_table()}")
 
-    def _stop_checkpoint(self, start: int, summary: RunSummary) -> str:
-        """A checkpoint of the last step the trainer took, where there is one to write; what to say about it."""
+    def _save_trained(self, start: int, summary: RunSummary) -> tuple[int, bool]:
+        """A run stopping mid-way: the last step's metrics logged and a checkpoint of the last step the trainer took (its
+        update is in the weights, so it must not be replayed; a step stopped before its optimizer step is replayed on
+        resume), unless this process trained nothing or it is written already. (that step, whether it was written now)"""
         last = self._trained_through
         if self._unlogged is not None:
             self._write(*self._unlogged)
         if last > start and self._checkpointed != last:
             self._checkpoint(last, summary)
+            return last, True
+        return last, False
+
+    def _stop_checkpoint(self, start: int, summary: RunSummary) -> str:
+        """A checkpoint of the last step the trainer took, where there is one to write; what to say about it."""
+        last, written = self._save_trained(start, summary)
+        if written:
             return f"; checkpoint at step {last} (continue with --resume once the teacher is fixed)"
         return f"; last checkpoint at step {self._checkpointed}" if self._checkpointed >= 0 else "; no step was trained"
 
