@@ -1,0 +1,101 @@
+"""benchmarks/real_pair.py without the real models: its runs' commands load as configs, a finished run is not run
+again, a stopped one is continued with --resume (a fake `agentopd run` stands in), and the report is written from
+the results alone."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentopd.config import load_config
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "real_pair.py"
+
+# A stand-in for `agentopd run`: writes metrics.jsonl (an eval at steps 0 and 3), a checkpoint at step 2, and stops
+# there with exit 1 on its first launch (no --resume); a launch with --resume finishes: step 3, its eval and final/.
+FAKE = r"""
+import json, sys, time
+from pathlib import Path
+argv = sys.argv[1:]
+run_dir = Path(argv[argv.index("--run-dir") + 1])
+resume = "--resume" in argv
+run_dir.mkdir(parents=True, exist_ok=True)
+(run_dir / "launches").open("a").write(" ".join(argv) + "\n")
+metrics = run_dir / "metrics.jsonl"
+def write(step, **kw):
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": step, **kw}) + "\n")
+    time.sleep(1.2)
+step_rec = lambda s: dict({"train/student_tokens": 100.0, "flops/teacher": 1e12, "flops/student": 5e11, "perf/rollout_s": 1.0,
+                           "perf/teacher_s": 0.5, "perf/train_step_s": 2.0, "teacher/scored_tokens": 150.0})
+if not resume:
+    write(0, **{"eval/success_rate": 0.1})
+    write(1, **step_rec(1))
+    write(2, **step_rec(2))
+    ck = run_dir / "checkpoints" / "step_000002"
+    ck.mkdir(parents=True)
+    (ck / "DONE").write_text("2")
+    sys.exit(1)
+write(3, **step_rec(3), **{"eval/success_rate": 0.4})
+(run_dir / "final").mkdir()
+"""
+
+
+@pytest.fixture
+def rp(monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("real_pair", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "LOCK", str(tmp_path / "lock"))
+    return mod
+
+
+def _args(rp, tmp_path, **kw):
+    import argparse
+
+    base = dict(env="calculator", arms=list(rp.ARMS), seeds=[0, 1], steps=30, eval_every=10, out=tmp_path / "out", measure=False, overrides=[])
+    return argparse.Namespace(**(base | kw))
+
+
+def test_every_arm_loads_as_a_config(rp, tmp_path):
+    specs = rp.plan(_args(rp, tmp_path))
+    assert [(s["arm"], s["seed"]) for s in specs] == [(a, seed) for seed in (0, 1) for a in rp.ARMS]
+    for s in specs:
+        assert s["command"][:3] == ["agentopd", "run", "--env"]
+        cfg = load_config("calculator", overrides=s["command"][6:])
+        assert cfg.run.steps == 30 and cfg.run.seed == s["seed"] and cfg.run.checkpoint_every == 10
+        assert cfg.teacher.chat_template == "student" and str(cfg.trainer.loss) == "reverse_kl"
+        expected = {"sft": ("sft", 0, 0.0), "opd": ("opd", 0, 0.0), "sft_then_opd": ("opd", 10, 0.0), "opd_mixed": ("opd", 0, 0.5)}[s["arm"]]
+        assert (str(cfg.run.objective), cfg.recipe.sft_steps, cfg.recipe.teacher_fraction) == expected
+    measured = rp.plan(_args(rp, tmp_path, measure=True, seeds=[0]))
+    assert all("run.steps=2" in s["command"] and "/measure/" in s["run_dir"] for s in measured)
+
+
+def test_a_stopped_run_continues_and_a_finished_one_is_not_run_again(rp, tmp_path):
+    fake = tmp_path / "fake_run.py"
+    fake.write_text(FAKE)
+    spec = rp.plan(_args(rp, tmp_path, arms=["opd"], seeds=[0], steps=3, eval_every=0))[0]
+    spec["command"] = [sys.executable, str(fake), *spec["command"][2:]]
+    assert rp.play(spec, keep_weights=False) is None  # stopped at step 2 with a checkpoint
+    result = rp.play(spec, keep_weights=False)  # continued: --resume
+    run_dir = Path(spec["run_dir"])
+    launches = (run_dir / "launches").read_text().splitlines()
+    assert len(launches) == 2 and "--resume" not in launches[0] and launches[1].endswith("--resume")
+    assert [p["step"] for p in result["curve"]] == [0, 3] and result["curve"][-1]["success"] == 0.4
+    assert result["curve"][-1]["teacher_flops"] == 3e12 and result["student_tokens"] == 300
+    assert result["phases"]["perf/train_step_s"] == 2.0 and "2" in json.dumps(result["step_walls"])
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "final").exists()  # the weights removed once done
+    assert rp.play(spec, keep_weights=False) == result  # finished: read back, not run
+    assert len((run_dir / "launches").read_text().splitlines()) == 2
+
+    zero = tmp_path / "zero.jsonl"
+    zero.write_text(json.dumps({"model": "m", "env": "calculator", "success": 0.5, "tasks": 100, "tool_calls_per_turn": 0.5,
+                                "parse_errors_per_turn": 0.0, "tool_error_rate": 0.0, "stop_reasons": {"answer": 100}, "seconds": 9}) + "\n")
+    md = tmp_path / "real_pair.md"
+    args = _args(rp, tmp_path, arms=["opd"], report=md, zero_shot=zero)
+    rp.report(args)
+    text = md.read_text()
+    assert "| m | calculator | 50% | 100 |" in text and "| opd | 0 | 10% | 40% |" in text and "fake_run.py --env calculator --run-dir" in text
+    assert json.loads(md.with_suffix(".json").read_text())["runs"][0]["arm"] == "opd"
