@@ -181,9 +181,23 @@ def summarise(spec: dict, run_dir: Path, log: Path, times: Path) -> dict:
         "student_tokens": sum(r.get("train/student_tokens", 0.0) for r in records),
         "teacher_scored": sum(r.get("teacher/scored_tokens", 0.0) for r in records),
         "teacher_generated": sum(r.get("teacher/generated_tokens", 0.0) for r in records),
-        "peak_rss_gb": max(rss) / 1e6 if rss else None, "command": " ".join(spec["command"]),
+        "kl_turns": kl_by_turn(records), "peak_rss_gb": max(rss) / 1e6 if rss else None, "command": " ".join(spec["command"]),
         "commit": _measured.commit_measured(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }  # fmt: skip
+
+
+def kl_by_turn(records: list[dict]) -> dict[str, dict[str, float]]:
+    """The teacher's per-turn KL on the student's tokens (`kl/turn_<k>`, scored steps only), mean over the run's first
+    and last fifth of its steps: where the student departs from the teacher, and whether training closed it."""
+    scored = [r for r in records if any(k.startswith("kl/turn_") for k in r)]
+    if not scored:
+        return {}
+    n = max(1, len(scored) // 5)
+    out = {}
+    for part, rows in (("first", scored[:n]), ("last", scored[-n:])):
+        turns = sorted({k for r in rows for k in r if k.startswith("kl/turn_")}, key=lambda k: int(k.rsplit("_", 1)[1]))
+        out[part] = {k.rsplit("_", 1)[1]: statistics.fmean(r[k] for r in rows if k in r) for k in turns}
+    return out
 
 
 # ---- the report ---------------------------------------------------------------------------------
@@ -245,6 +259,24 @@ def arms_table(results: list[dict], arms: list[str]) -> list[str]:
     return lines
 
 
+def kl_table(results: list[dict]) -> list[str]:
+    rows = [r for r in results if r.get("kl_turns")]
+    if not rows:
+        return []
+    turns = sorted({t for r in rows for part in r["kl_turns"].values() for t in part}, key=int)
+    lines = ["Per-turn KL (`kl/turn_<k>`, the teacher's scoring of the student's tokens, nats a token; mean over the first and "
+             "last fifth of the scored steps):", "", "| arm | seed | " + " | ".join(f"turn {t} first -> last" for t in turns) + " |",
+             "|---|---|" + "---|" * len(turns)]  # fmt: skip
+    for r in rows:
+        cells = [f"{_s3(r['kl_turns']['first'].get(t))} -> {_s3(r['kl_turns']['last'].get(t))}" for t in turns]
+        lines.append(f"| {r['arm']} | {r['seed']} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _s3(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def report(args: argparse.Namespace) -> None:
     import torch
 
@@ -263,7 +295,8 @@ def report(args: argparse.Namespace) -> None:
              "then its arm's keys (benchmarks/real_pair.py). Timings contended where other work shared the 2 cores.", "",
              "## Zero-shot (greedy, real_zero_shot.py)", "", *zero_shot_table(args.zero_shot), "",
              "## Seconds per step (2-step runs, `--measure`)", "", *measure_table(measured), "",
-             f"## Arms ({args.env}, held-out success at each eval; mean ± std over seeds)", "", *arms_table(results, list(args.arms)), ""]  # fmt: skip
+             f"## Arms ({args.env}, held-out success at each eval; mean ± std over seeds)", "", *arms_table(results, list(args.arms)), "",
+             *kl_table(measured + results)]  # fmt: skip
     if png is not None and results:
         lines += [f"![held-out success vs student tokens and teacher FLOPs]({png.name})", ""]
     elif png is None:

@@ -29,7 +29,7 @@ def write(step, **kw):
         f.write(json.dumps({"step": step, **kw}) + "\n")
     time.sleep(1.2)
 step_rec = lambda s: dict({"train/student_tokens": 100.0, "flops/teacher": 1e12, "flops/student": 5e11, "perf/rollout_s": 1.0,
-                           "perf/teacher_s": 0.5, "perf/train_step_s": 2.0, "teacher/scored_tokens": 150.0})
+                           "perf/teacher_s": 0.5, "perf/train_step_s": 2.0, "teacher/scored_tokens": 150.0, "kl/turn_0": 0.5 / s, "kl/turn_1": 0.2})
 if not resume:
     write(0, **{"eval/success_rate": 0.1})
     write(1, **step_rec(1))
@@ -98,4 +98,5 @@ def test_a_stopped_run_continues_and_a_finished_one_is_not_run_again(rp, tmp_pat
     rp.report(args)
     text = md.read_text()
     assert "| m | calculator | 50% | 100 |" in text and "| opd | 0 | 10% | 40% |" in text and "fake_run.py --env calculator --run-dir" in text
+    assert "| opd | 0 | 0.500 -> 0.167 | 0.200 -> 0.200 |" in text  # per-turn KL, first and last fifth of the steps
     assert json.loads(md.with_suffix(".json").read_text())["runs"][0]["arm"] == "opd"
