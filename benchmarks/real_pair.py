@@ -6,7 +6,8 @@
     # run it again after a stop: finished runs are skipped, unfinished ones continue from their checkpoint (--resume)
     nohup python benchmarks/real_pair.py --env calculator --arms sft,opd --seeds 0,1 --steps 30 --eval-every 10 \
         --out ~/real_pair > ~/real_pair/study.log 2>&1 &
-    # the report of what is there: benchmarks/results/real_pair.md + .json (+ .png where matplotlib is installed)
+    # the report of what is there: benchmarks/results/real_pair.md + .json (+ .png where matplotlib is installed); the
+    # reading written by hand between its NOTES markers is kept when the report is written again
     python benchmarks/real_pair.py --report --env calculator --out ~/real_pair --zero-shot benchmarks/results/real_pair_zero_shot.jsonl
 
 Arms (every one from the same student, the same tasks per step, steps and seeds: about the same student-token budget):
@@ -70,6 +71,7 @@ COMMON = ["trainer.loss=reverse_kl", "trainer.lr=1e-5", "trainer.warmup_steps=2"
           "rollout.temperature=1.0", "rollout.max_new_tokens=128", "rollout.max_context=2048", "rollout.tasks_per_step=4",
           "rollout.episode_timeout_s=7200", "eval.teacher=false", "eval.num_tasks=100", "log.tensorboard=false",
           "run.keep_checkpoints=1"]  # fmt: skip
+NOTES = ("<!-- notes: kept by --report -->", "<!-- /notes -->")
 ENV_KEYS = {"sql_db": ["env.schema_in_prompt=true"]}
 
 
@@ -302,6 +304,10 @@ def report(args: argparse.Namespace) -> None:
     elif png is None:
         lines += ["(no png: matplotlib is not installed in this venv)", ""]
     lines += ["## Commands", "", "```", *sorted({r["command"].replace(str(HOME), "$AGENTOPD_HOME") for r in measured + results}), "```", ""]
+    # the hand-written reading between the NOTES markers of the report being replaced is kept, after the title
+    old = args.report.read_text() if args.report.exists() else ""
+    notes = old[old.index(NOTES[0]) : old.index(NOTES[1]) + len(NOTES[1])] if NOTES[0] in old and NOTES[1] in old else f"{NOTES[0]}\n{NOTES[1]}"
+    lines[1:1] = ["", notes]
     args.report.write_text("\n".join(lines))
     bundle = {"env": args.env, "zero_shot": [json.loads(x) for x in args.zero_shot.read_text().splitlines() if x.strip()] if args.zero_shot and args.zero_shot.exists() else [],
               "measure": measured, "runs": results}  # fmt: skip

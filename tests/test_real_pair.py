@@ -95,8 +95,10 @@ def test_a_stopped_run_continues_and_a_finished_one_is_not_run_again(rp, tmp_pat
                                 "parse_errors_per_turn": 0.0, "tool_error_rate": 0.0, "stop_reasons": {"answer": 100}, "seconds": 9}) + "\n")
     md = tmp_path / "real_pair.md"
     args = _args(rp, tmp_path, arms=["opd"], report=md, zero_shot=zero)
+    md.write_text(f"# old\n{rp.NOTES[0]}\nthe reading\n{rp.NOTES[1]}\nold tables\n")
     rp.report(args)
     text = md.read_text()
+    assert "the reading" in text and "old tables" not in text  # the hand-written notes survive a new report
     assert "| m | calculator | 50% | 100 |" in text and "| opd | 0 | 10% | 40% |" in text and "fake_run.py --env calculator --run-dir" in text
     assert "| opd | 0 | 0.500 -> 0.167 | 0.200 -> 0.200 |" in text  # per-turn KL, first and last fifth of the steps
     assert json.loads(md.with_suffix(".json").read_text())["runs"][0]["arm"] == "opd"
