@@ -69,8 +69,9 @@ HOME = Path(os.environ.get("AGENTOPD_HOME") or "~/.cache/agentopd").expanduser()
 PAIR = [f"student={HOME}/gguf/qwen2.5-coder-0.5b", f"teacher={HOME}/gguf/qwen2.5-coder-1.5b", "teacher.chat_template=student"]
 COMMON = ["trainer.loss=reverse_kl", "trainer.lr=1e-5", "trainer.warmup_steps=2", "trainer.schedule=cosine",
           "rollout.temperature=1.0", "rollout.max_new_tokens=128", "rollout.max_context=2048", "rollout.tasks_per_step=4",
-          "rollout.episode_timeout_s=7200", "eval.teacher=false", "eval.num_tasks=100", "log.tensorboard=false",
+          "rollout.episode_timeout_s=7200", "engine.max_batch_size=32", "trainer.activation_checkpointing=true", "eval.teacher=false", "eval.num_tasks=100", "log.tensorboard=false",
           "run.keep_checkpoints=1"]  # fmt: skip
+REFUSED = "does not fit this machine's memory"  # agentopd.memory_host.HostMemoryError: the plan refused the run at start
 NOTES = ("<!-- notes: kept by --report -->", "<!-- /notes -->")
 ENV_KEYS = {"sql_db": ["env.schema_in_prompt=true"]}
 
@@ -99,7 +100,7 @@ def plan(args: argparse.Namespace) -> list[dict]:
     return specs
 
 
-def _stamp(metrics: Path, times: Path, stop: threading.Event, launch: int) -> None:
+def _stamp(metrics: Path, times: Path, stop: threading.Event, launch: float) -> None:
     """Append `{"step", "t", "launch"}` to `times` for each metrics.jsonl record as it appears (polled each second)."""
     seen = len(metrics.read_text().splitlines()) if metrics.exists() else 0
     while not stop.wait(1.0):
@@ -118,46 +119,63 @@ def _stamp(metrics: Path, times: Path, stop: threading.Event, launch: int) -> No
                 seen += 1
 
 
-def play(spec: dict, keep_weights: bool) -> dict | None:
+def play(spec: dict, keep_weights: bool, wait_s: float = 120.0, tries: int = 60) -> dict | None:
     """The run's result: the one already written, else the run played (continued from its checkpoint where a launch
-    was stopped), under the memory lock. None when it failed."""
+    was stopped), under the memory lock. A launch that the run's host-memory plan refused (other work holds memory the
+    lock does not guard) is tried again after `wait_s`, `tries` times at most. None when it failed."""
     out, run_dir = Path(spec["result"]), Path(spec["run_dir"])
     if out.exists():
         return json.loads(out.read_text())
-    from agentopd.rundir import RunDir
-
-    resume = run_dir.exists() and RunDir(run_dir).latest_checkpoint() is not None
-    if not resume and run_dir.exists():  # stopped before its first checkpoint: nothing to continue
-        shutil.rmtree(run_dir)
     log, times = run_dir.with_suffix(".log"), run_dir.with_suffix(".times.jsonl")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    launch = sum(1 for _ in times.open()) if times.exists() and resume else 0
-    if not resume:
-        times.unlink(missing_ok=True)
-    timer = ["/usr/bin/time", "-v"] if Path("/usr/bin/time").exists() else []  # its peak RSS, at the end of the log
-    cmd = ["flock", LOCK, *timer, *spec["command"], *(["--resume"] if resume else [])]
-    print(f"{time.strftime('%H:%M:%S')} {'resume' if resume else 'start'} {spec['name']}", flush=True)
-    stop = threading.Event()
-    stamper = threading.Thread(target=_stamp, args=(run_dir / "metrics.jsonl", times, stop, launch), daemon=True)
-    stamper.start()
-    with log.open("a") as f:
-        f.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
-        f.flush()
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
-    stop.set()
-    stamper.join()
-    if code != 0 or not (run_dir / "final").exists():
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
+    for attempt in range(1, tries + 1):
+        code, said = launch(spec, run_dir, log, times)
+        if code == 0 and (run_dir / "final").exists():
+            break
+        if REFUSED in said and attempt < tries:
+            print(f"{time.strftime('%H:%M:%S')} {spec['name']}: the memory plan refused it (other work holds memory); "
+                  f"again in {wait_s:.0f} s", flush=True)  # fmt: skip
+            time.sleep(wait_s)
+            continue
+        tail = "".join(said.splitlines(keepends=True)[-20:])
         print(f"FAILED or stopped {spec['name']} (exit {code}): {log}\n{tail}", flush=True)
         return None
     result = summarise(spec, run_dir, log, times)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     if not keep_weights:
         for heavy in ("checkpoints", "final"):
             shutil.rmtree(run_dir / heavy, ignore_errors=True)
     print(f"{time.strftime('%H:%M:%S')} done {spec['name']}: success {result['curve'][-1]['success']:.0%}", flush=True)
     return result
+
+
+def launch(spec: dict, run_dir: Path, log: Path, times: Path) -> tuple[int, str]:
+    """One `agentopd run` of the spec, continued from its last checkpoint where there is one; its exit code and what it
+    printed."""
+    from agentopd.rundir import RunDir
+
+    resume = run_dir.exists() and RunDir(run_dir).latest_checkpoint() is not None
+    if not resume and run_dir.exists():  # stopped before its first checkpoint: nothing to continue
+        shutil.rmtree(run_dir)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        times.unlink(missing_ok=True)
+    timer = ["/usr/bin/time", "-v"] if Path("/usr/bin/time").exists() else []  # its peak RSS, at the end of the log
+    cmd = ["flock", LOCK, *timer, *spec["command"], *(["--resume"] if resume else [])]
+    print(f"{time.strftime('%H:%M:%S')} {'resume' if resume else 'start'} {spec['name']}", flush=True)
+    stop = threading.Event()
+    stamper = threading.Thread(target=_stamp, args=(run_dir / "metrics.jsonl", times, stop, time.time()), daemon=True)
+    stamper.start()
+    start = log.stat().st_size if log.exists() else 0
+    with log.open("a") as f:
+        f.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        f.flush()
+        code = subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT).returncode
+    stop.set()
+    stamper.join()
+    with log.open(errors="replace") as f:
+        f.seek(start)
+        return code, f.read()
 
 
 def summarise(spec: dict, run_dir: Path, log: Path, times: Path) -> dict:

@@ -1,5 +1,5 @@
 """benchmarks/real_pair.py without the real models: its runs' commands load as configs, a finished run is not run
-again, a stopped one is continued with --resume (a fake `agentopd run` stands in), and the report is written from
+again, a stopped one is continued with --resume (a fake `agentopd run` stands in; a launch the memory plan refused is tried again), and the report is written from
 the results alone."""
 
 import importlib.util
@@ -21,6 +21,11 @@ from pathlib import Path
 argv = sys.argv[1:]
 run_dir = Path(argv[argv.index("--run-dir") + 1])
 resume = "--resume" in argv
+refused = run_dir.parent / "refused_once"
+if not refused.exists():  # the first launch: the memory plan refuses it (others hold memory)
+    refused.write_text("")
+    print("ValueError: this run does not fit this machine's memory: the train phase needs 19.0 GiB")
+    sys.exit(2)
 run_dir.mkdir(parents=True, exist_ok=True)
 (run_dir / "launches").open("a").write(" ".join(argv) + "\n")
 metrics = run_dir / "metrics.jsonl"
@@ -78,7 +83,8 @@ def test_a_stopped_run_continues_and_a_finished_one_is_not_run_again(rp, tmp_pat
     fake.write_text(FAKE)
     spec = rp.plan(_args(rp, tmp_path, arms=["opd"], seeds=[0], steps=3, eval_every=0))[0]
     spec["command"] = [sys.executable, str(fake), *spec["command"][2:]]
-    assert rp.play(spec, keep_weights=False) is None  # stopped at step 2 with a checkpoint
+    assert rp.play(spec, keep_weights=False, wait_s=0) is None  # refused once, tried again: stopped at step 2 with a checkpoint
+    assert (Path(spec["run_dir"]).parent / "refused_once").exists()
     result = rp.play(spec, keep_weights=False)  # continued: --resume
     run_dir = Path(spec["run_dir"])
     launches = (run_dir / "launches").read_text().splitlines()
