@@ -3,6 +3,7 @@
     agentopd make-tokenizer qwen3 TOK                                   # once, where the real-vocab extra is installed
     python benchmarks/realsize.py --tokenizer TOK --out DIR             # 2 steps, ~7 min on an H200 (models built once)
     python benchmarks/realsize.py --tokenizer TOK --out DIR --profile   # + torch profiler tables of the last step
+    python benchmarks/realsize.py --tokenizer TOK --out DIR --profile --profile-phases teacher,train   # some phases
     python benchmarks/realsize.py --tiny --out DIR                      # the same path at toy sizes (CPU smoke test)
     python benchmarks/realsize.py ... trainer.micro_batch_tokens=16384  # extra key=value overrides go to the run
 
@@ -49,7 +50,7 @@ FIGURES = {  # realsize/<name>: the run's metric of the last step
 PROFILED = ("rollout", "teacher", "train")
 
 
-def profile_phases(out: Path, step: int, traces: bool) -> None:
+def profile_phases(out: Path, step: int, traces: bool, phases: tuple[str, ...] = PROFILED) -> None:
     """Wrap the run's phases (agentopd.step.phases.Phases) so that those of `step` run under torch.profiler, each
     writing its top kernels to out/profile_<phase>.txt."""
     import torch
@@ -73,7 +74,7 @@ def profile_phases(out: Path, step: int, traces: bool) -> None:
 
     @contextlib.contextmanager
     def profiled(self, name, total=None):
-        if now["step"] != step or name not in PROFILED:
+        if now["step"] != step or name not in phases:
             with phase(self, name, total) as advance:
                 yield advance
             return
@@ -141,6 +142,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="profile the last step's rollout, teacher and train phases")
     ap.add_argument("--traces", action="store_true", help="with --profile: also write Chrome traces (large)")
+    ap.add_argument("--profile-phases", default=",".join(PROFILED),
+                    help="with --profile: the phases to profile (the rollout's millions of decode kernels took the "
+                         "profiled run past a 600-s call; teacher,train alone fit)")
     ap.add_argument("--work", type=Path, default=memory_gpu.WORK, help="models and the run directory")
     ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (CPU smoke test)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run")
@@ -168,7 +172,7 @@ def main() -> None:
     cfg = load_config("sql_db", config_file=CONFIG, overrides=keys)
     run_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]))
     if args.profile:
-        profile_phases(args.out, args.steps, args.traces)
+        profile_phases(args.out, args.steps, args.traces, tuple(args.profile_phases.split(",")))
     saves: list[float] = []
     time_checkpoints(saves)
     t = time.perf_counter()
