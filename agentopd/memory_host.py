@@ -22,7 +22,7 @@ parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary
   memory: min(max_batch_size, episodes of a step or an eval) x min(rollout.max_context, 2,048) tokens), and its
   sampling logits 2 x max_batch_size x V fp32.
 - each local teacher: weights as the engine's; scoring work in the score phase (one layer's inference work over
-  16,384 packed tokens and its hidden rows, three fp32 1,024 x V head chunks: agentopd.teacher.hf); with
+  TEACHER_TOKENS tokens and its hidden rows, three fp32 head_chunk x V chunks: agentopd.teacher.hf); with
   `eval.teacher` the eval phase before training adds an engine on the teacher (its weights again and a KV pool).
 - the process itself (Python, torch, transformers, tokenizers, the envs, mapped model files): RUNTIME_GIB, calibrated
   on one measured real-pair run (benchmarks/results/real_cpu_memory.md).
@@ -49,7 +49,12 @@ HEADROOM = 0.9  # of MemAvailable: page cache of the model files, allocator slac
 # above summed to 17.5), most likely the model files' pages that loading maps and leaves resident
 RUNTIME_GIB = 3.0
 CPU_CONTEXT = 2048  # the fast engine's CPU pool: max_batch_size contexts of up to this many tokens
-TEACHER_TOKENS = 16_384  # HFTeacher's max_tokens_per_batch
+# HFTeacher's max_tokens_per_batch and head_chunk on a CPU (its GPU sizes, 16,384 and 1,024, are agentopd.memory_plan's):
+# at those a 151,936-row teacher's scoring work took 2.4 GiB, the peak of a 135M <- 0.5B run once its activations
+# were small; these take 0.6, and a CPU forward is no slower in rows of 4,096 tokens (the packed rows' attention is
+# cheaper) nor with a 256-row head chunk (each chunk's GEMM is 256 x H x V)
+TEACHER_TOKENS = 4096
+TEACHER_HEAD_CHUNK = 256
 MIN_MICRO_BATCH = 512
 ACTIVATION_SHARE = 0.25  # of the available memory, at most, for a micro-batch's activations
 
@@ -195,7 +200,7 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
     ]  # fmt: skip
     for i, (t, nbytes) in enumerate(teachers):
         name = "teacher" if len(teachers) == 1 else f"teacher{i}"
-        work = TEACHER_TOKENS * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * 1024 * t.vocab
+        work = TEACHER_TOKENS * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * TEACHER_HEAD_CHUNK * t.vocab
         items += [HostItem(name, f"weights ({nbytes} B/param)", _gib(nbytes * t.params)),
                   HostItem(name, "scoring work", _gib(work), (HostPhase.SCORE,)),
                   HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip

@@ -135,8 +135,9 @@ class Runner:
         self.recipes = run_recipes(cfg, cross_scorer=cross_scorer(cfg, models, self.tokenizer, self.trainer_cfg.loss),
                                    privileged=privileged_view(cfg, mixture, self.tokenizer))  # fmt: skip
         self.memory_plan = run_plan(cfg, device, models.student, models.teachers)  # a run that cannot fit stops here
+        host_plan = None
         if device.type == "cpu":  # the same, against this machine's memory (agentopd.memory_host)
-            self.trainer_cfg, line = fit_host(cfg, models, self.trainer_cfg)
+            self.trainer_cfg, line, host_plan = fit_host(cfg, models, self.trainer_cfg)
             self.progress.note(line)
         shapes = {STUDENT: ModelShape.from_ref(models.student)} | {
             name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in models.teachers.items()}
@@ -154,6 +155,8 @@ class Runner:
         self.backend.setup(ctx, self.tokenizer)
         if self.memory_plan is not None and not (cfg.run.backend != BackendKind.LOCAL and cfg.async_.enabled):
             self.phases.measure_memory(self.backend, self.memory_plan, per_gpu=cfg.run.backend != BackendKind.LOCAL)
+        if host_plan is not None and cfg.run.backend == BackendKind.LOCAL and not cfg.async_.enabled:
+            self.phases.measure_host(host_plan)  # this process holds every model: its resident peak per phase
         self.store = Store(self.rd.db)
         self.flops = FlopsMeter(shapes)
         self.log = self._open_log(resume_after)

@@ -76,3 +76,29 @@ def test_a_cpu_run_prints_its_plan_and_one_that_cannot_fit_is_refused_in_seconds
                              "teacher.selftest_oracle=false"])  # fmt: skip  # the tiny_home teachers are random (conftest)
     assert ok.exit_code == 0, ok.output
     assert "memory (CPU): peak" in ok.output and "GiB available" in ok.output
+    # each phase's measured resident peak beside the plan's figure (agentopd.step.phases): a real measurement of this
+    # process, so at least the Python/torch runtime the plan counts, and within the plan where the plan has a figure
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "ok" / "metrics.jsonl").read_text().splitlines()]
+    mem = {k: v for row in rows for k, v in row.items() if k.startswith("mem/") and k.endswith("_host_peak_gib")}
+    assert {"mem/rollout_host_peak_gib", "mem/teacher_host_peak_gib", "mem/train_host_peak_gib"} <= set(mem), sorted(mem)
+    plans = {k: v for row in rows for k, v in row.items() if k.endswith("_host_plan_gib")}
+    for phase in ("rollout", "teacher", "train"):
+        assert 0.2 < mem[f"mem/{phase}_host_peak_gib"] <= plans[f"mem/{phase}_host_plan_gib"], (phase, mem, plans)
+
+
+def test_a_phase_measures_its_own_resident_peak_not_the_one_before():
+    """reset_resident_peak() makes VmHWM this process's current size: a 400 MB buffer freed before a phase does not
+    count in the phase's peak, one allocated inside it does."""
+    from agentopd.step.phases import reset_resident_peak, resident_peak_gib
+
+    big = bytearray(400 * 2**20)
+    del big
+    reset_resident_peak()
+    before = resident_peak_gib()
+    inside = bytearray(400 * 2**20)
+    assert resident_peak_gib() - before > 0.35
+    del inside
+    reset_resident_peak()
+    assert resident_peak_gib() - before < 0.1
