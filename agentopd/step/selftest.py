@@ -169,7 +169,8 @@ class TeacherSelfTest(Recipe):
 
     def _student_device(self) -> torch.device:
         """The run's device for the student's scorer where it has room for a second copy of the student (twice its
-        weights free: the memory plan never counted it), else the CPU (slower, never out of memory)."""
+        weights free: the memory plan counts its weights and work in the teacher phase, agentopd.memory_plan, but an
+        estimate can be short), else the CPU (slower, never out of memory)."""
         import torch
 
         if self.device.type != "cuda":
