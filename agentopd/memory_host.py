@@ -24,6 +24,10 @@ parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary
 - each local teacher: weights as the engine's; scoring work in the score phase (one layer's inference work over
   TEACHER_TOKENS tokens and its hidden rows, three fp32 head_chunk x V chunks: agentopd.teacher.hf); with
   `eval.teacher` the eval phase before training adds an engine on the teacher (its weights again and a KV pool).
+- the teacher self-test's scorer of the student (agentopd.step.selftest, where `runs_selftest`: `teacher.selftest`):
+  loaded after the teachers scored the pre-flight's probe and dropped after it, so in the score phase (of the first
+  step): the student's weights again (as the engine holds them) and its scoring work beyond the teachers' (the
+  teachers' buffers are free by then: only a larger student's work adds).
 - the process itself (Python, torch, transformers, tokenizers, the envs, mapped model files): RUNTIME_GIB, calibrated
   on one measured real-pair run (benchmarks/results/real_cpu_memory.md).
 The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls available at start (or of
@@ -158,6 +162,7 @@ class HostRun:
     teacher_eval: bool = False
     in_flight: int | None = None  # episodes that can hold KV pages at once (None: engine_max_batch)
     context: int = CPU_CONTEXT  # tokens an episode can hold (rollout.max_context, at most CPU_CONTEXT)
+    selftest: bool = False  # the teacher self-test's pre-flight loads a scorer of the student (agentopd.objectives.runs_selftest)
 
     def kv_tokens(self) -> int:
         """KV-pool tokens the run's episodes can fill: the pool's pages are allocated, untouched ones take no memory."""
@@ -200,14 +205,23 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
     ]  # fmt: skip
     for i, (t, nbytes) in enumerate(teachers):
         name = "teacher" if len(teachers) == 1 else f"teacher{i}"
-        work = TEACHER_TOKENS * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * TEACHER_HEAD_CHUNK * t.vocab
         items += [HostItem(name, f"weights ({nbytes} B/param)", _gib(nbytes * t.params)),
-                  HostItem(name, "scoring work", _gib(work), (HostPhase.SCORE,)),
+                  HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes)), (HostPhase.SCORE,)),
                   HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
         if run.teacher_eval:  # closed after that eval
             kv = run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
             items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(nbytes * t.params + kv), (HostPhase.EVAL,)))
+    if run.selftest:  # dropped after the pre-flight; the teachers' scoring buffers are free while it scores
+        extra = max(0, _scoring_work(s, student_bytes) - max((_scoring_work(t, n) for t, n in teachers), default=0))
+        items.append(HostItem("selftest", f"student scorer, pre-flight: weights + work ({student_bytes} B/param)",
+                              _gib(student_bytes * p + extra), (HostPhase.SCORE,)))  # fmt: skip
     return HostPlan(available_gib, items, tokens)
+
+
+def _scoring_work(t: ModelShape, nbytes: int) -> float:
+    """What an HFTeacher of shape `t` allocates while it scores (agentopd.teacher.hf): one layer's inference work over
+    TEACHER_TOKENS tokens and their hidden rows, three fp32 TEACHER_HEAD_CHUNK x V head chunks."""
+    return TEACHER_TOKENS * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * TEACHER_HEAD_CHUNK * t.vocab
 
 
 def stored_bytes(ref: Path | str) -> int:
@@ -220,12 +234,14 @@ def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path
               available_gib: float | None = None) -> HostPlan:  # fmt: skip
     """A CPU run's plan from its config and its models' config.json (teachers behind a server hold nothing here), against
     `run.host_memory_gib` where set, else what this machine has available now."""
+    from agentopd.objectives import runs_selftest
     from agentopd.teacher.base import is_server
 
     run = HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
                   activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
                   teacher_eval=cfg.eval.teacher and cfg.run.objective != "grpo",
-                  in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context)  # fmt: skip
+                  in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
+                  selftest=runs_selftest(cfg))  # fmt: skip
     teachers = [(ModelShape.from_ref(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
     if available_gib is None:
         available_gib = cfg.run.host_memory_gib or available_host_gib()

@@ -102,3 +102,33 @@ def test_a_phase_measures_its_own_resident_peak_not_the_one_before():
     del inside
     reset_resident_peak()
     assert resident_peak_gib() - before < 0.1
+
+
+def test_the_selftests_student_scorer_is_counted_in_the_score_phase_alone():
+    """teacher.selftest's pre-flight loads the student a second time (agentopd.step.selftest), after the teachers scored
+    its probe, and drops it: the plan counts its weights (and its scoring work beyond the teachers') in the score phase,
+    nowhere else, and only where the self-test runs (agentopd.objectives.runs_selftest)."""
+    from dataclasses import replace
+
+    from agentopd.config import load_config
+    from agentopd.objectives import runs_selftest
+
+    run = HostRun(1024, 1024, False, 8, teacher_eval=True)
+    off = plan_host(run, S05, 2, [(T15, 2)], available_gib=1e3)
+    on = plan_host(replace(run, selftest=True), S05, 2, [(T15, 2)], available_gib=1e3)
+    # a 0.5B student scores with less work than its 1.5B teacher: its weights alone add
+    assert on.peak(HostPhase.SCORE) - off.peak(HostPhase.SCORE) == pytest.approx(2 * S05.params / 2**30)
+    assert all(on.peak(p) == off.peak(p) for p in HostPhase if p != HostPhase.SCORE)
+    # a student larger than its teacher: its work beyond the teacher's adds too; with a server teacher, all of it
+    big = plan_host(replace(run, selftest=True), T15, 4, [(S05, 4)], available_gib=1e3)
+    (scorer,) = [i for i in big.items if i.role == "selftest"]
+    assert 4 * T15.params / 2**30 < scorer.gib < plan_host(replace(run, selftest=True), T15, 4, [], 1e3).items[-1].gib
+    # at a memory between the two plans' score phase, the run fits only without the self-test
+    tight = (off.peak(HostPhase.SCORE) + on.peak(HostPhase.SCORE)) / 2 / HEADROOM
+    lean = HostRun(512, 512, True, 1)  # a small train phase: the score phase is the peak
+    assert plan_host(lean, S05, 2, [(T15, 2)], tight).fits
+    with pytest.raises(HostMemoryError, match="the score phase needs"):
+        plan_host(replace(lean, selftest=True), S05, 2, [(T15, 2)], tight).check()
+    assert runs_selftest(load_config("sql_db"))
+    for off_keys in (["teacher.selftest=false"], ["run.objective=sft"], ["run.objective=grpo", "rollout.n=4"]):
+        assert not runs_selftest(load_config("sql_db", overrides=off_keys)), off_keys
