@@ -11,6 +11,7 @@ from agentopd.memory_plan import ModelShape
 
 QWEN = dict(heads=14, kv_heads=2, head_dim=64, vocab=151_936, tied=False)
 S05 = ModelShape(layers=24, hidden=896, intermediate=4864, **QWEN)
+S135 = ModelShape(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64, vocab=49_152, tied=True)
 T15 = ModelShape(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128, vocab=151_936, tied=False)
 
 
@@ -113,6 +114,9 @@ def test_the_selftests_student_scorer_is_counted_in_the_score_phase_alone():
     from agentopd.config import load_config
     from agentopd.objectives import runs_selftest
 
+    def on_score(run):
+        return plan_host(replace(run, selftest=True), S135, 2, [(T15, 2)], 1e3).peak(HostPhase.SCORE)
+
     run = HostRun(1024, 1024, False, 8, teacher_eval=True)
     off = plan_host(run, S05, 2, [(T15, 2)], available_gib=1e3)
     on = plan_host(replace(run, selftest=True), S05, 2, [(T15, 2)], available_gib=1e3)
@@ -124,11 +128,12 @@ def test_the_selftests_student_scorer_is_counted_in_the_score_phase_alone():
     (scorer,) = [i for i in big.items if i.role == "selftest"]
     assert 4 * T15.params / 2**30 < scorer.gib < plan_host(replace(run, selftest=True), T15, 4, [], 1e3).items[-1].gib
     # at a memory between the two plans' score phase, the run fits only without the self-test
-    tight = (off.peak(HostPhase.SCORE) + on.peak(HostPhase.SCORE)) / 2 / HEADROOM
-    lean = HostRun(512, 512, True, 1)  # a small train phase: the score phase is the peak
-    assert plan_host(lean, S05, 2, [(T15, 2)], tight).fits
+    # (a SmolLM2-135M-shaped student with the 1.5B teacher and a small train phase: the score phase is the peak)
+    lean = HostRun(512, 128, True, 1)
+    tight = (plan_host(lean, S135, 2, [(T15, 2)], 1e3).peak(HostPhase.SCORE) + on_score(lean)) / 2 / HEADROOM
+    assert plan_host(lean, S135, 2, [(T15, 2)], tight).fits
     with pytest.raises(HostMemoryError, match="the score phase needs"):
-        plan_host(replace(lean, selftest=True), S05, 2, [(T15, 2)], tight).check()
+        plan_host(replace(lean, selftest=True), S135, 2, [(T15, 2)], tight).check()
     assert runs_selftest(load_config("sql_db"))
     for off_keys in (["teacher.selftest=false"], ["run.objective=sft"], ["run.objective=grpo", "rollout.n=4"]):
         assert not runs_selftest(load_config("sql_db", overrides=off_keys)), off_keys
