@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentopd.memory_host import HostPhase
+from agentopd.memory_host import HostPhase, release_freed_memory
 from agentopd.memory_plan import Phase
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class Phases:
             yield advance
         if self.host_plan is not None:
             self._memory[f"mem/{name}_host_peak_gib"] = resident_peak_gib()
+            release_freed_memory()  # what the phase freed, back to the kernel: the next phase starts from what is held
             if name in HOST_PHASE:
                 self._memory[f"mem/{name}_host_plan_gib"] = self.host_plan.peak(HOST_PHASE[name])
         if self.measure:
