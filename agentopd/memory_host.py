@@ -53,12 +53,8 @@ HEADROOM = 0.9  # of MemAvailable: page cache of the model files, allocator slac
 # above summed to 17.5), most likely the model files' pages that loading maps and leaves resident
 RUNTIME_GIB = 3.0
 CPU_CONTEXT = 2048  # the fast engine's CPU pool: max_batch_size contexts of up to this many tokens
-# HFTeacher's max_tokens_per_batch and head_chunk on a CPU (its GPU sizes, 16,384 and 1,024, are agentopd.memory_plan's):
-# at those a 151,936-row teacher's scoring work took 2.4 GiB, the peak of a 135M <- 0.5B run once its activations
-# were small; these take 0.6, and a CPU forward is no slower in rows of 4,096 tokens (the packed rows' attention is
-# cheaper) nor with a 256-row head chunk (each chunk's GEMM is 256 x H x V)
-TEACHER_TOKENS = 4096
-TEACHER_HEAD_CHUNK = 256
+TEACHER_TOKENS = 16_384  # HFTeacher's max_tokens_per_batch
+TEACHER_HEAD_CHUNK = 1024  # and head_chunk
 MIN_MICRO_BATCH = 512
 ACTIVATION_SHARE = 0.25  # of the available memory, at most, for a micro-batch's activations
 

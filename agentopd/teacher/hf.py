@@ -49,7 +49,6 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from agentopd import memory_host, memory_plan
 from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
 from agentopd.types import TokenStream
@@ -96,12 +95,6 @@ def head_logits(h_nH: torch.Tensor, weight_VH: torch.Tensor, *, fp32: bool = Tru
     return out_nV
 
 
-# what one scoring call holds besides the weights, by default (max_tokens_per_batch, head_chunk): the sizes the memory
-# plans count, on a GPU (agentopd.memory_plan) and on a CPU, where the work sits in host RAM (agentopd.memory_host)
-SCORING = (memory_plan.TEACHER_TOKENS, memory_plan.TEACHER_HEAD_CHUNK)
-SCORING_CPU = (memory_host.TEACHER_TOKENS, memory_host.TEACHER_HEAD_CHUNK)
-
-
 def plan_packed_rows(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Group stream indices into packed rows of at most max_tokens tokens (first-fit decreasing;
     a stream longer than the budget gets a row of its own)."""
@@ -146,10 +139,10 @@ class HFTeacher:
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        max_tokens_per_batch: int | None = None,
+        max_tokens_per_batch: int = 16384,
         temperature: float = 1.0,
         top_k: int = 20,
-        head_chunk: int | None = None,
+        head_chunk: int = 1024,
         head_fp32: bool = True,
         offload_after_score: bool = True,
         pack: bool | None = None,
@@ -160,10 +153,8 @@ class HFTeacher:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        if head_chunk is not None and head_chunk < 1:
+        if head_chunk < 1:
             raise ValueError(f"head_chunk must be >= 1, got {head_chunk}")
-        if max_tokens_per_batch is not None:
-            plan_micro_batches([], max_tokens_per_batch)  # validates the budget
         if isinstance(model, (str, Path)):
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or "auto")
         elif dtype is not None:
@@ -182,9 +173,7 @@ class HFTeacher:
         model.requires_grad_(False)
         self.model = model
         self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        max_default, chunk_default = SCORING_CPU if self.device.type == "cpu" else SCORING
-        self.max_tokens_per_batch = max_default if max_tokens_per_batch is None else max_tokens_per_batch
-        head_chunk = chunk_default if head_chunk is None else head_chunk
+        self.max_tokens_per_batch = max_tokens_per_batch
         self.temperature = temperature
         self.top_k = top_k
         self.head_chunk = head_chunk
@@ -202,6 +191,7 @@ class HFTeacher:
         if self.pack and not (attention.available(self.device) and half):
             raise ValueError("pack=True needs CUDA, torch.nn.attention.varlen and a bf16/fp16 teacher (flash varlen)")
         self._host: dict[int, torch.Tensor] = {}  # id(parameter or buffer) -> its pinned CPU copy
+        plan_micro_batches([], max_tokens_per_batch)  # validates the budget
 
     @property
     def config(self):
