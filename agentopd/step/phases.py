@@ -18,6 +18,8 @@ failed-and-retried cudaMallocs: stalls of a GPU run near its memory) and `mem/<p
 A CPU run on the local backend (not async) measures this process's peak resident memory in each phase instead, beside
 its host plan (agentopd.memory_host): `mem/<phase>_host_peak_gib` (VmHWM of /proc/self/status, reset at the phase's
 start through /proc/self/clear_refs: what the kernel's OOM killer counts) and `mem/<phase>_host_plan_gib`.
+The reset also resets what `/usr/bin/time -v` reports as the maximum resident set size (the kernel's high-water mark
+of the process): it then covers only the last phase; the largest `mem/<phase>_host_peak_gib` is the run's peak.
 """
 
 from __future__ import annotations
