@@ -226,7 +226,7 @@ def run_command(
 
     from agentopd.memory_plan import OutOfMemory
     from agentopd.rundir import CheckpointError
-    from agentopd.step.selftest import TeacherChanged
+    from agentopd.step.values import StopRun
 
     made = not run_dir.exists()  # the runner prints "run directory: ..." once it makes it
     try:
@@ -238,7 +238,7 @@ def run_command(
             raise
     except KeyboardInterrupt:  # a second Ctrl-C during the checkpoint
         raise typer.Exit(130) from None
-    except (OutOfMemory, CheckpointError, TeacherChanged) as e:  # one line (an OOM's phase, then its plan; a checkpoint not written; the teacher's change)
+    except (OutOfMemory, CheckpointError, StopRun) as e:  # one line (an OOM's phase, then its plan; a checkpoint not written; a stage's stop: the teacher's change)
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(1) from None
     if summary.interrupted:

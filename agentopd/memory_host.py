@@ -22,8 +22,12 @@ parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary
   memory: min(max_batch_size, episodes of a step or an eval) x min(rollout.max_context, 2,048) tokens), and its
   sampling logits 2 x max_batch_size x V fp32.
 - each local teacher: weights as the engine's; scoring work in the score phase (one layer's inference work over
-  16,384 packed tokens and its hidden rows, three fp32 1,024 x V head chunks: agentopd.teacher.hf); with
+  TEACHER_TOKENS tokens and its hidden rows, three fp32 head_chunk x V chunks: agentopd.teacher.hf); with
   `eval.teacher` the eval phase before training adds an engine on the teacher (its weights again and a KV pool).
+- the teacher self-test's scorer of the student (agentopd.step.selftest, where `runs_selftest`: `teacher.selftest`):
+  loaded after the teachers scored the pre-flight's probe and dropped after it, so in the score phase (of the first
+  step): the student's weights again (as the engine holds them) and its scoring work beyond the teachers' (the
+  teachers' buffers are free by then: only a larger student's work adds).
 - the process itself (Python, torch, transformers, tokenizers, the envs, mapped model files): RUNTIME_GIB, calibrated
   on one measured real-pair run (benchmarks/results/real_cpu_memory.md).
 The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls available at start (or of
@@ -50,6 +54,7 @@ HEADROOM = 0.9  # of MemAvailable: page cache of the model files, allocator slac
 RUNTIME_GIB = 3.0
 CPU_CONTEXT = 2048  # the fast engine's CPU pool: max_batch_size contexts of up to this many tokens
 TEACHER_TOKENS = 16_384  # HFTeacher's max_tokens_per_batch
+TEACHER_HEAD_CHUNK = 1024  # and head_chunk
 MIN_MICRO_BATCH = 512
 ACTIVATION_SHARE = 0.25  # of the available memory, at most, for a micro-batch's activations
 
@@ -124,6 +129,32 @@ class HostMemoryError(ValueError):
     }
 
 
+def release_freed_memory() -> None:
+    """Give the heap pages that freed tensors leave behind back to the kernel (glibc's malloc_trim; nothing elsewhere).
+
+    glibc keeps freed memory in its arenas for reuse, and after a large mmapped block is freed it serves blocks up to
+    32 MiB from them too (its dynamic mmap threshold): measured 2026-11-29 on SmolLM2-135M in fp32, two forward and
+    backward passes of 1,024 tokens left the process at 1.75, then 2.42 GiB resident after every tensor was freed (0.84
+    loaded), 0.88 after malloc_trim(0); in a 135M <- 0.5B run the rollout phase after the first train step sat 4.5 GiB
+    above the one before it. A CPU run calls this after each phase and each micro-batch's backward (milliseconds)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
+
+
 def available_host_gib() -> float:
     """MemAvailable of /proc/meminfo, GiB (what the kernel can hand out without swapping)."""
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -153,6 +184,7 @@ class HostRun:
     teacher_eval: bool = False
     in_flight: int | None = None  # episodes that can hold KV pages at once (None: engine_max_batch)
     context: int = CPU_CONTEXT  # tokens an episode can hold (rollout.max_context, at most CPU_CONTEXT)
+    selftest: bool = False  # the teacher self-test's pre-flight loads a scorer of the student (agentopd.objectives.runs_selftest)
 
     def kv_tokens(self) -> int:
         """KV-pool tokens the run's episodes can fill: the pool's pages are allocated, untouched ones take no memory."""
@@ -195,14 +227,23 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
     ]  # fmt: skip
     for i, (t, nbytes) in enumerate(teachers):
         name = "teacher" if len(teachers) == 1 else f"teacher{i}"
-        work = TEACHER_TOKENS * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * 1024 * t.vocab
         items += [HostItem(name, f"weights ({nbytes} B/param)", _gib(nbytes * t.params)),
-                  HostItem(name, "scoring work", _gib(work), (HostPhase.SCORE,)),
+                  HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes)), (HostPhase.SCORE,)),
                   HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
         if run.teacher_eval:  # closed after that eval
             kv = run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
             items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(nbytes * t.params + kv), (HostPhase.EVAL,)))
+    if run.selftest:  # dropped after the pre-flight; the teachers' scoring buffers are free while it scores
+        extra = max(0, _scoring_work(s, student_bytes) - max((_scoring_work(t, n) for t, n in teachers), default=0))
+        items.append(HostItem("selftest", f"student scorer, pre-flight: weights + work ({student_bytes} B/param)",
+                              _gib(student_bytes * p + extra), (HostPhase.SCORE,)))  # fmt: skip
     return HostPlan(available_gib, items, tokens)
+
+
+def _scoring_work(t: ModelShape, nbytes: int) -> float:
+    """What an HFTeacher of shape `t` allocates while it scores (agentopd.teacher.hf): one layer's inference work over
+    TEACHER_TOKENS tokens and their hidden rows, three fp32 TEACHER_HEAD_CHUNK x V head chunks."""
+    return TEACHER_TOKENS * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * TEACHER_HEAD_CHUNK * t.vocab
 
 
 def stored_bytes(ref: Path | str) -> int:
@@ -215,12 +256,14 @@ def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path
               available_gib: float | None = None) -> HostPlan:  # fmt: skip
     """A CPU run's plan from its config and its models' config.json (teachers behind a server hold nothing here), against
     `run.host_memory_gib` where set, else what this machine has available now."""
+    from agentopd.objectives import runs_selftest
     from agentopd.teacher.base import is_server
 
     run = HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
                   activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
                   teacher_eval=cfg.eval.teacher and cfg.run.objective != "grpo",
-                  in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context)  # fmt: skip
+                  in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
+                  selftest=runs_selftest(cfg))  # fmt: skip
     teachers = [(ModelShape.from_ref(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
     if available_gib is None:
         available_gib = cfg.run.host_memory_gib or available_host_gib()

@@ -49,6 +49,10 @@ Roles and formulas (bytes):
   16,384 packed tokens (`max_tokens_per_batch`): one layer's inference work 2 x 16,384 x (4H_t + 2q +
   2kv + 3I), the gathered hidden rows 2 x 16,384 x H_t, three fp32 head_chunk x V buffers (logits,
   log-softmax, top-k) 12 x 1,024 x V. The head is never copied to fp32 whole (it is cast in row blocks).
+- the teacher self-test's scorer of the student (agentopd.step.selftest, where `runs_selftest`: `teacher.selftest`), in
+  the driver's process on the run's device (GPU 0): bf16 weights 2P and its scoring work (the teacher's formula with the
+  student's shape) beyond the teacher's on that GPU, in the teacher phase (of the first step: it loads after the
+  teachers scored the pre-flight's probe and is dropped after it).
 - the teacher's eval (`eval.teacher`, before training): a second engine on the teacher (2P_t + its own KV
   pool). Both backends close it after that eval (and the local student's engine sleeps through it when
   `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it.
@@ -277,6 +281,7 @@ def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *,
 def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float,
           teacher_offload: bool = True, teachers: int = 1) -> MemoryPlan:
     from agentopd.backends.base import BackendKind
+    from agentopd.objectives import runs_selftest
     from agentopd.trainer.config import LossKind
 
     s, t = shapes["student"], shapes.get("teacher")
@@ -336,16 +341,19 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
         if (cfg.eval.teacher or guide) and t is not None:  # closed after the teacher's eval unless it guides
             items.append(Item("eval", f"teacher's engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers, g,
                               ALL if guide else (Phase.EVAL,)))  # fmt: skip
+    work = 0.0  # the teacher's scoring work on GPU 0
     if t is not None and cfg.run.objective != "grpo":
-        Tt = TEACHER_TOKENS
-        work = 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab
+        work = _scoring_work(t) if 0 in te else 0.0
         resident = (Phase.TEACHER,) if teacher_offload else ALL
         for g in sorted(set(te) - {-1}):
             # one process per teacher replica on Ray; the local backend's one process holds every local teacher
             # while they stay resident (offloaded, one at a time); each counted at the largest's size
             n = te.count(g) if not local else 1 if teacher_offload else teachers
             items += [Item("teacher", f"bf16 weights ({t.params / 1e9:.2f}B) x{n}", _gib(2 * t.params) * n, g, resident),
-                      Item("teacher", "scoring work (16k tokens)", _gib(work) * n, g, (Phase.TEACHER,))]  # fmt: skip
+                      Item("teacher", "scoring work (16k tokens)", _gib(_scoring_work(t)) * n, g, (Phase.TEACHER,))]  # fmt: skip
+    if runs_selftest(cfg):  # the driver's scorer of the student, on the run's device; the teacher's buffers are free by then
+        items.append(Item("selftest", "student scorer, pre-flight: bf16 weights + work", _gib(2 * P + max(0.0, _scoring_work(s) - work)),
+                          0, (Phase.TEACHER,)))  # fmt: skip
     procs = {g: tr.count(g) + ro.count(g) + te.count(g) for g in range(len(gpus_gib))} if not local else {0: 1}
     for g, n in procs.items():
         if n:
@@ -362,6 +370,12 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "
                           f"({_gib(need):.2f} GiB): raise engine.kv_cache_gib")  # fmt: skip
     return plan
+
+
+def _scoring_work(t: ModelShape) -> float:
+    """Bytes an HFTeacher of shape `t` allocates while it scores (the module docstring's formula)."""
+    Tt = TEACHER_TOKENS
+    return 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab
 
 
 def _vllm(cfg: Config) -> bool:

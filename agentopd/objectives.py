@@ -5,6 +5,7 @@
     objective.teacher_plays   # the teacher plays the training episodes (sequence-level KD)
     objective.scores          # the teacher scores the episodes (teacher logprobs, kl/* metrics)
     teacher_mode(loss)        # what a teacher returns for a loss: hidden states, top-k or logprobs
+    runs_selftest(cfg)        # whether the teacher self-test runs (the memory plans count its student scorer)
 
 - `opd` (default): on-policy distillation on the student's own episodes with `trainer.loss`.
 - `sft`: cross-entropy on the teacher's episodes (sequence-level KD), the same budget of student
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 from agentopd.trainer.config import LossKind  # light: the config layer imports this module
 
 if TYPE_CHECKING:
+    from agentopd.config import Config
     from agentopd.teacher.base import TeacherMode
 
 
@@ -53,3 +55,12 @@ def teacher_mode(loss: LossKind) -> TeacherMode:
     if loss in (LossKind.TOPK_FORWARD_KL, LossKind.XTOK_FULL):
         return TeacherMode.TOPK
     return TeacherMode.LOGPROBS
+
+
+def runs_selftest(cfg: Config) -> bool:
+    """Whether the run does the teacher self-test (agentopd.step.selftest): `teacher.selftest`, where the teacher scores
+    the training episodes (an objective that `scores`) in the student's token ids (not a cross-tokenizer loss). Its
+    pre-flight loads a scorer of the student's starting weights beside the teachers (agentopd.memory_plan and
+    agentopd.memory_host count it)."""
+    objective = Objective(cfg.run.objective)
+    return cfg.teacher.selftest and objective.scores and not (objective.loss or LossKind(cfg.trainer.loss)).is_cross_tokenizer

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from agentopd.config import Config
     from agentopd.crosstok.score import CrossScorer
+    from agentopd.memory_host import HostPlan
     from agentopd.memory_plan import MemoryPlan
     from agentopd.plan import Mixture
     from agentopd.privileged import PrivilegedView
@@ -86,10 +87,10 @@ def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: T
     return ctx
 
 
-def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str]:
+def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str, HostPlan]:
     """A CPU run against this machine's memory (agentopd.memory_host): HostMemoryError (one line, then the plan) when it
     cannot fit, before any model loads; else the trainer settings it fits with (the micro-batch the plan took) and a line
-    saying so for the terminal."""
+    saying so for the terminal, and the plan (its phases' figures are logged beside the measured ones)."""
     import dataclasses
 
     from agentopd.memory_host import HostPhase, host_plan
@@ -102,4 +103,4 @@ def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tupl
     if plan.micro_batch_tokens != trainer_cfg.micro_batch_tokens:
         line += "\n" + "\n".join(plan.notes)
         trainer_cfg = dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens)
-    return trainer_cfg, line
+    return trainer_cfg, line, plan

@@ -6,12 +6,13 @@
 Set-up (`_setup`) builds the run's parts, refusing a run that cannot work before any model loads: the plan of each
 step's tasks (agentopd.plan), the teacher router (agentopd.routing), the backend (agentopd.backends), the bootstrap
 stage (agentopd.run_models: the embedded models built on first use), the pair checks, the recipes
-(agentopd.step.recipes), the memory plan, the store and the metrics log. A step (`_step`) is the chain of stages of
+(agentopd.step.recipes, the teacher self-test among them), the memory plan, the store and the metrics log. A step (`_step`) is the chain of stages of
 agentopd/step/: play -> score -> samples -> train -> sync -> report, each returning a typed value with its metrics
 (docs/design.md 9 follows one step file by file). The runner keeps what lives across steps: the parts, the clocks
 (phases, FLOPs totals) and the resume state. Every `eval.every` steps: greedy success on held-out tasks (and the
 teacher's, before training). Every `run.checkpoint_every` steps and on Ctrl-C: a resumable checkpoint labelled with
-the last step the trainer took. At the end: `final/` (a Hugging Face folder) and the before/after evals.
+the last step the trainer took; a stage that stops the run (`StopRun`: the teacher self-test's re-check) gets the same
+checkpoint. At the end: `final/` (a Hugging Face folder) and the before/after evals.
 
 Resume (`run(resume=True)`) continues after the newest finished checkpoint: the store and the
 metrics (metrics.jsonl and TensorBoard) forget later steps, and since every episode's sampling
@@ -63,9 +64,9 @@ from agentopd.step.play import Play, StudentEngines
 from agentopd.step.recipes import run_recipes
 from agentopd.step.report import FlopsMeter, report
 from agentopd.step.score import score
-from agentopd.step.selftest import TeacherChanged, TeacherSelfTest
+from agentopd.step.selftest import TeacherSelfTest
 from agentopd.step.train import prepare, sync, train
-from agentopd.step.values import StepParts
+from agentopd.step.values import StepParts, StopRun
 from agentopd.store import Store
 from agentopd.teacher.base import is_server
 
@@ -132,11 +133,12 @@ class Runner:
             models = resolve_models(cfg, mixture, self.router, progress=self.progress.bootstrap_callback, device=device)
         self.tokenizer = AutoTokenizer.from_pretrained(models.student)
         check_pairs(cfg, models, cross=self.trainer_cfg.loss.is_cross_tokenizer)  # before any model loads
-        self.recipes = run_recipes(cfg, cross_scorer=cross_scorer(cfg, models, self.tokenizer, self.trainer_cfg.loss),
-                                   privileged=privileged_view(cfg, mixture, self.tokenizer))  # fmt: skip
+        scorer = cross_scorer(cfg, models, self.tokenizer, self.trainer_cfg.loss)  # a recipe's refusal: before any model too
+        view = privileged_view(cfg, mixture, self.tokenizer)
         self.memory_plan = run_plan(cfg, device, models.student, models.teachers)  # a run that cannot fit stops here
+        host_plan = None
         if device.type == "cpu":  # the same, against this machine's memory (agentopd.memory_host)
-            self.trainer_cfg, line = fit_host(cfg, models, self.trainer_cfg)
+            self.trainer_cfg, line, host_plan = fit_host(cfg, models, self.trainer_cfg)
             self.progress.note(line)
         shapes = {STUDENT: ModelShape.from_ref(models.student)} | {
             name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in models.teachers.items()}
@@ -154,15 +156,17 @@ class Runner:
         self.backend.setup(ctx, self.tokenizer)
         if self.memory_plan is not None and not (cfg.run.backend != BackendKind.LOCAL and cfg.async_.enabled):
             self.phases.measure_memory(self.backend, self.memory_plan, per_gpu=cfg.run.backend != BackendKind.LOCAL)
+        selftest = TeacherSelfTest.for_run(cfg, self.tokenizer, models.student, device, ctx.inference_dtype(models.student),
+                                           score_temperature(cfg), self.trainer_cfg.temperature)  # fmt: skip
+        self.recipes = run_recipes(cfg, cross_scorer=scorer, privileged=view, selftest=selftest)
+        if host_plan is not None and cfg.run.backend == BackendKind.LOCAL and not cfg.async_.enabled:
+            self.phases.measure_host(host_plan)  # this process holds every model: its resident peak per phase
         self.store = Store(self.rd.db)
         self.flops = FlopsMeter(shapes)
         self.log = self._open_log(resume_after)
         self.parts = StepParts(cfg, self.backend, mixture, self.router, self.store, self.phases, self.recipes,
                                Objective(cfg.run.objective), teacher_mode(self.trainer_cfg.loss), rollout_cfg, shapes)  # fmt: skip
         self.engines = StudentEngines(self.parts)
-        self.selftest = TeacherSelfTest.for_run(self.parts, self.tokenizer, models.student, device, ctx.inference_dtype(models.student),
-                                                score_temperature(cfg), self.trainer_cfg.temperature,
-                                                cross_tokenizer=self.trainer_cfg.loss.is_cross_tokenizer)  # fmt: skip
         self.play = Play(self.parts, self.engines)
         self.evals = Evals(self.parts, self.engines, replace(rollout_cfg, temperature=cfg.eval.temperature), cfg.env.name)
 
@@ -186,7 +190,7 @@ class Runner:
             self.progress.note(f"resumed from {ckpt.name}: continuing at step {start + 1}")
         interrupted = False
         oom: OutOfMemory | None = None
-        changed: TeacherChanged | None = None
+        stopped: StopRun | None = None
         failed: CheckpointError | None = None
         restore = self._catch_ctrl_c()
         try:
@@ -227,8 +231,8 @@ class Runner:
             interrupted, failed = True, e
         except torch.OutOfMemoryError as e:
             interrupted, oom = True, self._out_of_memory(e, start, summary)
-        except TeacherChanged as e:  # the self-test's re-check: stop with a checkpoint of what the trainer has
-            interrupted, changed = True, TeacherChanged(f"{e}{self._stop_checkpoint(start, summary)}")
+        except StopRun as e:  # a stage stopped the run (the self-test's re-check): a checkpoint of what the trainer has
+            interrupted, stopped = True, type(e)(f"{e}{self._stop_checkpoint(start, summary)}")
         finally:
             restore()
             self.log.close()
@@ -246,26 +250,21 @@ class Runner:
                 recipe.close()
         if oom is not None:
             raise oom
-        if changed is not None:
-            raise changed
+        if stopped is not None:
+            raise stopped
         if failed is not None:
             raise failed
         return summary
 
     def _step(self, step: int) -> dict[str, float]:
-        """One step: play -> score -> samples -> train -> sync -> report (agentopd/step/, docs/design.md 9); the
-        teacher's self-test after the play stage (agentopd.step.selftest): the pre-flight at this process's first step,
-        a re-check after a sleep, offload, reload or restart at the others."""
+        """One step: play -> score -> samples -> train -> sync -> report (agentopd/step/, docs/design.md 9)."""
         played = self.play(step)
-        checked: dict[str, float] = {}
-        if self.selftest is not None:
-            checked = self.selftest.recheck() if self.selftest.found else self.selftest.preflight(played)
         scored = score(played, self.parts)
         samples = prepare(played, scored, self.parts)
         trained = train(samples, self.parts)
         self._trained_through, self._unlogged = step, (step, trained.metrics)  # a checkpoint now holds this step
         synced = sync(played, self.parts, self.engines)
-        metrics = report(played, scored, samples, trained, synced, self.parts, self.flops) | checked
+        metrics = report(played, scored, samples, trained, synced, self.parts, self.flops)
         self._unlogged = (step, metrics)
         return metrics
 

@@ -11,6 +11,7 @@ from agentopd.memory_plan import ModelShape
 
 QWEN = dict(heads=14, kv_heads=2, head_dim=64, vocab=151_936, tied=False)
 S05 = ModelShape(layers=24, hidden=896, intermediate=4864, **QWEN)
+S135 = ModelShape(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64, vocab=49_152, tied=True)
 T15 = ModelShape(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128, vocab=151_936, tied=False)
 
 
@@ -76,3 +77,91 @@ def test_a_cpu_run_prints_its_plan_and_one_that_cannot_fit_is_refused_in_seconds
                              "teacher.selftest_oracle=false"])  # fmt: skip  # the tiny_home teachers are random (conftest)
     assert ok.exit_code == 0, ok.output
     assert "memory (CPU): peak" in ok.output and "GiB available" in ok.output
+    # each phase's measured resident peak beside the plan's figure (agentopd.step.phases): a real measurement of this
+    # process, so at least the Python/torch runtime the plan counts, and within the plan where the plan has a figure
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "ok" / "metrics.jsonl").read_text().splitlines()]
+    mem = {k: v for row in rows for k, v in row.items() if k.startswith("mem/") and k.endswith("_host_peak_gib")}
+    assert {"mem/rollout_host_peak_gib", "mem/teacher_host_peak_gib", "mem/train_host_peak_gib"} <= set(mem), sorted(mem)
+    plans = {k: v for row in rows for k, v in row.items() if k.endswith("_host_plan_gib")}
+    for phase in ("rollout", "teacher", "train"):
+        assert 0.2 < mem[f"mem/{phase}_host_peak_gib"] <= plans[f"mem/{phase}_host_plan_gib"], (phase, mem, plans)
+
+
+def test_a_phase_measures_its_own_resident_peak_not_the_one_before():
+    """reset_resident_peak() makes VmHWM this process's current size: a 400 MB buffer freed before a phase does not
+    count in the phase's peak, one allocated inside it does."""
+    from agentopd.step.phases import reset_resident_peak, resident_peak_gib
+
+    big = bytearray(400 * 2**20)
+    del big
+    reset_resident_peak()
+    before = resident_peak_gib()
+    inside = bytearray(400 * 2**20)
+    assert resident_peak_gib() - before > 0.35
+    del inside
+    reset_resident_peak()
+    assert resident_peak_gib() - before < 0.1
+
+
+def test_the_selftests_student_scorer_is_counted_in_the_score_phase_alone():
+    """teacher.selftest's pre-flight loads the student a second time (agentopd.step.selftest), after the teachers scored
+    its probe, and drops it: the plan counts its weights (and its scoring work beyond the teachers') in the score phase,
+    nowhere else, and only where the self-test runs (agentopd.objectives.runs_selftest)."""
+    from dataclasses import replace
+
+    from agentopd.config import load_config
+    from agentopd.objectives import runs_selftest
+
+    def on_score(run):
+        return plan_host(replace(run, selftest=True), S135, 2, [(T15, 2)], 1e3).peak(HostPhase.SCORE)
+
+    run = HostRun(1024, 1024, False, 8, teacher_eval=True)
+    off = plan_host(run, S05, 2, [(T15, 2)], available_gib=1e3)
+    on = plan_host(replace(run, selftest=True), S05, 2, [(T15, 2)], available_gib=1e3)
+    # a 0.5B student scores with less work than its 1.5B teacher: its weights alone add
+    assert on.peak(HostPhase.SCORE) - off.peak(HostPhase.SCORE) == pytest.approx(2 * S05.params / 2**30)
+    assert all(on.peak(p) == off.peak(p) for p in HostPhase if p != HostPhase.SCORE)
+    # a student larger than its teacher: its work beyond the teacher's adds too; with a server teacher, all of it
+    big = plan_host(replace(run, selftest=True), T15, 4, [(S05, 4)], available_gib=1e3)
+    (scorer,) = [i for i in big.items if i.role == "selftest"]
+    assert 4 * T15.params / 2**30 < scorer.gib < plan_host(replace(run, selftest=True), T15, 4, [], 1e3).items[-1].gib
+    # at a memory between the two plans' score phase, the run fits only without the self-test
+    # (a SmolLM2-135M-shaped student with the 1.5B teacher and a small train phase: the score phase is the peak)
+    lean = HostRun(512, 128, True, 1)
+    tight = (plan_host(lean, S135, 2, [(T15, 2)], 1e3).peak(HostPhase.SCORE) + on_score(lean)) / 2 / HEADROOM
+    assert plan_host(lean, S135, 2, [(T15, 2)], tight).fits
+    with pytest.raises(HostMemoryError, match="the score phase needs"):
+        plan_host(replace(lean, selftest=True), S135, 2, [(T15, 2)], tight).check()
+    assert runs_selftest(load_config("sql_db"))
+    for off_keys in (["teacher.selftest=false"], ["run.objective=sft"], ["run.objective=grpo", "rollout.n=4"]):
+        assert not runs_selftest(load_config("sql_db", overrides=off_keys)), off_keys
+
+
+def test_freed_activations_go_back_to_the_kernel_after_release(tmp_path):
+    """release_freed_memory() (glibc's malloc_trim): two forward and backward passes of a tiny random Llama on a CPU
+    leave ~0.2 GiB resident after every tensor is freed (glibc keeps it in its arenas, as it kept a real run's
+    activations); the call returns it. In a fresh process, so nothing of the test session's heap counts."""
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import gc, re, torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "from agentopd.memory_host import release_freed_memory\n"
+        "def rss():\n"
+        "    return int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 2**20\n"
+        "torch.manual_seed(0)\n"
+        "m = LlamaForCausalLM(LlamaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,\n"
+        "                                 num_attention_heads=4, num_key_value_heads=4, vocab_size=8000))\n"
+        "ids = torch.randint(0, 8000, (1, 1024))\n"
+        "for step in range(2):\n"
+        "    m(input_ids=ids).logits.mean().backward(); m.zero_grad(set_to_none=True); gc.collect()\n"
+        "before = rss(); release_freed_memory(); print(before, rss())\n"
+    )
+    done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    before, after = map(float, done.stdout.split())
+    assert before - after > 0.1, (before, after)

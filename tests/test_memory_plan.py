@@ -105,12 +105,35 @@ def test_qwen3_gpu_example_with_1_7b_and_8b_shapes_fits_one_and_two_gpus():
         "backend=ray", "ray.gpus_per_trainer_worker=1", "ray.rollout_workers=1", "ray.gpus_per_rollout_worker=0.5",
         "ray.gpus_per_teacher=0.5"]), shapes, [79.2, 79.2])  # fmt: skip
     assert two.fits
-    assert {i.role for i in two.items if i.gpu == 0} == {"trainer", "cuda"}
+    assert {i.role for i in two.items if i.gpu == 0} == {"trainer", "cuda", "selftest"}  # the driver's pre-flight scorer
     assert {"engine", "teacher"} <= {i.role for i in two.items if i.gpu == 1}
     # the teacher's eval engine (31 GiB for 8B) is closed after the step-0 eval on Ray too: only the eval phase holds it
     (eval_engine,) = [i for i in two.items if i.role == "eval"]
     assert eval_engine.gpu == 1 and tuple(eval_engine.phases) == (Phase.EVAL,)
     assert two.peak(1, Phase.TEACHER) < two.peak(1, Phase.EVAL) - 25
+
+
+def test_the_selftests_student_scorer_is_counted_in_the_teacher_phase_alone():
+    """teacher.selftest's pre-flight loads the student a second time in the driver's process (agentopd.step.selftest),
+    after the teacher scored its probe, and drops it: the plan counts its bf16 weights (and its scoring work beyond the
+    teacher's) on the run's device in the teacher phase, nowhere else, and not where the self-test is off."""
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    keys = ["engine.sleep=false", "teacher.offload=false", "engine.kv_cache_gib=8"]
+    on = plan_memory(load_config("sql_db", overrides=keys), shapes, [200.0])
+    off = plan_memory(load_config("sql_db", overrides=[*keys, "teacher.selftest=false"]), shapes, [200.0])
+    scorer = _item(on, "student scorer")
+    assert scorer.gpu == 0 and scorer.phases == (Phase.TEACHER,) and not [i for i in off.items if i.role == "selftest"]
+    assert scorer.gib == pytest.approx(2 * shapes["student"].params / GIB)  # a 1.7B student works less than its 8B teacher
+    assert on.peak(0, Phase.TEACHER) - off.peak(0, Phase.TEACHER) == pytest.approx(scorer.gib)
+    assert all(on.peak(0, p) == off.peak(0, p) for p in Phase if p != Phase.TEACHER)
+    # a teacher behind a server holds nothing here: the scorer's whole work counts
+    alone = _item(plan_memory(load_config("sql_db", overrides=keys), {"student": shapes["student"]}, [200.0]), "student scorer")
+    assert alone.gib > scorer.gib
+    # on Ray the driver's scorer is on GPU 0, beside the trainer rank, not on the teacher's GPU
+    ray = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=[
+        "backend=ray", "ray.gpus_per_trainer_worker=1", "ray.rollout_workers=1", "ray.gpus_per_rollout_worker=0.5",
+        "ray.gpus_per_teacher=0.5"]), shapes, [79.2, 79.2])  # fmt: skip
+    assert _item(ray, "student scorer").gpu == 0 and _item(ray, "student scorer").gib > scorer.gib  # the teacher works on GPU 1
 
 
 def test_eight_gpus_pair_an_engine_with_a_teacher_replica_on_each_gpu_after_the_trainer_ranks():
@@ -125,7 +148,7 @@ def test_eight_gpus_pair_an_engine_with_a_teacher_replica_on_each_gpu_after_the_
     assert plan.fits, plan.table()
     for g in range(8):
         roles = sorted({i.role for i in plan.items if i.gpu == g} - {"cuda", "eval"})
-        assert roles == (["trainer"] if g < 4 else ["engine", "teacher"]), (g, roles)
+        assert roles == (["selftest", "trainer"] if g == 0 else ["trainer"] if g < 4 else ["engine", "teacher"]), (g, roles)
         weights = [i.what for i in plan.items if i.gpu == g and i.role in ("engine", "teacher") and "weights" in i.what]
         assert g < 4 or weights == ["student bf16 weights x1", "bf16 weights (8.19B) x1"], weights
 

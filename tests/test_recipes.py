@@ -181,11 +181,11 @@ def test_a_recipe_plugs_into_the_stages_it_names_alone(tiny_home, tmp_path, monk
         def report(self, played):
             return {"one_token/episodes": float(len(played.episodes))}
 
-    assert Recipe().rollout(1, "config") == "config" and Recipe().report(None) == {}  # the base changes nothing
+    assert Recipe().rollout(1, "config") == "config" and Recipe().report(None) == {} == Recipe().played(None, None)  # the base changes nothing
     monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
     runner = Runner(load_config("calculator", overrides=[*SHORT, "steps=2"]), tmp_path / "run")
     runner._setup(resume_after=None)
-    assert runner.recipes == []  # no recipe.* key set: the plain chain
+    assert [r.name for r in runner.recipes] == ["selftest"]  # no recipe.* key set: the plain chain and the teacher self-test
     try:
         plain = runner._step(1)
         runner.recipes.append(OneToken())  # the list the stages read (StepParts.recipes)

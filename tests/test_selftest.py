@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 
 import pytest
 import torch
@@ -180,6 +181,53 @@ def test_server_teacher_that_shuffles_its_logprobs_is_refused(cli, tiny_home, tm
     assert "teacher self-test: teacher 'teacher': its one replica differs from itself between two scorings" in result.output, result.output
 
 
+def _server_back_with_noise(home):
+    """The fake vLLM server over the real tiny teacher, which restarts (tests/test_server_teacher.py `Restart`) with
+    noise on the teacher's weights."""
+    from test_server_teacher import Restart, fake_vllm
+
+    ref = home / "models" / "sql_db" / "teacher"
+    model, noisy = (AutoModelForCausalLM.from_pretrained(ref).eval() for _ in range(2))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return Restart(fake_vllm(model), fake_vllm(noisy))
+
+
+@pytest.mark.parametrize("selftest", [True, False])
+def test_server_teacher_back_with_other_weights_after_a_restart_stops_the_run(cli, tiny_home, tmp_path, monkeypatch, selftest):
+    """The teacher's server goes down after step 1 and comes back with noise on its weights: the client reconnects
+    (tests/test_server_teacher.py `Restart`: its first connection dropped, so it sees the failure), the next step's
+    re-check scores the probe again and the run stops with a checkpoint; without the self-test it trains on."""
+    from agentopd.backends.local import LocalBackend
+
+    server = _server_back_with_noise(tiny_home)
+    sync, restarted = LocalBackend.sync_weights, []
+
+    def restart_after_step_1(self):
+        sync(self)
+        if self._synced == 1 and not restarted:
+            restarted.append(server.restart())
+
+    monkeypatch.setattr(LocalBackend, "sync_weights", restart_after_step_1)
+    run = tmp_path / "run"
+    try:
+        result = cli("run", "--env", "sql_db", "--run-dir", run, *SHORT, RANDOM, f"teacher={server.url}", "rollout.temperature=1.0",
+                     "trainer.loss=sampled_k1", f"teacher.selftest={str(selftest).lower()}")  # fmt: skip
+    finally:
+        server.stop()
+    assert server.dropped.is_set()
+    if not selftest:
+        assert result.exit_code == 0, result.output  # the run trains on toward the server's other weights
+        return
+    assert result.exit_code == 1, result.output
+    line = rf"teacher self-test: teacher 'teacher' changed after its reconnect to {server.url} \(after \w+\): its log-prob"
+    assert re.search(line, result.output), result.output
+    assert "checkpoint at step 2" in result.output  # step 2 trained on the new server's scores; step 3's re-check stops
+    assert (run / "checkpoints" / "step_000002" / "DONE").exists()
+
+
 def test_teacher_temperature_must_follow_the_losses_rule():
     assert load_config("sql_db", overrides=["teacher.temperature=0.5"]).teacher.temperature == 0.5  # the sampler's
     with pytest.raises(ValueError, match=r"teacher.temperature=1.0 disagrees with the loss: trainer.loss=forward_kl"):
@@ -221,3 +269,33 @@ def test_ray_pool_with_one_noisy_replica_is_refused(ray_cluster, tiny_home, tmp_
     monkeypatch.setattr(agentopd.runner, "make_backend", lambda cfg: OneNoisyReplica())
     with pytest.raises(TeacherRefused, match=r"teacher 'teacher': replica 1 differs from .* at stream \d+, token \d+"):
         Runner(cfg, tmp_path / "noisy").run()
+
+
+@pytest.mark.slow
+def test_ray_server_teacher_back_with_other_weights_after_a_restart_stops_the_run(ray_cluster, tiny_home, tmp_path, monkeypatch):
+    """The restart above on the Ray backend: the server's client lives in the teacher's Ray actor, whose reconnect the
+    backend asks for (TeacherWorker.reconnects) before the next step's re-check."""
+    from agentopd.backends.ray import RayBackend
+    from agentopd.runner import Runner
+    from agentopd.step.selftest import TeacherChanged
+
+    server = _server_back_with_noise(tiny_home)
+    sync, restarted = RayBackend.sync_weights, []
+
+    def restart_after_step_1(self):  # the driver's sync after each trained step
+        sync(self)
+        if not restarted:
+            restarted.append(server.restart())
+
+    monkeypatch.setattr(RayBackend, "sync_weights", restart_after_step_1)
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    ray_args = ["backend=ray", "ray.rollout_workers=1", "ray.trainer_workers=1", "ray.cpus_per_rollout_worker=0",
+                "ray.cpus_per_teacher=0", "ray.cpus_per_trainer_worker=0", "trainer.loss=sampled_k1", "rollout.temperature=1.0"]  # fmt: skip
+    cfg = load_config("sql_db", overrides=[*SHORT, RANDOM, *ray_args, f"teacher={server.url}"])
+    try:
+        with pytest.raises(TeacherChanged, match=rf"teacher 'teacher' changed after replica 0's reconnect to {server.url} "
+                                                 r"\(after \w+\): .* checkpoint at step 2"):  # fmt: skip
+            Runner(cfg, tmp_path / "run").run()
+    finally:
+        server.stop()
+    assert server.dropped.is_set() and (tmp_path / "run" / "checkpoints" / "step_000002" / "DONE").exists()

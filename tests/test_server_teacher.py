@@ -9,12 +9,14 @@ token_id -> {"logprob", "rank", "decoded_token"} holding the actual token p (any
 the top `prompt_logprobs` tokens, never at a temperature, -inf clamped to -9999.0; with
 `return_token_ids` the choice echoes `prompt_token_ids`. It is served in-process through
 httpx's ASGI transport and once over real HTTP with uvicorn on 127.0.0.1. The parsed
-logprobs must equal HFTeacher's on the same model.
+logprobs must equal HFTeacher's on the same model. A server restarted on its port (`Restart`): the client sends its
+requests again on a new connection and names the reconnect (what a run's self-test re-checks, tests/test_selftest.py).
 """
 
 from __future__ import annotations
 
 import random
+import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,8 +37,8 @@ from agentopd.types import TokenStream
 VOCAB = 128
 
 
-def tiny_model() -> Qwen3ForCausalLM:
-    torch.manual_seed(0)
+def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
     model = Qwen3ForCausalLM(Qwen3Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, tie_word_embeddings=False))
@@ -125,22 +127,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Uvicorn:
+    """`app` served by uvicorn on `port` of 127.0.0.1 in a thread, from construction until `stop()`."""
+
+    def __init__(self, app: FastAPI, port: int):
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
 @contextmanager
 def serving(app: FastAPI) -> Iterator[str]:
     """`app` served by uvicorn on a free local port in a thread, until the block ends; yields its URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    served = Uvicorn(app, port)
     try:
-        deadline = time.time() + 20
-        while not server.started:
-            assert time.time() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        served.stop()
+
+
+class Restart:
+    """A server that goes down and comes back with `then` on the same port. `Restart(first, then)` serves `first`;
+    `restart()` stops it, and the next connection to the port is accepted and closed before any answer (a server going
+    down under its client), after which `then` serves there. So a client sees the failure, whatever its timing."""
+
+    def __init__(self, first: FastAPI, then: FastAPI):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.then = then
+        self.served = Uvicorn(first, self.port)
+        self.dropped = threading.Event()
+
+    def restart(self) -> None:
+        self.served.stop()
+        down = socket.socket()
+        down.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        down.bind(("127.0.0.1", self.port))
+        down.listen()
+
+        def drop_one_then_serve() -> None:
+            connection, _ = down.accept()
+            connection.close()
+            down.close()
+            self.dropped.set()
+            self.served = Uvicorn(self.then, self.port)
+
+        threading.Thread(target=drop_one_then_serve, daemon=True).start()
+
+    def stop(self) -> None:
+        self.served.stop()
 
 
 def test_over_real_http_with_uvicorn():
@@ -149,6 +193,32 @@ def test_over_real_http_with_uvicorn():
         streams = make_streams(4, seed=6)
         got = ServerTeacher(f"{url}/", top_k=3).score(streams, mode="topk")
         check_equal(got, HFTeacher(model, device="cpu", top_k=3).score(streams, mode="topk"), topk=True)
+
+
+def test_a_restarted_server_is_reconnected_and_named():
+    model, other = tiny_model(), tiny_model(seed=1)
+    streams = make_streams(3, seed=8)
+    server = Restart(fake_vllm(model), fake_vllm(other))
+    try:
+        teacher = ServerTeacher(server.url, top_k=3)
+        check_equal(teacher.score(streams), HFTeacher(model, device="cpu").score(streams), topk=False)
+        assert teacher.take_reconnects() == []
+        server.restart()
+        got = teacher.score(streams)  # its first connection is dropped: sent again, answered by the new server
+        assert server.dropped.is_set()
+        check_equal(got, HFTeacher(other, device="cpu").score(streams), topk=False)
+        (reconnect,) = teacher.take_reconnects()  # the requests in flight each reconnected: one event
+        assert re.fullmatch(rf"reconnect to {server.url} \(after (RemoteProtocolError|ReadError|ConnectError)\)", reconnect)
+        assert teacher.take_reconnects() == []  # read once
+        teacher.score(streams)
+        assert teacher.take_reconnects() == []  # no failure, no reconnect
+    finally:
+        server.stop()
+    gone = ServerTeacher(server.url, reconnect_s=0.6)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"teacher server http://127.0.0.1:\d+: unreachable for 0.6 s \(ConnectError"):
+        gone.score(streams)
+    assert time.perf_counter() - t0 < 5
 
 
 def test_parse_a_hand_written_vllm_payload():

@@ -135,7 +135,10 @@ class LocalBackend:
 
     def teacher_events(self) -> dict[str, str]:
         """What each teacher went through since the last call that may change its scores (teacher name -> the event):
-        the student engine's sleep/wake (engine.sleep), an offload to host memory and reload (teacher.offload on CUDA)."""
+        the student engine's sleep/wake (engine.sleep), an offload to host memory and reload (teacher.offload on CUDA),
+        a server teacher's reconnect after its server could not be reached (ServerTeacher.take_reconnects)."""
+        from agentopd.teacher import ServerTeacher
+
         events = list(self._events)
         self._events.clear()
         out = {}
@@ -143,6 +146,8 @@ class LocalBackend:
             mine = list(events)
             if getattr(teacher, "offload_after_score", False) and teacher.device.type == "cuda":
                 mine.append("its offload and reload (teacher.offload)")
+            if isinstance(teacher, ServerTeacher):
+                mine += [f"its {e}" for e in teacher.take_reconnects()]
             if mine:
                 out[name] = " and ".join(mine)
         return out

@@ -399,7 +399,19 @@ class RayBackend:
         return out
 
     def teacher_events(self) -> dict[str, str]:
-        """{teacher: its replicas restarted and the engines' sleep/wake since the last call} (Backend.teacher_events)."""
+        """{teacher: its replicas restarted, a server teacher's reconnects (each replica's client: TeacherWorker.reconnects)
+        and the engines' sleep/wake since the last call} (Backend.teacher_events)."""
+        from ray.exceptions import RayActorError
+
+        for name, actors in self.teachers.items():
+            if not is_server(self.ctx.teacher_refs[name]):
+                continue
+            for r, actor in enumerate(actors):
+                try:
+                    found = self.ray.get(actor.reconnects.remote())
+                except RayActorError:  # dead: the next scoring replaces it, and that restart is an event of its own
+                    continue
+                self._teacher_events.setdefault(name, []).extend(f"replica {r}'s {e}" for e in found)
         events, self._teacher_events = self._teacher_events, {}
         return {name: " and ".join(dict.fromkeys(e)) for name, e in events.items() if e}
 

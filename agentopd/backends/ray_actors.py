@@ -182,6 +182,11 @@ class TeacherWorker(_OnGPU):
     def head_weight(self) -> torch.Tensor:
         return self.teacher.head_weight()
 
+    def reconnects(self) -> list[str]:
+        """A server teacher's reconnects since the last call (ServerTeacher.take_reconnects); [] for a local one."""
+        take = getattr(self.teacher, "take_reconnects", None)
+        return take() if take is not None else []
+
 
 class TrainerWorker(_WeightMember):
     """One rank. `rendezvous()` on rank 0 gives the address; `init(addr, port)` on every rank (at once)

@@ -72,6 +72,12 @@ class Recipe:
         """A step's rollouts were just submitted (async mode: steps ahead of the one training), to play under
         `objective`."""
 
+    def played(self, played: Played, parts: StepParts) -> dict[str, float]:
+        """The step's episodes are played, the teacher has not scored them yet: a check of the run on them, its metrics
+        (step/selftest.py `TeacherSelfTest`: the teacher's self-test). A `StopRun` raised here (agentopd.step.values)
+        stops the run with a checkpoint of the last trained step and its line."""
+        return {}
+
     # Stage.SCORE
     def streams(self, planned: Sequence[Planned], episodes: Sequence[Episode]) -> list[TokenStream] | None:
         """The streams the teacher scores instead of the episodes' own (None: the episodes' own)."""

@@ -8,7 +8,8 @@ start), or the teachers for a recipe's share of the tasks (recipe.teacher_fracti
 as the recipes change them (recipe.horizon_turns). In async mode (Ray) the next `async.max_staleness` steps' rollouts
 are submitted before this step's are collected (`pending`, kept across steps; with `async.score_ahead` the recipe
 step/score.py `ScoreAhead` starts their scoring as each is played); episodes older than the staleness bound are
-dropped or played again.
+dropped or played again. Then each recipe's `played` hook sees the step's episodes before the score stage does
+(step/selftest.py `TeacherSelfTest`: the teacher's pre-flight and re-checks); its metrics join `Played.metrics`.
 """
 
 from __future__ import annotations
@@ -89,9 +90,12 @@ class Play:
             planned, episodes = [planned[i] for i in kept], [episodes[i] for i in kept]
             parts.backend.forget(collected)  # scores started ahead are per played episode: the score stage scores these
             collected = []
-        return Played(step, objective, planned, episodes, teacher_of=[parts.router.teacher_of(p) for p in planned],
-                      teacher_played=self._teacher_played.pop(step, set()), collected=collected, seconds=seconds,
-                      metrics=stats)  # fmt: skip
+        played = Played(step, objective, planned, episodes, teacher_of=[parts.router.teacher_of(p) for p in planned],
+                        teacher_played=self._teacher_played.pop(step, set()), collected=collected, seconds=seconds,
+                        metrics=stats)  # fmt: skip
+        for recipe in parts.recipes:  # a check of the played episodes before the teacher scores them (the self-test)
+            played.metrics |= recipe.played(played, parts)
+        return played
 
     # ---- submitting ----
     def submit(self, step: int) -> list[RolloutHandle]:

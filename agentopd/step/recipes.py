@@ -1,6 +1,6 @@
 """The run's recipes (agentopd.recipes.base), from its config, in the order the stages call them.
 
-    recipes = run_recipes(cfg, cross_scorer=scorer, privileged=view)
+    recipes = run_recipes(cfg, cross_scorer=scorer, privileged=view, selftest=selftest)
 
 Adding a recipe: a `Recipe` subclass naming the stages it changes (agentopd/recipes/), and one line here.
 """
@@ -22,9 +22,11 @@ if TYPE_CHECKING:
     from agentopd.config import Config
     from agentopd.crosstok.score import CrossScorer
     from agentopd.privileged import PrivilegedView
+    from agentopd.step.selftest import TeacherSelfTest
 
 
-def run_recipes(cfg: Config, *, cross_scorer: CrossScorer | None = None, privileged: PrivilegedView | None = None) -> list[Recipe]:
+def run_recipes(cfg: Config, *, cross_scorer: CrossScorer | None = None, privileged: PrivilegedView | None = None,
+                selftest: TeacherSelfTest | None = None) -> list[Recipe]:  # fmt: skip
     r = cfg.recipe
     recipes: list[Recipe] = []
     if r.sft_steps:
@@ -45,6 +47,8 @@ def run_recipes(cfg: Config, *, cross_scorer: CrossScorer | None = None, privile
         from agentopd.crosstok.score import CrossTokenizer
 
         recipes.append(CrossTokenizer(cross_scorer))
+    if selftest is not None:  # teacher.selftest (TeacherSelfTest.for_run: None where the run has none)
+        recipes.append(selftest)
     a = cfg.async_  # scoring ahead: where the teacher scores the student's streams as played (no recipe above changes them)
     if a.enabled and a.score_ahead and all(r.scores_played_streams for r in recipes):
         from agentopd.step.score import ScoreAhead

