@@ -4,7 +4,7 @@
     python benchmarks/real_pair.py --measure --env calculator --out ~/real_pair
     # the arms x seeds, one run at a time, each under `flock /tmp/agentopd-bigmem.lock` (the host's memory lock);
     # run it again after a stop: finished runs are skipped, unfinished ones continue from their checkpoint (--resume)
-    nohup python benchmarks/real_pair.py --env calculator --arms sft,opd --seeds 0,1 --steps 30 --eval-every 10 \
+    nohup python benchmarks/real_pair.py --env calculator --arms sft,opd --seeds 0,1 --steps 20 --eval-every 10 \
         --out ~/real_pair > ~/real_pair/study.log 2>&1 &
     # the report of what is there: benchmarks/results/real_pair.md + .json (+ .png where matplotlib is installed); the
     # reading written by hand between its NOTES markers is kept when the report is written again
@@ -64,13 +64,14 @@ HOME = Path(os.environ.get("AGENTOPD_HOME") or "~/.cache/agentopd").expanduser()
 # template for the teacher (the 1.5B's GGUF template differs from the 0.5B's by an escaped brace), a learning rate for
 # a pretrained 0.5B (the presets' 3e-3 is the tiny embedded student's), sampling at T=1 (the student's own
 # distribution: these models need no tempered exploration), reverse KL on the student's samples (the OPD of the
-# literature), 128 new tokens a turn (the CPU memory plan's measured setting), and the teacher's eval left to the
-# zero-shot table.
+# literature), 128 new tokens a turn (the CPU memory plan's measured setting), 32 engine rows and activation
+# checkpointing (the host-memory plan at 22 GiB: train 19.0 GiB where 19.8 fit; without both 20.3 did not), and the
+# teacher's eval left to the zero-shot table. 2e-5 rather than 1e-5: 20 steps of 4 tasks is a small budget.
 PAIR = [f"student={HOME}/gguf/qwen2.5-coder-0.5b", f"teacher={HOME}/gguf/qwen2.5-coder-1.5b", "teacher.chat_template=student"]
-COMMON = ["trainer.loss=reverse_kl", "trainer.lr=1e-5", "trainer.warmup_steps=2", "trainer.schedule=cosine",
+COMMON = ["trainer.loss=reverse_kl", "trainer.lr=2e-5", "trainer.warmup_steps=2", "trainer.schedule=cosine",
           "rollout.temperature=1.0", "rollout.max_new_tokens=128", "rollout.max_context=2048", "rollout.tasks_per_step=4",
-          "rollout.episode_timeout_s=7200", "engine.max_batch_size=32", "trainer.activation_checkpointing=true", "eval.teacher=false", "eval.num_tasks=100", "log.tensorboard=false",
-          "run.keep_checkpoints=1"]  # fmt: skip
+          "rollout.episode_timeout_s=7200", "engine.max_batch_size=32", "trainer.activation_checkpointing=true",
+          "eval.teacher=false", "eval.num_tasks=100", "log.tensorboard=false", "run.keep_checkpoints=1"]  # fmt: skip
 REFUSED = "does not fit this machine's memory"  # agentopd.memory_host.HostMemoryError: the plan refused the run at start
 NOTES = ("<!-- notes: kept by --report -->", "<!-- /notes -->")
 ENV_KEYS = {"sql_db": ["env.schema_in_prompt=true"]}
@@ -338,7 +339,7 @@ def main() -> None:
     ap.add_argument("--env", default="calculator")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path("~/real_pair").expanduser(), help="run directories and results (outside the repo)")
     ap.add_argument("--measure", action="store_true", help="2 steps of each arm (seed 0), 2-task evals: seconds per step")

@@ -70,7 +70,7 @@ def test_every_arm_loads_as_a_config(rp, tmp_path):
     for s in specs:
         assert s["command"][:3] == ["agentopd", "run", "--env"]
         cfg = load_config("calculator", overrides=s["command"][6:])
-        assert cfg.run.steps == 30 and cfg.run.seed == s["seed"] and cfg.run.checkpoint_every == 10
+        assert cfg.run.steps == 30 and cfg.run.seed == s["seed"] and cfg.run.checkpoint_every == 10 and cfg.trainer.lr == 2e-5
         assert cfg.teacher.chat_template == "student" and str(cfg.trainer.loss) == "reverse_kl"
         expected = {"sft": ("sft", 0, 0.0), "opd": ("opd", 0, 0.0), "sft_then_opd": ("opd", 10, 0.0), "opd_mixed": ("opd", 0, 0.5)}[s["arm"]]
         assert (str(cfg.run.objective), cfg.recipe.sft_steps, cfg.recipe.teacher_fraction) == expected
