@@ -48,8 +48,9 @@ class WarmStart:
         seen = (f"student {self.student:.0%} of held-out tasks (parse errors in {self.parse_errors:.0%} of its turns), "
                 f"teacher {self.teacher:.0%}")  # fmt: skip
         if self.steps:
-            return (f"warm start: {seen}: the student is cold (under {COLD_SHARE:.0%} of the teacher's success), so steps "
-                    f"1-{self.steps} of {self.total} train on the teacher's episodes (SFT), then on-policy distillation "
+            first = "step 1" if self.steps == 1 else f"steps 1-{self.steps}"
+            return (f"warm start: {seen}: the student is cold (under {COLD_SHARE:.0%} of the teacher's success), so {first} "
+                    f"of {self.total} train on the teacher's episodes (SFT), then on-policy distillation "
                     "(recipe.sft_steps in config.yaml; recipe.auto_warm_start=false for plain OPD)")  # fmt: skip
         return f"warm start: none, {seen}: the student is not cold, plain on-policy distillation (recipe.auto_warm_start=false: never)"
 

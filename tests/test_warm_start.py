@@ -70,6 +70,10 @@ def test_the_rule_applies_to_the_embedded_default_alone(overrides):
     assert choose_warm_start(cfg, _eval(0.0), _eval(0.9)) is None
 
 
+def test_a_mixed_run_is_left_as_it_is():
+    assert not applies(load_config("calculator,sql_db"))
+
+
 def test_a_run_prints_its_choice(cli, tmp_path):
     run = tmp_path / "run"
     result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", *SHORT)
