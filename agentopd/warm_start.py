@@ -5,16 +5,19 @@ episodes first when the student is cold, plain OPD when it is not.
     choice.steps      # SFT steps before the run's objective (recipe.sft_steps); 0 = plain OPD
     choice.line()     # what the run prints: what it chose and why
 
-Why: plain OPD from a cold student stalls. On a plugin env the run had never seen, a 1% student under an 86% teacher
-stayed at 0-1% for 75 of the default run's 150 steps and ended at 24% (26% of the gap; benchmarks/results/
-default_recipe.md): the teacher's per-token signal only helps once the student plays turns near the teacher's. SFT on
-the teacher's episodes gives it those turns (pure OPD from cold p@1 0.005, SFT 0.388 in the published cold-start
-comparison); quality_gpu.md's best OPD arm is "SFT for a third of the steps, then OPD" (80% against 54% for plain OPD).
+Cold = both of: held-out success under COLD_SHARE of the teacher's, and malformed tool calls in at least FORMAT_ERRORS
+of its turns (it has not learned the format). Then the first third of the steps are SFT (`recipe.sft_steps`, written
+into the run's config.yaml so a resume keeps it), then the run's objective.
 
-The rule: cold = held-out success below COLD_SHARE of the teacher's. Then the first third of the steps are SFT
-(`recipe.sft_steps`, written into the run's config.yaml so a resume keeps it), then the run's objective. Where it
-applies: the embedded student on one env, objective=opd, no recipe where the teacher plays already, a teacher that
-can play (no server, no cross-tokenizer loss, no privileged prompt), not async, the teacher evaluated at step 0
+Why both (benchmarks/results/default_recipe.md, 2026-11-29): plain OPD from a student that cannot yet write the
+teacher's turns has nothing near the teacher's states to learn on (on a plugin env a 1% student under an 86% teacher
+stayed at 0-1% for 75 of 150 steps, issue 54; pure OPD from cold p@1 0.005, SFT on the teacher's episodes 0.388 in the
+published cold-start comparison), and the SFT warm start is the remedy recipes.md gives for a student that does not
+know the format. But low success alone is not it: calculator's student solves 1% of held-out tasks under an 89%
+teacher with no parse errors, and plain OPD took it to 61% (68% of the gap), the warm start to 54% on the same pair.
+
+Where it applies: the embedded student on one env, objective=opd, no recipe where the teacher plays already, a teacher
+that can play (no server, no cross-tokenizer loss, no privileged prompt), not async, the teacher evaluated at step 0
 (eval.teacher). Anywhere else a run trains what its config says, as before (`recipe.sft_steps` by hand).
 """
 
@@ -32,7 +35,8 @@ if TYPE_CHECKING:
     from agentopd.config import Config
     from agentopd.evaluate import EvalResult
 
-COLD_SHARE = 0.05  # cold: the student solves under 1/20 of what the teacher solves (built-in sql_db: 8-10% of 66-75%)
+COLD_SHARE = 0.05  # cold: the student solves under 1/20 of what the teacher solves (built-in sql_db: 8-10% of 66-75%) ...
+FORMAT_ERRORS = 0.1  # ... and writes a malformed tool call in at least 1 of 10 turns (sql_db 2%, calculator 0%)
 SFT_SHARE = 3  # a cold student's SFT steps: run.steps // SFT_SHARE
 
 
@@ -45,14 +49,18 @@ class WarmStart:
     total: int  # run.steps
 
     def line(self) -> str:
-        seen = (f"student {self.student:.0%} of held-out tasks (parse errors in {self.parse_errors:.0%} of its turns), "
-                f"teacher {self.teacher:.0%}")  # fmt: skip
+        seen = (f"student {self.student:.0%} of held-out tasks (teacher {self.teacher:.0%}), parse errors in "
+                f"{self.parse_errors:.0%} of its turns")  # fmt: skip
         if self.steps:
             first = "step 1" if self.steps == 1 else f"steps 1-{self.steps}"
-            return (f"warm start: {seen}: the student is cold (under {COLD_SHARE:.0%} of the teacher's success), so {first} "
-                    f"of {self.total} train on the teacher's episodes (SFT), then on-policy distillation "
+            return (f"warm start: {seen}: cold (under {COLD_SHARE:.0%} of the teacher's success, and not yet the format), so "
+                    f"{first} of {self.total} train on the teacher's episodes (SFT), then on-policy distillation "
                     "(recipe.sft_steps in config.yaml; recipe.auto_warm_start=false for plain OPD)")  # fmt: skip
-        return f"warm start: none, {seen}: the student is not cold, plain on-policy distillation (recipe.auto_warm_start=false: never)"
+        if self.student >= COLD_SHARE * self.teacher:
+            why = f"at least {COLD_SHARE:.0%} of the teacher's success"
+        else:
+            why = f"it writes well-formed tool calls: parse errors under {FORMAT_ERRORS:.0%}"
+        return f"warm start: none, {seen}: not cold ({why}): plain on-policy distillation"
 
 
 def applies(cfg: Config) -> bool:
@@ -77,6 +85,6 @@ def choose_warm_start(cfg: Config, student: EvalResult, teacher: EvalResult | No
     """The warm start of a run from its step-0 evals; None where the rule does not apply (`applies`)."""
     if teacher is None or not applies(cfg):
         return None
-    cold = student.success_rate < COLD_SHARE * teacher.success_rate
+    cold = student.success_rate < COLD_SHARE * teacher.success_rate and student.parse_error_rate >= FORMAT_ERRORS
     return WarmStart(cfg.run.steps // SFT_SHARE if cold else 0, student.success_rate, teacher.success_rate,
                      student.parse_error_rate, cfg.run.steps)  # fmt: skip

@@ -347,7 +347,8 @@ class RecipeConfig(Section):
     - `horizon_turns: [start, end]`: truncated-horizon OPD: training episodes are played to at most k assistant
       turns, k stepping from `start` to `end` in equal shares of the run (agentopd.recipes.horizon).
     - `auto_warm_start` (default true): on the embedded default, sets `sft_steps` to a third of the run when the step-0
-      evals find the student cold, and prints what it chose and why (agentopd.warm_start); false: never.
+      evals find the student cold (far below the teacher, without the format), and prints what it chose and why
+      (agentopd.warm_start); false: never.
     """
 
     teacher_fraction: float = Field(0.0, ge=0, le=1, description="share of each step's tasks the teacher plays (GKD lambda)")
@@ -360,8 +361,8 @@ class RecipeConfig(Section):
         None, description="[start, end]: training episodes play at most k turns, k growing from start to end over the run"
     )
     auto_warm_start: bool = Field(
-        True, description="the embedded default's student, cold at step 0 (under 5% of the teacher's held-out success), "
-        "gets sft_steps = a third of the run (agentopd.warm_start); false: never"
+        True, description="the embedded default's student, cold at step 0 (under 5% of the teacher's held-out success and "
+        "parse errors in 10% of its turns or more), gets sft_steps = a third of the run (agentopd.warm_start); false: never"
     )
 
     @field_validator("horizon_turns")
