@@ -9,12 +9,13 @@ Cold = both of: held-out success under COLD_SHARE of the teacher's, and malforme
 of its turns (it has not learned the format). Then the first third of the steps are SFT (`recipe.sft_steps`, written
 into the run's config.yaml so a resume keeps it), then the run's objective.
 
-Why both (benchmarks/results/default_recipe.md, 2026-11-29): plain OPD from a student that cannot yet write the
-teacher's turns has nothing near the teacher's states to learn on (on a plugin env a 1% student under an 86% teacher
-stayed at 0-1% for 75 of 150 steps, issue 54; pure OPD from cold p@1 0.005, SFT on the teacher's episodes 0.388 in the
-published cold-start comparison), and the SFT warm start is the remedy recipes.md gives for a student that does not
-know the format. But low success alone is not it: calculator's student solves 1% of held-out tasks under an 89%
-teacher with no parse errors, and plain OPD took it to 61% (68% of the gap), the warm start to 54% on the same pair.
+Why both (benchmarks/results/default_recipe.md, 2026-11-29): plain OPD from a cold student can stall (issue 54: on a
+plugin env a 1% student under an 86% teacher stayed at 0-1% for 75 of 150 steps; pure OPD from cold p@1 0.005, SFT on
+the teacher's episodes 0.388 in the published cold-start comparison), and the SFT warm start is the remedy recipes.md
+gives for a student that does not know the format. But low success alone does not make it stall: calculator's
+student solves 1% of held-out tasks under an 89% teacher with no parse errors, and plain OPD took it to 61% (68% of
+the gap), the warm start to 54% on the same pair. Whether issue 54's student lacked the format was not recorded; no
+env measured so far has a student this rule calls cold.
 
 Where it applies: the embedded student on one env, objective=opd, no recipe where the teacher plays already, a teacher
 that can play (no server, no cross-tokenizer loss, no privileged prompt), not async, the teacher evaluated at step 0
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from agentopd.config import Config
     from agentopd.evaluate import EvalResult
 
-COLD_SHARE = 0.05  # cold: the student solves under 1/20 of what the teacher solves (built-in sql_db: 8-10% of 66-75%) ...
+COLD_SHARE = 0.05  # cold: the student solves under 1/20 of what the teacher solves (built-in sql_db: 5-10% of 66-75%) ...
 FORMAT_ERRORS = 0.1  # ... and writes a malformed tool call in at least 1 of 10 turns (sql_db 2%, calculator 0%)
 SFT_SHARE = 3  # a cold student's SFT steps: run.steps // SFT_SHARE
 

@@ -11,7 +11,13 @@ import yaml
 from agentopd import runner as runner_module
 from agentopd.config import load_config
 from agentopd.evaluate import EvalResult
-from agentopd.warm_start import COLD_SHARE, FORMAT_ERRORS, WarmStart, applies, choose_warm_start
+from agentopd.warm_start import (
+    COLD_SHARE,
+    FORMAT_ERRORS,
+    WarmStart,
+    applies,
+    choose_warm_start,
+)
 
 SHORT = [
     "rollout.tasks_per_step=4", "rollout.n=1", "rollout.max_new_tokens=24", "rollout.max_turns=3",
