@@ -1,4 +1,5 @@
-"""StockEnv: how many of an item a city's store holds, found with two dependent tool calls.
+"""StockEnv: how many of an item a city's store holds, found with two dependent tool calls; ShelfEnv: the same
+with a third (the item's shelf in that store, then the count on that shelf).
 
     find_store(city)           -> the store's code, e.g. "K-417" (random per city: copied from the tool's output)
     count_stock(store, item)   -> how many it holds (random per store and item: the answer is copied from the output)
@@ -75,5 +76,60 @@ class StockEnv(ToolEnv):
         return [
             {"role": "assistant", "content": "", "tool_calls": [{"name": "find_store", "arguments": {"city": city}}]},
             {"role": "assistant", "content": "", "tool_calls": [{"name": "count_stock", "arguments": {"store": store, "item": item}}]},
+            {"role": "assistant", "content": task.answer},
+        ]
+
+
+class ShelfEnv(StockEnv):
+    """Count an item in a city's store with three dependent calls: find_store, find_shelf, count_shelf, then the number."""
+
+    name = "stock_shelves"
+
+    def __init__(self, max_turns: int = 4, seed: int = 0):
+        super().__init__(max_turns=max_turns, seed=seed)
+        rng = seeded_rng(seed + 1)
+        self.shelves = {}  # (store, item) -> its shelf, distinct within a store
+        for store in self.stores.values():
+            numbers = rng.choice(90, size=len(ITEMS), replace=False) + 10
+            self.shelves |= {(store, item): f"S{n}" for item, n in zip(ITEMS, numbers, strict=True)}
+
+    def tools(self):
+        return [self.find_store, self.find_shelf, self.count_shelf]
+
+    def find_shelf(self, store: str, item: str) -> str:
+        """Find the shelf of an item in a store.
+
+        Args:
+            store: The store's code, as find_store gives it.
+            item: The item, e.g. "apples".
+        """
+        if (store, item) not in self.shelves:
+            raise ToolError(f"no {item[:40]!r} in store {store[:40]!r}")
+        return self.shelves[(store, item)]
+
+    def count_shelf(self, store: str, shelf: str) -> str:
+        """Count the items on a shelf of a store.
+
+        Args:
+            store: The store's code, as find_store gives it.
+            shelf: The shelf, as find_shelf gives it.
+        """
+        for (s, item), code in self.shelves.items():
+            if s == store and code == shelf:
+                return str(self.counts[(s, item)])
+        raise ToolError(f"no shelf {shelf[:40]!r} in store {store[:40]!r}")
+
+    def system_prompt(self) -> str:
+        return ("You answer stock questions. Call find_store for the city, then find_shelf, then count_shelf, then reply "
+                "with the number only.")
+
+    def oracle(self, task: Task) -> list[Action]:
+        city, item = task.data["city"], task.data["item"]
+        store = self.stores[city]
+        shelf = self.shelves[(store, item)]
+        return [
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "find_store", "arguments": {"city": city}}]},
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "find_shelf", "arguments": {"store": store, "item": item}}]},
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "count_shelf", "arguments": {"store": store, "shelf": shelf}}]},
             {"role": "assistant", "content": task.answer},
         ]
