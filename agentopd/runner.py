@@ -51,8 +51,9 @@ from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device
 from agentopd.objectives import Objective, teacher_mode
 from agentopd.plan import Mixture
-from agentopd.policy import rollout_config, score_temperature, trainer_config
+from agentopd.policy import loss_temperature, rollout_config, score_temperature, trainer_config
 from agentopd.progress import RunProgress
+from agentopd.recipes.schedule import SftWarmStart
 from agentopd.routing import Router
 from agentopd.run_models import resolve_models
 from agentopd.run_parts import check_pairs, cross_scorer, fit_host, privileged_view, run_context
@@ -69,6 +70,8 @@ from agentopd.step.train import prepare, sync, train
 from agentopd.step.values import StepParts, StopRun
 from agentopd.store import Store
 from agentopd.teacher.base import is_server
+from agentopd.trainer.config import LossKind
+from agentopd.warm_start import choose_warm_start
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -199,6 +202,7 @@ class Runner:
                 with_teacher = self.cfg.eval.teacher and not self.trainer_cfg.loss.is_cross_tokenizer
                 summary.before = self._eval(0, with_teacher=with_teacher, summary=summary)
                 summary.teacher = self.evals.teacher
+                self._warm_start(summary)
             step = start + 1
             while step <= self.cfg.run.steps:
                 try:
@@ -267,6 +271,18 @@ class Runner:
         metrics = report(played, scored, samples, trained, synced, self.parts, self.flops)
         self._unlogged = (step, metrics)
         return metrics
+
+    def _warm_start(self, summary: RunSummary) -> None:
+        """recipe.auto_warm_start (agentopd.warm_start): from the step-0 evals, SFT steps first for a cold student. The
+        choice is printed; a warm start goes into the run's config.yaml (recipe.sft_steps), which a resume reads."""
+        choice = choose_warm_start(self.cfg, summary.before, summary.teacher)
+        if choice is None:
+            return
+        self.progress.note(choice.line())
+        if choice.steps:
+            self.cfg.recipe.sft_steps = choice.steps
+            self.parts.recipes.insert(0, SftWarmStart(choice.steps, self.parts.objective, loss_temperature(self.cfg, LossKind.SFT)))
+            self.cfg.to_yaml(self.rd.config)
 
     def _eval(self, step: int, *, with_teacher: bool, summary: RunSummary, metrics: dict[str, float] | None = None) -> EvalResult:
         """An eval step (agentopd.step.evals): its record joins the step's metrics (with the eval's mem/*), or is

@@ -29,7 +29,8 @@ def one_run(env: str, objective: str, steps: int, eval_every: int, overrides: li
     from agentopd.runner import Runner
 
     cfg = load_config(env, overrides=[f"steps={steps}", f"objective={objective}", f"eval.every={eval_every}",
-                                      "log.tensorboard=false", "run.checkpoint_every=0", *overrides])  # fmt: skip
+                                      "log.tensorboard=false", "run.checkpoint_every=0",
+                                      "recipe.auto_warm_start=false", *overrides])  # fmt: skip  # plain OPD against SFT
     t0 = time.perf_counter()
     summary = Runner(cfg, out).run()
     seconds = time.perf_counter() - t0

@@ -59,7 +59,8 @@ METHODS = ("opd", "opd_mixed", "sft_then_opd", "sft_late_opd", "opd_intervene", 
 
 def method_overrides(method: str, steps: int, tasks_per_step: int, intervene_below: float, support_below: float,
                      privileged: str = "solution", max_turns: int = 4) -> list[str]:  # fmt: skip
-    return {
+    # each arm is exactly its recipe: the embedded default's own choice from its step-0 evals (agentopd.warm_start) is off
+    return ["recipe.auto_warm_start=false"] + {
         "opd": ["objective=opd"],
         "opd_mixed": ["objective=opd", "recipe.teacher_fraction=0.5"],
         "sft_then_opd": ["objective=opd", f"recipe.sft_steps={max(1, steps // 3)}"],

@@ -346,6 +346,9 @@ class RecipeConfig(Section):
       (never under `turn_weight_floor`): turns where the student left the teacher's support count less.
     - `horizon_turns: [start, end]`: truncated-horizon OPD: training episodes are played to at most k assistant
       turns, k stepping from `start` to `end` in equal shares of the run (agentopd.recipes.horizon).
+    - `auto_warm_start` (default true): on the embedded default, sets `sft_steps` to a third of the run when the step-0
+      evals find the student cold (far below the teacher, without the format), and prints what it chose and why
+      (agentopd.warm_start); false: never.
     """
 
     teacher_fraction: float = Field(0.0, ge=0, le=1, description="share of each step's tasks the teacher plays (GKD lambda)")
@@ -356,6 +359,10 @@ class RecipeConfig(Section):
     turn_weight_floor: float = Field(0.1, ge=0, le=1, description="the smallest weight a down-weighted turn gets")
     horizon_turns: tuple[int, int] | None = Field(
         None, description="[start, end]: training episodes play at most k turns, k growing from start to end over the run"
+    )
+    auto_warm_start: bool = Field(
+        True, description="the embedded default's student, cold at step 0 (under 5% of the teacher's held-out success and "
+        "parse errors in 10% of its turns or more), gets sft_steps = a third of the run (agentopd.warm_start); false: never"
     )
 
     @field_validator("horizon_turns")
