@@ -150,7 +150,7 @@ def test_freed_activations_go_back_to_the_kernel_after_release(tmp_path):
     probe.write_text(
         "import gc, re, torch\n"
         "from transformers import LlamaConfig, LlamaForCausalLM\n"
-        "from agentopd.memory_host import release_freed_memory\n"
+        "from agentopd.heap import release_freed_memory\n"
         "def rss():\n"
         "    return int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 2**20\n"
         "torch.manual_seed(0)\n"

@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentopd.memory_host import HostPhase, release_freed_memory
+from agentopd.heap import release_freed_memory
+from agentopd.memory_host import HostPhase
 from agentopd.memory_plan import Phase
 
 if TYPE_CHECKING:

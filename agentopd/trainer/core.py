@@ -62,7 +62,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from agentopd.batch import MicroBatch, TrainSample, collate, dummy_micro_batch, micro_batch_rows, micro_batch_slots
 from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd import attention
-from agentopd.memory_host import release_freed_memory
+from agentopd.heap import release_freed_memory
 from agentopd.trainer import checkpoint as ckpt
 from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
 from agentopd.trainer.loss import MAXIMA, WEIGHTED_BY_PG, micro_batch_loss
