@@ -31,7 +31,7 @@ def _eval(success: float, parse_errors: float = 0.0) -> EvalResult:
 
 
 def test_a_cold_student_gets_a_third_of_the_run_as_sft():
-    cfg = load_config("sql_db", overrides=["steps=150"])
+    cfg = load_config("sql_db", overrides=["steps=150", "recipe.auto_warm_start=true"])
     choice = choose_warm_start(cfg, _eval(0.01, 0.3), _eval(0.86))
     assert choice == WarmStart(steps=50, student=0.01, teacher=0.86, parse_errors=0.3, total=150)
     assert "steps 1-50 of 150 train on the teacher's episodes" in choice.line() and "parse errors in 30%" in choice.line()
@@ -50,7 +50,7 @@ def test_a_cold_student_gets_a_third_of_the_run_as_sft():
     ],
 )
 def test_cold_is_far_below_the_teacher_without_the_format(student, parse_errors, teacher, steps, why):
-    cfg = load_config("sql_db")  # 300 steps
+    cfg = load_config("sql_db", overrides=["recipe.auto_warm_start=true"])  # 300 steps
     choice = choose_warm_start(cfg, _eval(student, parse_errors), _eval(teacher))
     assert choice.steps == steps
     assert (student < COLD_SHARE * teacher and parse_errors >= FORMAT_ERRORS) == bool(steps)
@@ -72,22 +72,23 @@ def test_cold_is_far_below_the_teacher_without_the_format(student, parse_errors,
     ],
 )
 def test_the_rule_applies_to_the_embedded_default_alone(overrides):
-    cfg = load_config("sql_db", overrides=overrides)
+    cfg = load_config("sql_db", overrides=["recipe.auto_warm_start=true", *overrides])
     assert not applies(cfg)
     assert choose_warm_start(cfg, _eval(0.0), _eval(0.9)) is None
 
 
 def test_a_mixed_run_is_left_as_it_is():
-    assert not applies(load_config("calculator,sql_db"))
+    assert not applies(load_config("calculator,sql_db", overrides=["recipe.auto_warm_start=true"]))
+    assert not applies(load_config("sql_db"))  # off by default
 
 
 def test_a_run_prints_its_choice(cli, tmp_path):
     run = tmp_path / "run"
-    result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", *SHORT)
+    result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", "recipe.auto_warm_start=true", *SHORT)
     assert result.exit_code == 0, result.output
     assert "warm start: none" in result.output  # the tiny teacher solves nothing: not cold
     assert yaml.safe_load((run / "config.yaml").read_text())["recipe"]["sft_steps"] == 0
-    result = cli("run", "--env", "calculator", "--run-dir", tmp_path / "off", "steps=3", "recipe.auto_warm_start=false", *SHORT)
+    result = cli("run", "--env", "calculator", "--run-dir", tmp_path / "off", "steps=3", *SHORT)  # the default
     assert result.exit_code == 0, result.output
     assert "warm start" not in result.output
 
@@ -98,7 +99,7 @@ def test_a_chosen_warm_start_trains_on_the_teachers_episodes_and_is_kept_for_a_r
 
     monkeypatch.setattr(runner_module, "choose_warm_start", cold)
     run = tmp_path / "run"
-    result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", *SHORT)
+    result = cli("run", "--env", "calculator", "--run-dir", run, "steps=3", "recipe.auto_warm_start=true", *SHORT)
     assert result.exit_code == 0, result.output
     assert "steps 1-2 of 3 train on the teacher's episodes" in result.output
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

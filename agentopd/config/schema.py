@@ -346,7 +346,7 @@ class RecipeConfig(Section):
       (never under `turn_weight_floor`): turns where the student left the teacher's support count less.
     - `horizon_turns: [start, end]`: truncated-horizon OPD: training episodes are played to at most k assistant
       turns, k stepping from `start` to `end` in equal shares of the run (agentopd.recipes.horizon).
-    - `auto_warm_start` (default true): on the embedded default, sets `sft_steps` to a third of the run when the step-0
+    - `auto_warm_start` (default false: not yet shown to help, benchmarks/results/default_recipe.md): on the embedded default, sets `sft_steps` to a third of the run when the step-0
       evals find the student cold (far below the teacher, without the format), and prints what it chose and why
       (agentopd.warm_start); false: never.
     """
@@ -361,7 +361,7 @@ class RecipeConfig(Section):
         None, description="[start, end]: training episodes play at most k turns, k growing from start to end over the run"
     )
     auto_warm_start: bool = Field(
-        True, description="the embedded default's student, cold at step 0 (under 5% of the teacher's held-out success and "
+        False, description="the embedded default's student, cold at step 0 (under 5% of the teacher's held-out success and "
         "parse errors in 10% of its turns or more), gets sft_steps = a third of the run (agentopd.warm_start); false: never"
     )
 
