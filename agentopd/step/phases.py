@@ -59,7 +59,13 @@ class Phases:
         self.backend, self.memory_plan, self.per_gpu = backend, memory_plan, per_gpu
 
     def measure_host(self, host_plan: HostPlan) -> None:
-        """Measure this process's peak resident memory in each phase from now on, beside `host_plan`'s prediction."""
+        """Measure this process's peak resident memory in each phase from now on, beside `host_plan`'s prediction; not
+        where the kernel has no /proc/self/clear_refs and VmHWM (macOS): there nothing is measured."""
+        try:
+            reset_resident_peak()
+            resident_peak_gib()
+        except (OSError, RuntimeError):
+            return
         self.host_plan = host_plan
 
     def enter(self, name: str) -> None:
