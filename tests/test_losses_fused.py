@@ -166,3 +166,29 @@ def test_trainer_gradient_independent_of_micro_batching_on_the_fused_path(kind):
         for k in d:
             torch.testing.assert_close(d[k], deltas[0][k], atol=1e-5, rtol=0, msg=k)
     assert max(v.abs().max() for v in deltas[0].values()) > 1e-3
+
+
+@in_process
+@pytest.mark.parametrize("pad_value", [0.5, float("inf")])
+def test_fused_over_widened_head_rows_equals_the_plain_head(monkeypatch, pad_value):
+    """On CUDA the loss GEMMs run over the head's rows up to an aligned count (losses/head_matmul: the tokenizer's
+    odd V sends cuBLAS to slow kernels). Forced on here: the same loss and gradients as the plain V rows, and the
+    rows past V (padding of the embedding) never leak in, a non-finite one included (it falls back)."""
+    from agentopd.losses import head_matmul
+
+    x = _inputs(5, v=3000)
+    v = 2989  # odd: widened to 3008 rows, read from the storage past the slice
+    w_full = torch.cat([x["w"].detach(), torch.full((20, 8), pad_value)]).requires_grad_(True)
+    tw_full = torch.cat([x["tw"], torch.full((20, 12), pad_value)])
+    common = dict(kind="jsd", beta=0.3, temperature=1.3, weights_N=x["weights"], chunk_size=7, fused=True)
+    results = []
+    for devices in ({"cuda"}, {"cuda", "cpu"}):
+        monkeypatch.setattr(head_matmul, "DEVICES", frozenset(devices))
+        head = w_full[:v]
+        assert (head_matmul.widened_rows(head) is None) == ("cpu" not in devices)
+        out = L.chunked_divergence(x["h"], head, teacher_hidden_NH=x["th"], teacher_head_VH=tw_full[:v], **common)
+        results.append((out, *torch.autograd.grad(out, (x["h"], w_full))))
+    (plain, gh0, gw0), (wide, gh1, gw1) = results
+    assert abs(plain.item() - wide.item()) <= 1e-5 * abs(plain.item())
+    assert _rel(gh1, gh0) < 1e-5 and _rel(gw1, gw0) < 1e-5
+    assert (gw1[v:] == 0).all() and torch.isfinite(gh1).all()

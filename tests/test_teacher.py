@@ -294,3 +294,21 @@ def test_head_logits_of_a_half_head_without_its_fp32_copy():
     assert out_nV.dtype == torch.float32 and out_nV.shape == (5, 300)
     torch.testing.assert_close(out_nV.double(), ref_nV, atol=1e-4, rtol=1e-5)
     assert head_logits(h_nH, w_VH, fp32=False).dtype == torch.float32  # bf16 logits, returned as fp32
+
+
+def test_head_gemm_over_widened_rows_scores_the_same(monkeypatch):
+    """On CUDA the teacher's head GEMM runs over the rows up to an aligned count where the head has them
+    (losses/head_matmul); forced on here, a tokenizer of 101 ids in a 128-row head: the same scores, and the
+    rows past the tokenizer (never sampled) are not normalised over."""
+    from agentopd.losses import head_matmul
+
+    model = tiny_model()
+    streams = [TokenStream([t % 101 for t in s.token_ids], s.prompt_len, s.response_mask, s.logprobs,
+                           s.turn_index) for s in make_streams(5)]
+    out = []
+    for devices in ({"cuda"}, {"cuda", "cpu"}):
+        monkeypatch.setattr(head_matmul, "DEVICES", frozenset(devices))
+        out.append(HFTeacher(model, device="cpu", vocab_size=101, head_chunk=4, top_k=3).score(streams, mode="topk"))
+    for a, b in zip(*out):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+        assert a.topk_ids == b.topk_ids and max(max(r) for r in a.topk_ids) < 101

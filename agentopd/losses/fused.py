@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from agentopd.losses.divergence import Divergence
+from agentopd.losses.head_matmul import finite_rows, widened_rows
 
 _KIND_CODE = {Divergence.FORWARD_KL: 0, Divergence.REVERSE_KL: 1, Divergence.JSD: 2}
 _BLOCK_V = 2048
@@ -198,38 +199,49 @@ def fused_sweep(hidden_NH, head_VH, bias_V, teacher_logits, weights_N, kind: Div
     (hidden, head, bias). `teacher_logits(sl)` returns the teacher's raw logits of a chunk."""
     need_h, need_w, need_b = needs
     need_grad = need_h or need_w or need_b
-    n = hidden_NH.shape[0]
+    n, v = hidden_NH.shape[0], head_VH.shape[0]
+    # the GEMMs over the head's rows padded to an aligned count where it has them (head_matmul: cuBLAS's fast
+    # kernels); the logits are the first v columns, the gradient's padding columns are zeroed before use
+    wide_VH = widened_rows(head_VH) if bias_V is None else None
+    if wide_VH is not None and need_h and not finite_rows(wide_VH, v):
+        wide_VH = None
+    gemm_VH = head_VH if wide_VH is None else wide_VH
     total = torch.zeros((), dtype=torch.float32, device=hidden_NH.device)
     grad_h = torch.empty_like(hidden_NH) if need_h else None
     grad_w = None
     one_chunk = n <= chunk_size
     if need_w and not one_chunk:
-        grad_w = torch.zeros(head_VH.shape, dtype=torch.promote_types(head_VH.dtype, torch.float32),
+        grad_w = torch.zeros(gemm_VH.shape, dtype=torch.promote_types(head_VH.dtype, torch.float32),
                              device=head_VH.device)
-    grad_b = torch.zeros(head_VH.shape[0], dtype=torch.float32, device=head_VH.device) if need_b else None
+    grad_b = torch.zeros(v, dtype=torch.float32, device=head_VH.device) if need_b else None
     for start in range(0, n, chunk_size):
         sl = slice(start, min(start + chunk_size, n))
         h_CH = hidden_NH[sl]
-        s_CV = F.linear(h_CH, head_VH, bias_V)
+        full_CV = F.linear(h_CH, gemm_VH, bias_V)  # bias only where not widened
+        s_CV = full_CV[:, :v]
         t_CV = teacher_logits(sl)
         w_C = weights_N[sl] if weights_N is not None else None
         total += divergence_grad_(s_CV, t_CV, w_C, kind, beta, temperature, need_grad).sum()
         del t_CV
         if not need_grad:
             continue
-        g_CV = s_CV  # now d loss / d logits, in the inputs' dtype
+        g_CV = full_CV  # now d loss / d logits in its first v columns, in the inputs' dtype
+        if gemm_VH is not head_VH:
+            g_CV[:, v:].zero_()
         if grad_b is not None:
-            grad_b += g_CV.sum(0, dtype=torch.float32)
+            grad_b += g_CV[:, :v].sum(0, dtype=torch.float32)
         if grad_h is not None:
-            torch.mm(g_CV, head_VH, out=grad_h[sl])
+            torch.mm(g_CV, gemm_VH, out=grad_h[sl])
         if need_w:
             if one_chunk:
                 grad_w = g_CV.T @ h_CH
             else:
                 _addmm_fp32_(grad_w, g_CV.T, h_CH)
-        del s_CV, g_CV
+        del s_CV, g_CV, full_CV
     if need_w and n == 0:
         grad_w = torch.zeros_like(head_VH)
+    if grad_w is not None and grad_w.shape[0] != v:
+        grad_w = grad_w[:v]
     grad_w = grad_w.to(head_VH.dtype) if grad_w is not None else None
     grad_b = grad_b.to(bias_V.dtype) if grad_b is not None else None
     return total, grad_h, grad_w, grad_b

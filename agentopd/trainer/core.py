@@ -63,6 +63,7 @@ from agentopd.batch import MicroBatch, TrainSample, collate, dummy_micro_batch, 
 from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd import attention
 from agentopd.heap import release_freed_memory
+from agentopd.losses.head_matmul import padded_cols, upload_widened
 from agentopd.trainer import checkpoint as ckpt
 from agentopd.trainer.config import LossKind, Precision, TrainerConfig, lr_factor
 from agentopd.trainer.loss import MAXIMA, WEIGHTED_BY_PG, micro_batch_loss
@@ -89,7 +90,13 @@ class StudentLoss(nn.Module):
             if mb.prefix_ids_1P is not None:  # the rows' shared prefix once; its K/V (with their graph) serve every row
                 extra = run_prefix(self.hf.model, mb.prefix_ids_1P, mb.input_ids_BT.shape[0])
             hidden_BTH = self.hf.model(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT, **extra).last_hidden_state
-        head_VH = self.hf.lm_head.weight[: self.vocab_size]  # the embedding's padding rows are never sampled
+        weight = self.hf.lm_head.weight
+        # the embedding's padding rows are never sampled: the losses use the first vocab_size rows, as a view of
+        # the rows up to an aligned count (where the head has them), which the loss GEMMs run on (head_matmul)
+        head_PH = weight[: min(padded_cols(self.vocab_size), weight.shape[0])]
+        if autocast_dtype is not None:  # the loss matmuls in bf16 too (fp32 accumulation inside the losses)
+            head_PH = head_PH.to(autocast_dtype)
+        head_VH = head_PH[: self.vocab_size]
         if teacher_head_VH is not None and teacher_head_VH.shape[0] != head_VH.shape[0]:
             # a pair whose vocabularies differ by padding rows only (teacher.check_compatible, e.g. 151,936
             # vs 152,064): both distributions over the shared rows
@@ -97,8 +104,8 @@ class StudentLoss(nn.Module):
             head_VH, teacher_head_VH = head_VH[:rows], teacher_head_VH[:rows]
         # the loss rows by index (from the host), not by mask: a mask would make the host wait for the forward
         hidden_NH = hidden_BTH.flatten(0, 1).index_select(0, mb.loss_index_N)
-        if autocast_dtype is not None:  # the loss matmuls in bf16 too (fp32 accumulation inside the losses)
-            hidden_NH, head_VH = hidden_NH.to(autocast_dtype), head_VH.to(autocast_dtype)
+        if autocast_dtype is not None:
+            hidden_NH = hidden_NH.to(autocast_dtype)
         if mb.num_loss_tokens == 0:  # still touch every parameter so every rank reduces the same grads
             return (hidden_BTH.sum() + head_VH.sum()) * 0.0, {}
         return micro_batch_loss(hidden_NH, head_VH, mb, cfg, teacher_head_VH=teacher_head_VH)
@@ -302,7 +309,7 @@ class Trainer:
                 raise ValueError("teacher_head_VH: an empty list (give None, one head, or one per teacher)")
             if (top := max((s.teacher_index for s in samples), default=0)) >= len(heads):
                 raise ValueError(f"a sample has teacher_index={top} but {len(heads)} teacher head(s) were given")
-            heads = [h.to(self.device) for h in heads]
+            heads = [upload_widened(h, self.device) for h in heads]  # padding rows kept: aligned loss GEMMs
         cfg = self.cfg
         if loss is not None:
             cfg = dataclasses.replace(cfg, loss=LossKind(loss), temperature=cfg.temperature if temperature is None else temperature)
