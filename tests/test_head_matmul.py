@@ -45,13 +45,21 @@ def test_finite_rows():
     assert not hm.finite_rows(w, 65) and hm.finite_rows(w[:65], 65)
 
 
-def test_upload_widened_keeps_the_padding_rows_in_the_new_storage(on_cpu):
+def test_upload_widened_keeps_the_padding_rows_in_the_new_storage():
     w = torch.randn(200, 4)
     head = w[:65]
-    up = hm.upload_widened(head, "cpu")  # same device: the tensor itself
-    assert up is head or torch.equal(up, head)
-    hm_devices = hm.DEVICES
-    assert "cpu" in hm_devices
-    # another "device" is what the trainer sees; on CPU the copy path runs through _widen directly
-    copied = hm._widen(head).clone()[:65]
-    assert torch.equal(copied, head) and hm.widened_rows(copied).shape == (128, 4)
+    assert hm.upload_widened(head, "cpu") is head  # already there
+    copied = hm.upload_widened(head, "meta")  # another device (the trainer's GPU in a run)
+    assert copied.shape == (65, 4) and copied.untyped_storage().nbytes() == 128 * 4 * 4
+    assert hm.upload_widened(torch.randn(65, 4), "meta").untyped_storage().nbytes() == 65 * 4 * 4  # nothing to keep
+
+
+def test_a_teacher_head_on_the_host_keeps_its_padding_rows():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from agentopd.teacher.hf import HFTeacher
+
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    head = HFTeacher(model, device="cpu", vocab_size=101).head_weight()
+    assert head.shape == (101, 16) and hm._widen(head).shape == (128, 16)

@@ -57,13 +57,13 @@ def finite_rows(wide_VH: Tensor, v: int) -> bool:
 
 
 def upload_widened(head_VH: Tensor, device: torch.device | str) -> Tensor:
-    """`head_VH.to(device)` whose storage there holds the widened rows where the source's does (a head sent to the
-    trainer keeps its padding rows, so the trainer's GEMMs can widen it); else the plain copy."""
+    """`head_VH.to(device)` whose new storage holds the widened rows too where head_VH's does (a teacher's head sent
+    to the host and on to the trainer keeps its padding rows, so the trainer's GEMMs can widen it): V' - V rows
+    more copied, at most ALIGN - 1."""
     device = torch.device(device)
-    if device.type not in DEVICES or head_VH.device == device:
-        return head_VH.to(device)
+    if head_VH.device.type == device.type and device.index in (None, head_VH.device.index):
+        return head_VH
     wide = _widen(head_VH)
     if wide is None:
         return head_VH.to(device)
-    return wide.to(device, non_blocking=head_VH.is_pinned())[: head_VH.shape[0]]
-
+    return wide.to(device, non_blocking=head_VH.is_pinned() and device.type == "cuda")[: head_VH.shape[0]]

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from agentopd.losses.head_matmul import widened_rows
+from agentopd.losses.head_matmul import upload_widened, widened_rows
 from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
 from agentopd.types import TokenStream
@@ -215,7 +215,7 @@ class HFTeacher:
             if not 0 < num_rows <= weight_VH.shape[0]:
                 raise ValueError(f"num_rows must be in [1, {weight_VH.shape[0]}], got {num_rows}")
             weight_VH = weight_VH[:num_rows]
-        return weight_VH.to("cpu")
+        return upload_widened(weight_VH, "cpu")  # the rows up to an aligned count too: the trainer's loss GEMMs
 
     def _tensors(self) -> list[torch.Tensor]:
         """Every parameter and buffer once (tied weights are one tensor)."""
