@@ -21,9 +21,12 @@ parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary
   engine.max_batch_size contexts of up to 2,048 tokens, agentopd.engines.fast, but pages never written take no
   memory: min(max_batch_size, episodes of a step or an eval) x min(rollout.max_context, 2,048) tokens), and its
   sampling logits 2 x max_batch_size x V fp32.
-- each local teacher: weights as the engine's; scoring work in the score phase (one layer's inference work over
-  TEACHER_TOKENS tokens and its hidden rows, three fp32 head_chunk x V chunks: agentopd.teacher.hf); with
-  `eval.teacher` the eval phase before training adds an engine on the teacher (its weights again and a KV pool).
+- each local teacher, where it scores (not under objective=sft: agentopd.backends.stages.Scorers loads a scorer on
+  first use): weights as the engine's; scoring work in the score phase (one layer's inference work over
+  TEACHER_TOKENS tokens and its hidden rows, three fp32 head_chunk x V chunks: agentopd.teacher.hf); where it plays
+  training episodes (`teacher_plays`), its play engine (weights and a KV pool) — in a run of SFT steps then OPD only
+  what the engine holds beyond the scorer, as it closes before the scorer loads; with `eval.teacher` the eval phase
+  before training adds an engine on the teacher (its weights again and a KV pool).
 - the teacher self-test's scorer of the student (agentopd.step.selftest, where `runs_selftest`: `teacher.selftest`):
   loaded after the teachers scored the pre-flight's probe and dropped after it, so in the score phase (of the first
   step): the student's weights again (as the engine holds them) and its scoring work beyond the teachers' (the
@@ -159,6 +162,11 @@ class HostRun:
     in_flight: int | None = None  # episodes that can hold KV pages at once (None: engine_max_batch)
     context: int = CPU_CONTEXT  # tokens an episode can hold (rollout.max_context, at most CPU_CONTEXT)
     selftest: bool = False  # the teacher self-test's pre-flight loads a scorer of the student (agentopd.objectives.runs_selftest)
+    teacher_scores: bool = True  # a scorer of each local teacher is loaded (not under objective=sft: backends.stages.Scorers)
+    # the teachers play training episodes on an engine of their own: "" never; "alone" (objective=sft: no scorer);
+    # "before" (SFT steps, then OPD: its engine closes before its scorer loads); "beside" (at once: teacher_fraction,
+    # intervene_below)
+    teacher_plays: str = ""
 
     def kv_tokens(self) -> int:
         """KV-pool tokens the run's episodes can fill: the pool's pages are allocated, untouched ones take no memory."""
@@ -201,12 +209,18 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
     ]  # fmt: skip
     for i, (t, nbytes) in enumerate(teachers):
         name = "teacher" if len(teachers) == 1 else f"teacher{i}"
-        items += [HostItem(name, f"weights ({nbytes} B/param)", _gib(nbytes * t.params)),
-                  HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes)), (HostPhase.SCORE,)),
-                  HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
+        weights = nbytes * t.params
+        engine = weights + run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
+        if run.teacher_scores:
+            items += [HostItem(name, f"scorer: weights ({nbytes} B/param)", _gib(weights)),
+                      HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes)), (HostPhase.SCORE,)),
+                      HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
+        if run.teacher_plays == "before" and run.teacher_scores:  # never beside the scorer: what it holds beyond it
+            items.append(HostItem(name, "play engine, SFT steps: beyond the scorer", _gib(max(0.0, engine - weights))))
+        elif run.teacher_plays:
+            items.append(HostItem(name, "play engine: weights + KV pool", _gib(engine)))
         if run.teacher_eval:  # closed after that eval
-            kv = run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
-            items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(nbytes * t.params + kv), (HostPhase.EVAL,)))
+            items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(engine), (HostPhase.EVAL,)))
     if run.selftest:  # dropped after the pre-flight; the teachers' scoring buffers are free while it scores
         extra = max(0, _scoring_work(s, student_bytes) - max((_scoring_work(t, n) for t, n in teachers), default=0))
         items.append(HostItem("selftest", f"student scorer, pre-flight: weights + work ({student_bytes} B/param)",
@@ -226,19 +240,40 @@ def stored_bytes(ref: Path | str) -> int:
     return 2 if stored_in_bf16(ref) else 4
 
 
+def teacher_plays(cfg: Config) -> str:
+    """How the run's local teachers play training episodes (HostRun.teacher_plays)."""
+    from agentopd.objectives import Objective
+
+    r = cfg.recipe
+    if r.teacher_fraction > 0 or r.intervene_below is not None:
+        return "beside"
+    if Objective(cfg.run.objective).teacher_plays:
+        return "alone"
+    if r.sft_steps > 0 or r.auto_warm_start:  # the warm start chooses its SFT steps at step 0 (agentopd.warm_start)
+        return "before" if Objective(cfg.run.objective).scores else "alone"
+    return ""
+
+
+def host_run(cfg: Config) -> HostRun:
+    """What of `cfg` the host plan reads."""
+    from agentopd.objectives import Objective, runs_selftest
+
+    objective = Objective(cfg.run.objective)
+    return HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
+                   activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
+                   teacher_eval=cfg.eval.teacher and objective is not Objective.GRPO,
+                   in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
+                   selftest=runs_selftest(cfg), teacher_scores=objective.scores or cfg.recipe.intervene_below is not None,
+                   teacher_plays=teacher_plays(cfg))  # fmt: skip
+
+
 def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path | str],
               available_gib: float | None = None) -> HostPlan:  # fmt: skip
     """A CPU run's plan from its config and its models' config.json (teachers behind a server hold nothing here), against
     `run.host_memory_gib` where set, else what this machine has available now."""
-    from agentopd.objectives import runs_selftest
     from agentopd.teacher.base import is_server
 
-    run = HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
-                  activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
-                  teacher_eval=cfg.eval.teacher and cfg.run.objective != "grpo",
-                  in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
-                  selftest=runs_selftest(cfg))  # fmt: skip
     teachers = [(ModelShape.from_ref(ref), stored_bytes(ref)) for ref in teacher_refs.values() if not is_server(ref)]
     if available_gib is None:
         available_gib = cfg.run.host_memory_gib or available_host_gib()
-    return plan_host(run, ModelShape.from_ref(student_ref), stored_bytes(student_ref), teachers, available_gib)
+    return plan_host(host_run(cfg), ModelShape.from_ref(student_ref), stored_bytes(student_ref), teachers, available_gib)

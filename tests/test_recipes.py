@@ -97,6 +97,30 @@ def test_sft_warm_start_switches_to_opd(cli, tmp_path):
     assert [r["teacher/scored_tokens"] > 0 for r in records] == [False, False, True]
 
 
+@pytest.mark.parametrize(("overrides", "want"), [
+    (("run.objective=sft",), []),  # the teacher only plays: no scorer is ever loaded
+    (("recipe.sft_steps=2",), ["drop teacher", "build teacher"]),  # its play engine closes, then the scorer loads
+])
+def test_a_teachers_scorer_loads_only_when_something_scores(cli, tmp_path, monkeypatch, overrides, want):
+    """A 0.5B<-1.5B SFT run held the 1.5B twice (a scorer it never used beside the play engine) and peaked above its
+    host plan (benchmarks/results/real_pair.md): the local backend's scorers load on first use (stages.Scorers)."""
+    from agentopd.backends import local, stages
+
+    events = []
+    build, drop = local.build_teacher, stages.Players.drop
+    monkeypatch.setattr(local, "build_teacher", lambda ctx, name: events.append(f"build {name}") or build(ctx, name))
+
+    def dropping(self, who):
+        if who != stages.STUDENT and who in self.engines:
+            events.append(f"drop {who}")
+        return drop(self, who)
+
+    monkeypatch.setattr(stages.Players, "drop", dropping)
+    result = cli("run", "--env", "calculator", "--run-dir", tmp_path / "run", "steps=3", *overrides, *SHORT)
+    assert result.exit_code == 0, result.output
+    assert events == want
+
+
 def test_turn_weights_are_logged_and_change_the_loss(cli, tmp_path):
     losses = {}
     for below in (None, 1.0):

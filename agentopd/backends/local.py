@@ -32,6 +32,7 @@ from agentopd.backends.stages import (
     OnEpisode,
     Players,
     RunContext,
+    Scorers,
     build_engine,
     build_teacher,
     score_routed,
@@ -69,8 +70,9 @@ class LocalBackend:
         assert not ctx.cfg.async_.enabled, "refused at config load (agentopd.policy.check_run)"
         self.ctx = ctx
         student = AutoModelForCausalLM.from_pretrained(ctx.student_ref, dtype=torch.float32)
-        self.teachers = {name: build_teacher(ctx, name) for name in ctx.teacher_refs}
         self.players = Players(ctx, tokenizer, student_engine=self._student_engine(student))
+        # scorers load on first use (pure SFT: never); a teacher's play engine closes before its scorer loads
+        self.teachers = Scorers(ctx.teacher_refs, lambda name: build_teacher(ctx, name), self.players.drop)
         self.trainer = Trainer(student, ctx.trainer_cfg, device=ctx.device, vocab_size=ctx.vocab_size)
         self._synced = 0  # the trainer step the engine's weights come from
         recipe = ctx.cfg.recipe
@@ -142,7 +144,7 @@ class LocalBackend:
         events = list(self._events)
         self._events.clear()
         out = {}
-        for name, teacher in self.teachers.items():
+        for name, teacher in self.teachers.built().items():  # a teacher not loaded yet went through nothing
             mine = list(events)
             if getattr(teacher, "offload_after_score", False) and teacher.device.type == "cuda":
                 mine.append("its offload and reload (teacher.offload)")

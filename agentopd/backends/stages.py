@@ -16,7 +16,7 @@ vLLM's AsyncLLM cannot be driven from a second `asyncio.run`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +59,9 @@ class RunContext:
     kv_cache_gib: float | None = None  # the fast engine's KV pool on a GPU (agentopd.memory_plan); None = its default
     engine_sleep: bool = False  # local backend: the student's engine frees its KV pool while the teacher and trainer run
     teacher_offload: bool = True  # a local teacher leaves its GPU after each scoring (agentopd.memory_plan decides)
+    # teachers of another tokenizer that play SFT episodes (run_parts.own_tokenizer_teachers): with their own tokenizer,
+    # each episode then re-rendered for the student (agentopd.crosstok.retokenize)
+    own_tokenizer: frozenset[str] = frozenset()
 
     def inference_dtype(self, ref: Path | str) -> torch.dtype:
         """The dtype an engine or a teacher holds `ref` in: the run's (bf16 on a GPU). On a CPU, a checkpoint stored in
@@ -96,15 +99,16 @@ def vllm_options(cfg: Config) -> dict[str, Any]:
             "gpu_memory_utilization": share}
 
 
-def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str) -> Engine:
+def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_size: int | None = -1) -> Engine:
     """The rollout engine (`engine.kind`) over a model: a reference (folder, hub id) or, for the
     transformers engine, a module (copied, so a trainer holding it is never written to). Every engine
-    takes the same options under our names (device, dtype, max_batch_size, seed) and maps them to its own."""
+    takes the same options under our names (device, dtype, max_batch_size, seed) and maps them to its own.
+    It samples the run's tokenizer ids (`vocab_size` -1), or another tokenizer's (a teacher that plays with its own)."""
     from agentopd.engines import EngineKind, make_engine, resolve_kind
 
     kind = resolve_kind(ctx.cfg.engine.kind, ctx.device)
     kwargs: dict[str, Any] = {"max_batch_size": ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed,
-                              "vocab_size": ctx.vocab_size}
+                              "vocab_size": ctx.vocab_size if vocab_size == -1 else vocab_size}
     dtype = ctx.inference_dtype(ctx.student_ref if isinstance(model, torch.nn.Module) else model)
     if kind == EngineKind.HF:
         kwargs["device"] = ctx.device
@@ -135,14 +139,26 @@ class Players:
         self.tokenizer = tokenizer
         self.engines: dict[str, Engine] = {}
         self.env_pools: dict[tuple[str, str], EnvPool] = {}  # (source, split): envs kept across phases (rollout.EnvPool)
+        self._tokenizers: dict[str, PreTrainedTokenizerBase] = {}  # teachers that play with their own (tokenizer_of)
         self.loop = asyncio.Runner()  # the one event loop of every phase and engine (module docstring)
         if student_engine is not None:
             self.engines[STUDENT] = student_engine
 
     def engine(self, who: str) -> Engine:
         if who not in self.engines:
-            self.engines[who] = build_engine(self.ctx, self.ctx.model_ref(who))
+            own = len(self.tokenizer_of(who)) if who in self.ctx.own_tokenizer else -1
+            self.engines[who] = build_engine(self.ctx, self.ctx.model_ref(who), vocab_size=own)
         return self.engines[who]
+
+    def tokenizer_of(self, who: str) -> PreTrainedTokenizerBase:
+        """The tokenizer `who` plays with: the run's (the student's), or a teacher's own (RunContext.own_tokenizer)."""
+        if who not in self.ctx.own_tokenizer:
+            return self.tokenizer
+        if who not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            self._tokenizers[who] = AutoTokenizer.from_pretrained(self.ctx.model_ref(who))
+        return self._tokenizers[who]
 
     async def play_async(
         self, planned: Sequence[Planned], config: RolloutConfig, on_episode: OnEpisode | None = None, who: str = STUDENT,
@@ -160,11 +176,15 @@ class Players:
         async def run(source: str, split: str, idx: list[int]) -> None:
             if (source, split) not in self.env_pools:
                 self.env_pools[source, split] = EnvPool(self.ctx.mixture.sources[source].factory(split))
-            ro = Rollout(self.env_pools[source, split], engine, self.tokenizer, config, guide=guide)
+            ro = Rollout(self.env_pools[source, split], engine, self.tokenizer_of(who), config, guide=guide)
             rollouts.append(ro)
             by_id = {planned[i].spec.episode_id: i for i in idx}
 
             def done(spec, ep):
+                if who in self.ctx.own_tokenizer:  # the student trains on it, the store shows it: in the run's tokenizer
+                    from agentopd.crosstok.retokenize import as_student_episode
+
+                    ep = as_student_episode(ep, self.tokenizer_of(who), self.tokenizer)
                 out[by_id[spec.episode_id]] = ep
                 if on_episode is not None:
                     on_episode(planned[by_id[spec.episode_id]], ep)
@@ -237,6 +257,35 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
     vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
     return HFTeacher(ref, device=ctx.device, dtype=ctx.inference_dtype(ref), temperature=temperature, top_k=ctx.cfg.teacher.top_k,
                      vocab_size=vocab_size, offload_after_score=ctx.teacher_offload)
+
+
+class Scorers(Mapping):
+    """The run's teachers as scorers by name, each loaded on first use: a run whose teachers only play (objective=sft)
+    never loads one, and one that plays before it scores (recipe.sft_steps) loads it only then. `before_build(name)`
+    runs first (the local backend closes that teacher's play engine there: the two copies never meet)."""
+
+    def __init__(self, names: Sequence[str], build: Callable[[str], Any], before_build: Callable[[str], None] | None = None):
+        self._names, self._build, self._before = list(names), build, before_build
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._built:
+            if self._before is not None:
+                self._before(name)
+            self._built[name] = self._build(name)
+        return self._built[name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def built(self) -> dict[str, Any]:
+        """The teachers loaded so far (what has events to report, what holds memory)."""
+        return dict(self._built)
 
 
 def score_routed(teachers: dict[str, HFTeacher], by_teacher: dict[str, list[TokenStream]], mode: TeacherMode) -> dict[str, list[TeacherScores]]:
