@@ -149,8 +149,9 @@ def _check_cross_tokenizer(cfg: Config, trainer: TrainerConfig) -> None:
     teacher.tokenizer); it never plays in the student's engines (eval.teacher is skipped), and what reads its per-token
     logprobs directly is not wired."""
     problems = []
-    if cfg.recipe.teacher_fraction > 0 or cfg.recipe.sft_steps > 0 or cfg.recipe.intervene_below is not None:
-        problems.append("recipe.teacher_fraction / sft_steps / intervene_below (the teacher would play with the student's tokenizer)")
+    if cfg.recipe.teacher_fraction > 0 or cfg.recipe.intervene_below is not None:  # (sft_steps: agentopd.crosstok.retokenize)
+        problems.append("recipe.teacher_fraction / intervene_below (the teacher's turns would join the student's episodes "
+                        "in the student's tokenizer)")
     if cfg.recipe.turn_support_below is not None:
         problems.append("recipe.turn_support_below (reads per-token teacher logprobs; spans are not wired there yet)")
     if server_teachers(cfg) and cfg.teacher.tokenizer is None:

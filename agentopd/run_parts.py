@@ -1,5 +1,6 @@
 """The run's parts that set-up builds from the config and the resolved models (agentopd.runner's `_setup`).
 
+    own = own_tokenizer_teachers(cfg, models, loss)              # teachers of another vocabulary that play SFT episodes
     check_pairs(cfg, models, cross=False)                       # the cheap parts of `agentopd check-pair`
     scorer = cross_scorer(cfg, models, tokenizer, loss)         # a cross-tokenizer loss: scoring through the alignment
     view = privileged_view(cfg, mixture, tokenizer)             # teacher.privileged: checked on every source
@@ -42,6 +43,20 @@ def check_pairs(cfg: Config, models: RunModels, *, cross: bool) -> None:
                          teacher_template=cfg.teacher.chat_template)  # fmt: skip
 
 
+def own_tokenizer_teachers(cfg: Config, models: RunModels, loss: LossKind) -> frozenset[str]:
+    """The local teachers of another vocabulary that play SFT episodes with their own tokenizer and template, each
+    episode re-rendered for the student (agentopd.crosstok.retokenize): where the teachers play only to be imitated
+    (run.objective=sft, or recipe.sft_steps before a cross-tokenizer loss). Elsewhere a teacher of another vocabulary
+    is the pair check's refusal."""
+    from agentopd.objectives import Objective
+    from agentopd.pair import check_pair
+
+    if not (Objective(cfg.run.objective).teacher_plays or (cfg.recipe.sft_steps > 0 and loss.is_cross_tokenizer)):
+        return frozenset()
+    return frozenset(name for name, ref in models.teachers.items()
+                     if not is_server(ref) and not check_pair(models.student, ref, only=("vocabulary",), self_score=False).ok)  # fmt: skip
+
+
 def cross_scorer(cfg: Config, models: RunModels, tokenizer: PreTrainedTokenizerBase, loss: LossKind) -> CrossScorer | None:
     """A cross-tokenizer loss: each teacher reads the episodes re-rendered in its own template (agentopd.crosstok)."""
     if not loss.is_cross_tokenizer:
@@ -69,13 +84,13 @@ def privileged_view(cfg: Config, mixture: Mixture, tokenizer: PreTrainedTokenize
 
 def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: TrainerConfig, rollout_cfg: RolloutConfig,
                 device: torch.device, dtype: torch.dtype, tokenizer: PreTrainedTokenizerBase,
-                memory_plan: MemoryPlan | None) -> RunContext:  # fmt: skip
+                memory_plan: MemoryPlan | None, own_tokenizer: frozenset[str] = frozenset()) -> RunContext:  # fmt: skip
     """What the backend's stages build their parts from; the memory plan (CUDA) sizes the KV pool and decides the
     engine's sleep and the teacher's offload; without one (CPU) engine.sleep=true still does what it says."""
     from agentopd.engines import EngineKind, resolve_kind
 
     ctx = RunContext(cfg, mixture, models.student, models.teachers, trainer_cfg, rollout_cfg, device, dtype,
-                     vocab_size=len(tokenizer))  # fmt: skip
+                     vocab_size=len(tokenizer), own_tokenizer=own_tokenizer)  # fmt: skip
     sleeps = resolve_kind(cfg.engine.kind, device) != EngineKind.VLLM  # vLLM sizes its own memory
     if memory_plan is not None:
         ctx.kv_cache_gib = memory_plan.kv_cache_gib

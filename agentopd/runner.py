@@ -56,7 +56,7 @@ from agentopd.progress import RunProgress
 from agentopd.recipes.schedule import SftWarmStart
 from agentopd.routing import Router
 from agentopd.run_models import resolve_models
-from agentopd.run_parts import check_pairs, cross_scorer, fit_host, privileged_view, run_context
+from agentopd.run_parts import check_pairs, cross_scorer, fit_host, own_tokenizer_teachers, privileged_view, run_context
 from agentopd.rundir import DONE, CheckpointError, RunDir
 from agentopd.shape import ModelShape
 from agentopd.step.evals import Evals
@@ -135,7 +135,11 @@ class Runner:
         with self.progress.phase("bootstrap", total=None):  # the bootstrap stage: embedded models built on first use
             models = resolve_models(cfg, mixture, self.router, progress=self.progress.bootstrap_callback, device=device)
         self.tokenizer = AutoTokenizer.from_pretrained(models.student)
-        check_pairs(cfg, models, cross=self.trainer_cfg.loss.is_cross_tokenizer)  # before any model loads
+        own = own_tokenizer_teachers(cfg, models, self.trainer_cfg.loss)  # SFT episodes of a teacher of another vocabulary
+        if own:
+            self.progress.note(f"teacher {', '.join(sorted(own))}: another tokenizer; it plays with its own, each episode "
+                               "re-rendered in the student's template and tokens for SFT (agentopd.crosstok.retokenize)")
+        check_pairs(cfg, models, cross=self.trainer_cfg.loss.is_cross_tokenizer or bool(own))  # before any model loads
         scorer = cross_scorer(cfg, models, self.tokenizer, self.trainer_cfg.loss)  # a recipe's refusal: before any model too
         view = privileged_view(cfg, mixture, self.tokenizer)
         self.memory_plan = run_plan(cfg, device, models.student, models.teachers)  # a run that cannot fit stops here
@@ -155,7 +159,7 @@ class Runner:
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         rollout_cfg = rollout_config(cfg)
         ctx = run_context(cfg, mixture, models, self.trainer_cfg, rollout_cfg, device, dtype, self.tokenizer,
-                               self.memory_plan)  # fmt: skip
+                               self.memory_plan, own_tokenizer=own)  # fmt: skip
         self.backend.setup(ctx, self.tokenizer)
         if self.memory_plan is not None and not (cfg.run.backend != BackendKind.LOCAL and cfg.async_.enabled):
             self.phases.measure_memory(self.backend, self.memory_plan, per_gpu=cfg.run.backend != BackendKind.LOCAL)

@@ -148,3 +148,19 @@ def test_same_tokenizer_alignment_is_all_one_to_one(small_tok):
     al = align_episode(ep, small_tok, small_tok)
     assert al.shares()["one_to_one"] == 1.0
     assert al.teacher_stream.token_ids == ep.tokens.token_ids  # the teacher re-renders exactly the student's stream
+
+
+@pytest.mark.parametrize("closed", [[True, True], [True, False]])
+def test_a_teachers_episode_re_rendered_for_a_student_of_another_tokenizer(small_tok, qwen3_tok, closed):
+    """SFT across tokenizers (agentopd.crosstok.retokenize): the teacher (Qwen3's BPE) played; the student (the
+    embedded BPE) trains on the same conversation in its own template and tokens, its turns' bytes verbatim."""
+    from agentopd.crosstok.retokenize import RETOKENIZED, as_student_episode
+
+    teacher_ep = _episode(qwen3_tok, TURNS, closed)
+    ep = as_student_episode(teacher_ep, qwen3_tok, small_tok)
+    s = ep.tokens
+    assert max(s.token_ids) < len(small_tok) and s.logprobs == [0.0] * len(s.response_mask)
+    own = _episode(small_tok, TURNS, closed).tokens  # what the student itself would have sampled and rendered
+    assert s.token_ids == own.token_ids and s.response_mask == own.response_mask and s.turn_index == own.turn_index
+    assert ep.info[RETOKENIZED] == {"from_tokens": len(teacher_ep.tokens.token_ids), "aligned": 1.0}
+    assert teacher_ep.tokens is not s and ep.messages == teacher_ep.messages

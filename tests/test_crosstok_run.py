@@ -118,6 +118,40 @@ def test_run_sql_db_with_builtin_cross_teacher(tiny_home, tmp_path, loss):
             assert r["train/distill_loss"] > 0
 
 
+@pytest.mark.parametrize("overrides", [("run.objective=sft",), ("recipe.sft_steps=1", "trainer.loss=xtok_k1")])
+def test_sft_on_a_teacher_of_another_tokenizer(tiny_home, tmp_path, overrides):
+    """SFT across tokenizers (issue 51's cross-tokenizer baseline): the teacher plays with its own tokenizer and
+    template, the student trains on each episode re-rendered in its own (agentopd.crosstok.retokenize). Refused
+    before this (the pair check: another vocabulary); the store holds the student's tokens, the teacher's text."""
+    import sqlite3
+
+    from transformers import AutoTokenizer
+
+    add_cross_teacher(tiny_home)
+    run = tmp_path / "run"
+    env = {**os.environ, "AGENTOPD_HOME": str(tiny_home)}
+    cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(run), "teacher=builtin:cross",
+           *overrides, "steps=2", "rollout.tasks_per_step=2", "rollout.n=1", "rollout.max_new_tokens=16", "rollout.max_turns=2",
+           "eval.num_tasks=2", "eval.every=0", "eval.teacher=false", "run.checkpoint_every=0", "trainer.lr=1e-3",
+           "teacher.selftest=false"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "another tokenizer; it plays with its own" in done.stdout + done.stderr
+    student_tok = AutoTokenizer.from_pretrained(run / "tokenizer")
+    db = sqlite3.connect(run / "trajectories.db")
+    rows = db.execute("select step, token_ids, response_mask, turns, info from episodes where split='train' order by step").fetchall()
+    sft_steps = [r for r in rows if "retokenized" in json.loads(r[4])]
+    assert len(sft_steps) == 2 * (2 if overrides[0] == "run.objective=sft" else 1)
+    for _, ids, mask, turns, _ in sft_steps:
+        ids, mask = json.loads(ids), json.loads(mask)
+        assert max(ids) < len(student_tok)
+        text = student_tok.decode(ids)
+        for turn in json.loads(turns):  # each of the teacher's turns, as it sampled it, in the student's tokens
+            assert turn["raw_text"] in text
+    records = [r for line in (run / "metrics.jsonl").read_text().splitlines() if "loss" in (r := json.loads(line))]
+    assert len(records) == 2 and all(r["loss"] > 0 for r in records)
+
+
 def test_check_pair_cross(tiny_home, monkeypatch):
     from agentopd.checker import Status
     from agentopd.crosstok.pair import check_cross_pair

@@ -7,6 +7,7 @@ align.py   the episode re-rendered in the teacher's chat template; byte-offset s
 project.py span scores brought back onto the student's tokens; the step's alignment metrics
 score.py   CrossScorer: the teacher-scoring stage of a cross-tokenizer run (align, score, project)
 pair.py    check-pair's report for a cross-tokenizer pair
+retokenize.py  a teacher's own episode re-rendered for the student (SFT across tokenizers)
 The losses over spans are pure functions in agentopd.losses.crosstok.
 """
 
