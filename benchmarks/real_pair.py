@@ -16,6 +16,9 @@ Arms (every one from the same student, the same tasks per step, steps and seeds:
     opd            the student plays, the teacher scores every student token (trainer.loss, reverse_kl here)
     sft_then_opd   recipe.sft_steps = a third of the steps, then OPD
     opd_mixed      recipe.teacher_fraction=0.5: the teacher plays half of each step's tasks, the same loss
+    xtok_sft       across tokenizers (XPAIR: SmolLM2-135M student): SFT on the teacher's episodes re-rendered in the
+                   student's template and tokens (agentopd.crosstok.retokenize)
+    xtok_opd       across tokenizers: trainer.loss=xtok_k1 on the student's episodes (only with --arms)
 The base student is every run's step-0 eval (greedy, the same held-out tasks for every arm of a seed); the zero-shot
 table (benchmarks/real_zero_shot.py, >= 100 tasks) gives both models on every env considered.
 
@@ -58,6 +61,7 @@ _measured = _load("_measured")
 
 LOCK = "/tmp/agentopd-bigmem.lock"
 ARMS = ("sft", "opd", "sft_then_opd", "opd_mixed")
+XTOK_ARMS = ("xtok_sft", "xtok_opd")  # the cross-tokenizer pair (XPAIR): not in the default --arms
 RESULTS = _HERE / "results"
 HOME = Path(os.environ.get("AGENTOPD_HOME") or "~/.cache/agentopd").expanduser()
 # What every run is given (a user's override of the same key, after these, wins): the real pair, the student's
@@ -71,6 +75,9 @@ HOME = Path(os.environ.get("AGENTOPD_HOME") or "~/.cache/agentopd").expanduser()
 # its student scorer, 1.2 GiB in the plan's score phase, refused runs at 21 GiB available), and the teacher's eval left
 # to the zero-shot table. 2e-5 rather than 1e-5: 20 steps of 4 tasks is a small budget.
 PAIR = [f"student={HOME}/gguf/qwen2.5-coder-0.5b", f"teacher={HOME}/gguf/qwen2.5-coder-1.5b", "teacher.chat_template=student"]
+# the cross-tokenizer arms: SmolLM2-135M-Instruct (49,152 ids) learns from the same 1.5B teacher (151,936 rows), each in
+# its own chat template: xtok_k1 on the student's episodes, or SFT on the teacher's re-rendered in the student's tokens
+XPAIR = [f"student={HOME}/gguf/smollm2-135m", f"teacher={HOME}/gguf/qwen2.5-coder-1.5b"]
 COMMON = ["trainer.loss=reverse_kl", "trainer.lr=2e-5", "trainer.warmup_steps=2", "trainer.schedule=cosine",
           "rollout.temperature=0.7", "rollout.max_new_tokens=256", "rollout.max_context=2048", "rollout.tasks_per_step=4",
           "rollout.episode_timeout_s=7200", "engine.max_batch_size=32", "trainer.activation_checkpointing=true",
@@ -83,7 +90,8 @@ ENV_KEYS = {"sql_db": ["env.schema_in_prompt=true"]}
 def arm_overrides(arm: str, steps: int) -> list[str]:
     return {"sft": ["objective=sft"], "opd": ["objective=opd"],
             "sft_then_opd": ["objective=opd", f"recipe.sft_steps={max(1, steps // 3)}"],
-            "opd_mixed": ["objective=opd", "recipe.teacher_fraction=0.5"]}[arm]  # fmt: skip
+            "opd_mixed": ["objective=opd", "recipe.teacher_fraction=0.5"],
+            "xtok_sft": ["objective=sft"], "xtok_opd": ["objective=opd", "trainer.loss=xtok_k1"]}[arm]  # fmt: skip
 
 
 def plan(args: argparse.Namespace) -> list[dict]:
@@ -95,7 +103,7 @@ def plan(args: argparse.Namespace) -> list[dict]:
         for arm in args.arms:
             name = f"{args.env}-{arm}-s{seed}-{steps}steps"
             extra = ["eval.num_tasks=2", "run.checkpoint_every=0"] if args.measure else [f"run.checkpoint_every={every}"]
-            overrides = [*PAIR, *COMMON, *ENV_KEYS.get(args.env, []), f"run.steps={steps}", f"eval.every={every}", f"run.seed={seed}",
+            overrides = [*(XPAIR if arm in XTOK_ARMS else PAIR), *COMMON, *ENV_KEYS.get(args.env, []), f"run.steps={steps}", f"eval.every={every}", f"run.seed={seed}",
                          *extra, *args.overrides, *arm_overrides(arm, steps)]  # fmt: skip
             run_dir = folder / "runs" / name
             cmd = ["agentopd", "run", "--env", args.env, "--run-dir", str(run_dir), *overrides]
@@ -354,9 +362,9 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="dotted overrides for every run (after the script's own)")
     args = ap.parse_args()
     args.arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(args.arms) - set(ARMS))
+    unknown = sorted(set(args.arms) - set(ARMS) - set(XTOK_ARMS))
     if unknown:
-        ap.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+        ap.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS + XTOK_ARMS)}")
     args.seeds = [0] if args.measure else [int(s) for s in args.seeds.split(",") if s]
     args.out = args.out.expanduser()
     if args.report:

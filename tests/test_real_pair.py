@@ -78,6 +78,15 @@ def test_every_arm_loads_as_a_config(rp, tmp_path):
     assert all("run.steps=2" in s["command"] and "/measure/" in s["run_dir"] for s in measured)
 
 
+def test_the_cross_tokenizer_arms_load_as_configs(rp, tmp_path):
+    specs = rp.plan(_args(rp, tmp_path, arms=list(rp.XTOK_ARMS), seeds=[0]))
+    for s in specs:
+        cfg = load_config("calculator", overrides=s["command"][6:])
+        assert str(cfg.student.path).endswith("smollm2-135m") and str(cfg.teacher.path).endswith("qwen2.5-coder-1.5b")
+        assert cfg.teacher.chat_template is None  # each model in its own template
+        assert (str(cfg.run.objective), str(cfg.trainer.loss)) == {"xtok_sft": ("sft", "reverse_kl"), "xtok_opd": ("opd", "xtok_k1")}[s["arm"]]
+
+
 def test_a_stopped_run_continues_and_a_finished_one_is_not_run_again(rp, tmp_path):
     fake = tmp_path / "fake_run.py"
     fake.write_text(FAKE)
