@@ -39,7 +39,7 @@ The plan fits when every phase stays within HEADROOM of what /proc/meminfo calls
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,6 +59,7 @@ CPU_CONTEXT = 2048  # the fast engine's CPU pool: max_batch_size contexts of up 
 TEACHER_TOKENS = 16_384  # HFTeacher's max_tokens_per_batch
 TEACHER_HEAD_CHUNK = 1024  # and head_chunk
 MIN_MICRO_BATCH = 512
+MIN_TEACHER_TOKENS, MIN_TEACHER_HEAD_CHUNK = 2048, 128  # the smallest scoring sizes the plan lowers the teacher's to
 ACTIVATION_SHARE = 0.25  # of the available memory, at most, for a micro-batch's activations
 
 
@@ -83,6 +84,10 @@ class HostPlan:
     items: list[HostItem]
     micro_batch_tokens: int
     notes: list[str] = field(default_factory=list)
+    # what the plan chose to fit (plan_host): the run takes these (run_parts.fit_host)
+    activation_checkpointing: bool = False
+    teacher_tokens: int = TEACHER_TOKENS
+    teacher_head_chunk: int = TEACHER_HEAD_CHUNK
 
     def peak(self, phase: HostPhase) -> float:
         return sum(i.gib for i in self.items if phase in i.phases)
@@ -167,6 +172,8 @@ class HostRun:
     # "before" (SFT steps, then OPD: its engine closes before its scorer loads); "beside" (at once: teacher_fraction,
     # intervene_below)
     teacher_plays: str = ""
+    teacher_tokens: int = TEACHER_TOKENS  # the teachers' scoring sizes (HFTeacher max_tokens_per_batch, head_chunk)
+    teacher_head_chunk: int = TEACHER_HEAD_CHUNK
 
     def kv_tokens(self) -> int:
         """KV-pool tokens the run's episodes can fill: the pool's pages are allocated, untouched ones take no memory."""
@@ -177,7 +184,35 @@ def plan_host(run: HostRun, student: ModelShape, student_bytes: int, teachers: l
               available_gib: float) -> HostPlan:  # fmt: skip
     """The plan at the largest micro-batch (the configured one, halved down to MIN_MICRO_BATCH) whose train phase fits
     and whose activations stay within ACTIVATION_SHARE of the available memory (on a CPU a larger micro-batch buys
-    little speed: the matmuls are already large at a few thousand tokens). Whether the whole plan fits is check()'s."""
+    little speed: the matmuls are already large at a few thousand tokens). Where that does not fit, what else makes the
+    phase that does not fit smaller: the train phase, activation checkpointing (recomputes the forward: ~1.3x the
+    train phase's compute); the score phase, the teachers' scoring sizes halved (their hidden work and fp32 head
+    chunks: more, smaller passes) down to MIN_TEACHER_TOKENS and MIN_TEACHER_HEAD_CHUNK. Whether the plan it ends with
+    fits is check()'s.""" 
+    plan = _sized(run, student, student_bytes, teachers, available_gib)
+    notes = []
+    while not plan.fits:
+        cap = HEADROOM * available_gib
+        if plan.peak(HostPhase.TRAIN) > cap and not run.activation_checkpointing:
+            run = replace(run, activation_checkpointing=True)
+            notes.append("trainer.activation_checkpointing false -> true: the train phase did not fit without it")
+        elif plan.peak(HostPhase.SCORE) > cap and teachers and (run.teacher_tokens > MIN_TEACHER_TOKENS
+                                                              or run.teacher_head_chunk > MIN_TEACHER_HEAD_CHUNK):  # fmt: skip
+            run = replace(run, teacher_tokens=max(MIN_TEACHER_TOKENS, run.teacher_tokens // 2),
+                          teacher_head_chunk=max(MIN_TEACHER_HEAD_CHUNK, run.teacher_head_chunk // 2))  # fmt: skip
+        else:
+            break
+        plan = _sized(run, student, student_bytes, teachers, available_gib)
+    if run.teacher_tokens != TEACHER_TOKENS or run.teacher_head_chunk != TEACHER_HEAD_CHUNK:
+        notes.append(f"teacher scoring {TEACHER_TOKENS} tokens / head chunks of {TEACHER_HEAD_CHUNK} rows -> "
+                     f"{run.teacher_tokens} / {run.teacher_head_chunk}: the score phase did not fit")  # fmt: skip
+    plan.notes[:0] = notes
+    return plan
+
+
+def _sized(run: HostRun, student: ModelShape, student_bytes: int, teachers: list[tuple[ModelShape, int]],
+           available_gib: float) -> HostPlan:  # fmt: skip
+    """The plan at the largest micro-batch that fits (plan_host's first rule)."""
     tokens = run.micro_batch_tokens
     while True:
         plan = _plan(run, tokens, student, student_bytes, teachers, available_gib)
@@ -213,7 +248,8 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
         engine = weights + run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
         if run.teacher_scores:
             items += [HostItem(name, f"scorer: weights ({nbytes} B/param)", _gib(weights)),
-                      HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes)), (HostPhase.SCORE,)),
+                      HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes, run.teacher_tokens, run.teacher_head_chunk)),
+                           (HostPhase.SCORE,)),
                       HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
         if run.teacher_plays == "before" and run.teacher_scores:  # never beside the scorer: what it holds beyond it
             items.append(HostItem(name, "play engine, SFT steps: beyond the scorer", _gib(max(0.0, engine - weights))))
@@ -222,16 +258,18 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
         if run.teacher_eval:  # closed after that eval
             items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(engine), (HostPhase.EVAL,)))
     if run.selftest:  # dropped after the pre-flight; the teachers' scoring buffers are free while it scores
-        extra = max(0, _scoring_work(s, student_bytes) - max((_scoring_work(t, n) for t, n in teachers), default=0))
+        teachers_work = max((_scoring_work(t, n, run.teacher_tokens, run.teacher_head_chunk) for t, n in teachers), default=0)
+        extra = max(0, _scoring_work(s, student_bytes) - teachers_work)  # the self-test's scorer: the default sizes
         items.append(HostItem("selftest", f"student scorer, pre-flight: weights + work ({student_bytes} B/param)",
                               _gib(student_bytes * p + extra), (HostPhase.SCORE,)))  # fmt: skip
-    return HostPlan(available_gib, items, tokens)
+    return HostPlan(available_gib, items, tokens, activation_checkpointing=run.activation_checkpointing,
+                    teacher_tokens=run.teacher_tokens, teacher_head_chunk=run.teacher_head_chunk)
 
 
-def _scoring_work(t: ModelShape, nbytes: int) -> float:
+def _scoring_work(t: ModelShape, nbytes: int, tokens: int = TEACHER_TOKENS, head_chunk: int = TEACHER_HEAD_CHUNK) -> float:
     """What an HFTeacher of shape `t` allocates while it scores (agentopd.teacher.hf): one layer's inference work over
-    TEACHER_TOKENS tokens and their hidden rows, three fp32 TEACHER_HEAD_CHUNK x V head chunks."""
-    return TEACHER_TOKENS * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * TEACHER_HEAD_CHUNK * t.vocab
+    `tokens` tokens (max_tokens_per_batch) and their hidden rows, three fp32 `head_chunk` x V head chunks."""
+    return tokens * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate + t.hidden) * nbytes + 12 * head_chunk * t.vocab
 
 
 def stored_bytes(ref: Path | str) -> int:
@@ -257,11 +295,13 @@ def teacher_plays(cfg: Config) -> str:
 def host_run(cfg: Config) -> HostRun:
     """What of `cfg` the host plan reads."""
     from agentopd.objectives import Objective, runs_selftest
+    from agentopd.trainer.config import LossKind
 
     objective = Objective(cfg.run.objective)
+    cross = LossKind(cfg.trainer.loss).is_cross_tokenizer
     return HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
                    activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
-                   teacher_eval=cfg.eval.teacher and objective is not Objective.GRPO,
+                   teacher_eval=cfg.eval.teacher and objective is not Objective.GRPO and not cross,  # (runner: skipped there)
                    in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
                    selftest=runs_selftest(cfg), teacher_scores=objective.scores or cfg.recipe.intervene_below is not None,
                    teacher_plays=teacher_plays(cfg))  # fmt: skip

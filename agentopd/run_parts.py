@@ -84,14 +84,18 @@ def privileged_view(cfg: Config, mixture: Mixture, tokenizer: PreTrainedTokenize
 
 def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: TrainerConfig, rollout_cfg: RolloutConfig,
                 device: torch.device, dtype: torch.dtype, tokenizer: PreTrainedTokenizerBase,
-                memory_plan: MemoryPlan | None, own_tokenizer: frozenset[str] = frozenset()) -> RunContext:  # fmt: skip
+                memory_plan: MemoryPlan | None, own_tokenizer: frozenset[str] = frozenset(),
+                host_plan: HostPlan | None = None) -> RunContext:  # fmt: skip
     """What the backend's stages build their parts from; the memory plan (CUDA) sizes the KV pool and decides the
-    engine's sleep and the teacher's offload; without one (CPU) engine.sleep=true still does what it says."""
+    engine's sleep and the teacher's offload; without one (CPU) engine.sleep=true still does what it says, and the host
+    plan sizes the teachers' scoring passes."""
     from agentopd.engines import EngineKind, resolve_kind
 
     ctx = RunContext(cfg, mixture, models.student, models.teachers, trainer_cfg, rollout_cfg, device, dtype,
                      vocab_size=len(tokenizer), own_tokenizer=own_tokenizer)  # fmt: skip
     sleeps = resolve_kind(cfg.engine.kind, device) != EngineKind.VLLM  # vLLM sizes its own memory
+    if host_plan is not None:  # a CPU run: the teachers' scoring sizes it fits with (agentopd.memory_host)
+        ctx.teacher_tokens, ctx.teacher_head_chunk = host_plan.teacher_tokens, host_plan.teacher_head_chunk
     if memory_plan is not None:
         ctx.kv_cache_gib = memory_plan.kv_cache_gib
         ctx.engine_sleep = memory_plan.engine_sleep and sleeps
@@ -115,7 +119,8 @@ def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tupl
     peaks = ", ".join(f"{p} {plan.peak(p):.1f}" for p in HostPhase)
     line = (f"memory (CPU): peak {plan.peak(plan.worst):.1f} GiB in the {plan.worst} phase of {plan.available_gib:.1f} GiB "
             f"available ({peaks}; agentopd plan-memory shows the table)")  # fmt: skip
-    if plan.micro_batch_tokens != trainer_cfg.micro_batch_tokens:
+    if plan.notes:  # what the plan lowered to fit: the micro-batch, activation checkpointing, the teachers' passes
         line += "\n" + "\n".join(plan.notes)
-        trainer_cfg = dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens)
+    trainer_cfg = dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens,
+                                      activation_checkpointing=trainer_cfg.activation_checkpointing or plan.activation_checkpointing)  # fmt: skip
     return trainer_cfg, line, plan

@@ -159,7 +159,7 @@ class Runner:
         self.tokenizer.save_pretrained(self.rd.tokenizer)  # for the viewer, check-tokens and export
         rollout_cfg = rollout_config(cfg)
         ctx = run_context(cfg, mixture, models, self.trainer_cfg, rollout_cfg, device, dtype, self.tokenizer,
-                               self.memory_plan, own_tokenizer=own)  # fmt: skip
+                               self.memory_plan, own_tokenizer=own, host_plan=host_plan)  # fmt: skip
         self.backend.setup(ctx, self.tokenizer)
         if self.memory_plan is not None and not (cfg.run.backend != BackendKind.LOCAL and cfg.async_.enabled):
             self.phases.measure_memory(self.backend, self.memory_plan, per_gpu=cfg.run.backend != BackendKind.LOCAL)

@@ -4,9 +4,23 @@ shortfall. Shapes of the real Qwen2.5-Coder-0.5B/1.5B configs (no weights needed
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
 
-from agentopd.memory_host import HEADROOM, HostMemoryError, HostPhase, HostRun, available_host_gib, plan_host
+import pytest
+import torch
+
+from agentopd.memory_host import (
+    HEADROOM,
+    MIN_TEACHER_HEAD_CHUNK,
+    MIN_TEACHER_TOKENS,
+    TEACHER_HEAD_CHUNK,
+    TEACHER_TOKENS,
+    HostMemoryError,
+    HostPhase,
+    HostRun,
+    available_host_gib,
+    plan_host,
+)
 from agentopd.memory_plan import ModelShape
 
 QWEN = dict(heads=14, kv_heads=2, head_dim=64, vocab=151_936, tied=False)
@@ -129,7 +143,7 @@ def test_the_selftests_student_scorer_is_counted_in_the_score_phase_alone():
     assert 4 * T15.params / 2**30 < scorer.gib < plan_host(replace(run, selftest=True), T15, 4, [], 1e3).items[-1].gib
     # at a memory between the two plans' score phase, the run fits only without the self-test
     # (a SmolLM2-135M-shaped student with the 1.5B teacher and a small train phase: the score phase is the peak)
-    lean = HostRun(512, 128, True, 1)
+    lean = HostRun(512, 128, True, 1, teacher_tokens=MIN_TEACHER_TOKENS, teacher_head_chunk=MIN_TEACHER_HEAD_CHUNK)  # no lever left
     tight = (plan_host(lean, S135, 2, [(T15, 2)], 1e3).peak(HostPhase.SCORE) + on_score(lean)) / 2 / HEADROOM
     assert plan_host(lean, S135, 2, [(T15, 2)], tight).fits
     with pytest.raises(HostMemoryError, match="the score phase needs"):
@@ -203,3 +217,51 @@ def test_the_run_config_says_how_its_teachers_play(overrides, plays, scores):
 
     cfg = load_config("calculator", overrides=list(overrides))
     assert teacher_plays(cfg) == plays and host_run(cfg).teacher_scores is scores
+
+
+def test_where_the_micro_batch_is_not_enough_checkpointing_then_smaller_teacher_passes_make_it_fit():
+    """Issue 49's small pair (SmolLM2-135M student, Qwen2.5-Coder-0.5B teacher) on an 8 GiB machine: the defaults do
+    not fit; the plan turns activation checkpointing on, then halves the teacher's scoring sizes, and says so."""
+    run = HostRun(micro_batch_tokens=8192, chunk_size=1024, activation_checkpointing=False, engine_max_batch=8)
+    roomy = plan_host(run, S135, 2, [(S05, 2)], available_gib=22.0)
+    assert roomy.fits and not roomy.activation_checkpointing and roomy.teacher_tokens == TEACHER_TOKENS
+    assert not any("activation_checkpointing" in n or "teacher scoring" in n for n in roomy.notes)
+    small = plan_host(run, S135, 2, [(S05, 2)], available_gib=8.0)
+    assert small.fits and small.activation_checkpointing
+    assert small.teacher_tokens < TEACHER_TOKENS and small.teacher_head_chunk < TEACHER_HEAD_CHUNK
+    assert any(n.startswith("trainer.activation_checkpointing false -> true") for n in small.notes)
+    assert any(n.startswith(f"teacher scoring {TEACHER_TOKENS} tokens / head chunks of {TEACHER_HEAD_CHUNK} rows ->") for n in small.notes)
+    # each lever only where its phase does not fit: with a little more memory only the score phase is short
+    score_only = plan_host(replace(run, micro_batch_tokens=1024), S135, 2, [(S05, 2)], available_gib=9.0)
+    assert score_only.fits and not score_only.activation_checkpointing and score_only.teacher_head_chunk < TEACHER_HEAD_CHUNK
+    # nothing left to lower: refused, the plan showing what it tried
+    with pytest.raises(HostMemoryError) as refused:
+        plan_host(run, S135, 2, [(S05, 2)], available_gib=6.0).check()
+    assert "activation_checkpointing false -> true" in str(refused.value) and f"-> {MIN_TEACHER_TOKENS} / {MIN_TEACHER_HEAD_CHUNK}" in str(refused.value)
+
+
+def test_a_run_takes_what_its_host_plan_chose(tmp_path):
+    """run_parts.fit_host and run_context: the trainer gets the plan's micro-batch and activation checkpointing, the
+    teachers its scoring sizes (model folders with the real configs' shapes, config.json only: no weights needed)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    from agentopd.config import load_config
+    from agentopd.run_models import RunModels
+    from agentopd.run_parts import fit_host, run_context
+    from agentopd.policy import rollout_config, trainer_config
+
+    student, teacher = tmp_path / "smollm2", tmp_path / "qwen05"
+    LlamaConfig(vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                num_key_value_heads=3, tie_word_embeddings=True, dtype="bfloat16").save_pretrained(student)
+    Qwen2Config(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, tie_word_embeddings=False, dtype="bfloat16").save_pretrained(teacher)
+    models = RunModels(student, {"teacher": teacher})
+    for gib, lowered in ((40.0, False), (8.0, True)):
+        cfg = load_config("math", overrides=[f"run.host_memory_gib={gib}", "trainer.loss=xtok_k1", "rollout.tasks_per_step=4",
+                                             "eval.num_tasks=8", "engine.max_batch_size=8"])
+        trainer_cfg, line, plan = fit_host(cfg, models, trainer_config(cfg))
+        assert trainer_cfg.activation_checkpointing is lowered and trainer_cfg.micro_batch_tokens == plan.micro_batch_tokens
+        ctx = run_context(cfg, None, models, trainer_cfg, rollout_config(cfg), torch.device("cpu"), torch.float32,
+                          [0] * 49_152, None, host_plan=plan)
+        assert (ctx.teacher_tokens < TEACHER_TOKENS) is lowered and (ctx.teacher_head_chunk < TEACHER_HEAD_CHUNK) is lowered
+        assert ("activation_checkpointing false -> true" in line) is lowered

@@ -62,6 +62,8 @@ class RunContext:
     # teachers of another tokenizer that play SFT episodes (run_parts.own_tokenizer_teachers): with their own tokenizer,
     # each episode then re-rendered for the student (agentopd.crosstok.retokenize)
     own_tokenizer: frozenset[str] = frozenset()
+    teacher_tokens: int | None = None  # a local teacher's scoring passes (HFTeacher max_tokens_per_batch, head_chunk):
+    teacher_head_chunk: int | None = None  # a CPU run's host plan lowers them to fit (None: the teacher's defaults)
 
     def inference_dtype(self, ref: Path | str) -> torch.dtype:
         """The dtype an engine or a teacher holds `ref` in: the run's (bf16 on a GPU). On a CPU, a checkpoint stored in
@@ -255,8 +257,9 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
         return ServerTeacher(str(ref), top_k=ctx.cfg.teacher.top_k, temperature=temperature)
     # a cross-tokenizer teacher scores its own stream (agentopd.crosstok) over its own vocabulary
     vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
+    sizes = {k: v for k, v in (("max_tokens_per_batch", ctx.teacher_tokens), ("head_chunk", ctx.teacher_head_chunk)) if v}
     return HFTeacher(ref, device=ctx.device, dtype=ctx.inference_dtype(ref), temperature=temperature, top_k=ctx.cfg.teacher.top_k,
-                     vocab_size=vocab_size, offload_after_score=ctx.teacher_offload)
+                     vocab_size=vocab_size, offload_after_score=ctx.teacher_offload, **sizes)
 
 
 class Scorers(Mapping):
