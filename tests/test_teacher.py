@@ -193,6 +193,25 @@ def test_a_resident_teacher_stays_on_the_gpu_and_gives_its_head_from_pinned_memo
     assert [s.logprobs for s in teacher.score(make_streams(8), mode="hidden")] == [s.logprobs for s in first]
 
 
+@pytest.mark.gpu
+def test_a_compiled_teacher_scores_as_the_eager_one_and_its_hidden_rows_stay_its_own():
+    """teacher.compile (each layer's forward compiled) gives the eager scores; the hidden rows come through the pinned
+    staging buffer (HFTeacher._to_host), each stream's its own copy, unchanged by the next scoring."""
+    shape = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64)
+    streams = make_streams(8)
+    eager = HFTeacher(tiny_model(**shape).to(torch.bfloat16), device="cuda").score(streams, mode="hidden")
+    teacher = HFTeacher(tiny_model(**shape).to(torch.bfloat16), device="cuda", compile=True)
+    first = teacher.score(streams, mode="hidden")
+    kept = [s.hidden.clone() for s in first]
+    again = teacher.score(list(reversed(streams)), mode="hidden")  # the staging buffer is written again
+    for a, b, k in zip(eager, first, kept):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=3e-2)
+        assert (a.hidden.float() - b.hidden.float()).norm() <= 3e-2 * a.hidden.float().norm()
+        assert torch.equal(b.hidden, k)
+    for a, b in zip(again, reversed(first)):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-2)
+
+
 # --- tokenizer / vocabulary compatibility ---------------------------------------------------
 def word_tokenizer(words: list[str]) -> Tokenizer:
     return Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))

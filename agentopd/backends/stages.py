@@ -259,7 +259,7 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
     vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
     sizes = {k: v for k, v in (("max_tokens_per_batch", ctx.teacher_tokens), ("head_chunk", ctx.teacher_head_chunk)) if v}
     return HFTeacher(ref, device=ctx.device, dtype=ctx.inference_dtype(ref), temperature=temperature, top_k=ctx.cfg.teacher.top_k,
-                     vocab_size=vocab_size, offload_after_score=ctx.teacher_offload, **sizes)
+                     vocab_size=vocab_size, offload_after_score=ctx.teacher_offload, compile=ctx.cfg.teacher.compile, **sizes)
 
 
 class Scorers(Mapping):

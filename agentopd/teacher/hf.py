@@ -149,6 +149,7 @@ class HFTeacher:
         pack: bool | None = None,
         share_prefix: bool = True,
         vocab_size: int | None = None,
+        compile: bool = False,
     ):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -179,6 +180,9 @@ class HFTeacher:
         self.top_k = top_k
         self.head_chunk = head_chunk
         self._staging: torch.Tensor | None = None  # pinned host buffer of the hidden rows' copies (_to_host)
+        if compile and self.device.type == "cuda":  # teacher.compile: each layer's bound forward, as the trainer does
+            for layer in self.model.base_model.layers:
+                layer.forward = torch.compile(layer.forward, dynamic=True)
         self.head_fp32 = head_fp32
         self.offload_after_score = offload_after_score
         self.share_prefix = share_prefix
