@@ -175,9 +175,13 @@ class HostRun:
     teacher_tokens: int = TEACHER_TOKENS  # the teachers' scoring sizes (HFTeacher max_tokens_per_batch, head_chunk)
     teacher_head_chunk: int = TEACHER_HEAD_CHUNK
 
-    def kv_tokens(self) -> int:
-        """KV-pool tokens the run's episodes can fill: the pool's pages are allocated, untouched ones take no memory."""
-        return min(self.engine_max_batch, self.in_flight or self.engine_max_batch) * min(self.context, CPU_CONTEXT)
+    train_in_flight: int | None = None  # training episodes of a step (tasks x n): all a teacher's play engine holds
+
+    def kv_tokens(self, in_flight: int | None = None) -> int:
+        """KV-pool tokens the run's episodes can fill (`in_flight` of them, default the student's engine's: a step's or
+        an eval's): the pool's pages are allocated, untouched ones take no memory."""
+        episodes = in_flight or self.in_flight or self.engine_max_batch
+        return min(self.engine_max_batch, episodes) * min(self.context, CPU_CONTEXT)
 
 
 def plan_host(run: HostRun, student: ModelShape, student_bytes: int, teachers: list[tuple[ModelShape, int]],
@@ -245,16 +249,18 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
     for i, (t, nbytes) in enumerate(teachers):
         name = "teacher" if len(teachers) == 1 else f"teacher{i}"
         weights = nbytes * t.params
-        engine = weights + run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
+        engine = weights + run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab  # evals
+        # its play engine plays training episodes only (a step's at most), never the evals
+        player = weights + run.kv_tokens(run.train_in_flight) * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
         if run.teacher_scores:
             items += [HostItem(name, f"scorer: weights ({nbytes} B/param)", _gib(weights)),
                       HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes, run.teacher_tokens, run.teacher_head_chunk)),
                            (HostPhase.SCORE,)),
                       HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
         if run.teacher_plays == "before" and run.teacher_scores:  # never beside the scorer: what it holds beyond it
-            items.append(HostItem(name, "play engine, SFT steps: beyond the scorer", _gib(max(0.0, engine - weights))))
+            items.append(HostItem(name, "play engine, SFT steps: beyond the scorer", _gib(max(0.0, player - weights))))
         elif run.teacher_plays:
-            items.append(HostItem(name, "play engine: weights + KV pool", _gib(engine)))
+            items.append(HostItem(name, "play engine: weights + KV pool", _gib(player)))
         if run.teacher_eval:  # closed after that eval
             items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(engine), (HostPhase.EVAL,)))
     if run.selftest:  # dropped after the pre-flight; the teachers' scoring buffers are free while it scores
@@ -303,6 +309,7 @@ def host_run(cfg: Config) -> HostRun:
                    activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
                    teacher_eval=cfg.eval.teacher and objective is not Objective.GRPO and not cross,  # (runner: skipped there)
                    in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
+                   train_in_flight=cfg.rollout.tasks_per_step * cfg.rollout.n,
                    selftest=runs_selftest(cfg), teacher_scores=objective.scores or cfg.recipe.intervene_below is not None,
                    teacher_plays=teacher_plays(cfg))  # fmt: skip
 

@@ -265,3 +265,17 @@ def test_a_run_takes_what_its_host_plan_chose(tmp_path):
                           [0] * 49_152, None, host_plan=plan)
         assert (ctx.teacher_tokens < TEACHER_TOKENS) is lowered and (ctx.teacher_head_chunk < TEACHER_HEAD_CHUNK) is lowered
         assert ("activation_checkpointing false -> true" in line) is lowered
+
+
+def test_a_teachers_play_engine_holds_a_steps_episodes_not_an_evals():
+    """The teacher's play engine plays training episodes only (a step's tasks x n); the student's engine also plays
+    the evals: their KV pools are sized apart (issue 51's SFT arm: 4 tasks a step, 100-task evals)."""
+    def engine_gib(**kw):
+        run = HostRun(1024, 1024, True, 32, in_flight=100, context=2048, teacher_scores=False, teacher_plays="alone", **kw)
+        items = plan_host(run, S05, 2, [(T15, 2)], available_gib=1e3).items
+        return {i.role: i.gib for i in items if "KV pool" in i.what}
+
+    step_of_4, unknown = engine_gib(train_in_flight=4), engine_gib()
+    per_token = 2 * T15.layers * T15.kv * 2 / 2**30
+    assert step_of_4["teacher"] == pytest.approx(unknown["teacher"] - (32 - 4) * 2048 * per_token)
+    assert step_of_4["engine"] == unknown["engine"]  # the student's: the evals' 100 episodes, 32 at once
