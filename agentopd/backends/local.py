@@ -35,6 +35,7 @@ from agentopd.backends.stages import (
     Scorers,
     build_engine,
     build_teacher,
+    engine_metrics,
     score_routed,
 )
 from agentopd.env import Split
@@ -103,7 +104,11 @@ class LocalBackend:
         # a teacher that plays only evals (eval.teacher), its engine not serving a guide (recipe.intervene_below)
         evals_only = handle.teacher_evals and self.guide is None
         self._asleep(handle.who != STUDENT)
+        train = bool(handle.planned) and handle.planned[0].spec.split == Split.TRAIN and handle.who == STUDENT
+        before = dict(getattr(self.players.engine(handle.who), "timings", None) or {}) if train else {}
         episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
+        if train:  # the student's training rollout: where its engine's time went (rollout/engine_*)
+            self._stats |= engine_metrics(before, getattr(self.players.engine(STUDENT), "timings", None) or {})
         if evals_only:  # free its engine at once
             self.players.drop(handle.who)
         if guide is not None and handle.planned and handle.planned[0].spec.split == Split.TRAIN:

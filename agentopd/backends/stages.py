@@ -262,6 +262,21 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
                      vocab_size=vocab_size, offload_after_score=ctx.teacher_offload, compile=ctx.cfg.teacher.compile, **sizes)
 
 
+def engine_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """A rollout's share of the fast engine's worker timings (FastEngine.timings: their change between `before` and
+    `after`), as `rollout/engine_*`: seconds scheduling, preparing inputs, in steps (queuing the model and sampler and
+    waiting for the sampled tokens: the device's time, where the host keeps up) and in bookkeeping; steps, decode steps
+    and the mean rows of a decode step. {} for an engine without timings (transformers, vLLM)."""
+    if not after:
+        return {}
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    out = {f"rollout/engine_{k}_s": float(d[k]) for k in ("schedule", "prepare", "step", "advance") if k in d}
+    out |= {f"rollout/engine_{k}": float(d[k]) for k in ("steps", "decode_steps") if k in d}
+    if d.get("decode_steps"):
+        out["rollout/engine_rows_per_decode"] = d.get("decode_rows", 0) / d["decode_steps"]
+    return out
+
+
 class Scorers(Mapping):
     """The run's teachers as scorers by name, each loaded on first use: a run whose teachers only play (objective=sft)
     never loads one, and one that plays before it scores (recipe.sft_steps) loads it only then. `before_build(name)`

@@ -33,7 +33,8 @@ same GPU; `wake()` allocates and captures them again (seconds on a GPU: every bu
 tensors in place, drops every cached page (their K/V belong to the old weights) and bumps
 `weight_version` (reported in each result's info, with `prefix_hit_tokens` and `preemptions`). `timings` adds up
 the worker's seconds per phase (schedule; prepare = inputs; step = queuing the model and sampler, and waiting for
-the sampled tokens; advance = bookkeeping after queuing and after reading) and counts steps, for benchmarks.
+the sampled tokens; advance = bookkeeping after queuing and after reading) and counts steps and the rows of decode
+steps (their mean: how full the decode batch stayed), for benchmarks and the run's `rollout/engine_*` metrics.
 
 Legend: N flat tokens, R rows, P pages per row, V vocabulary.
 """
@@ -157,7 +158,7 @@ class FastEngine(LoopEngine):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine")  # the one worker thread (LoopEngine)
         self._init_loop()
         self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0,
-                        "overlapped_steps": 0, "mixed_graph_steps": 0}  # seconds, counts
+                        "decode_rows": 0, "overlapped_steps": 0, "mixed_graph_steps": 0}  # seconds, counts
 
     # ---- the protocol -------------------------------------------------------------------
 
@@ -292,6 +293,7 @@ class FastEngine(LoopEngine):
         t["advance"] += time.perf_counter() - t1
         t["steps"] += 1
         t["decode_steps"] += step.decode
+        t["decode_rows"] += len(step.rows) if step.decode else 0
 
     def _launch(self, rows: list[tuple[Seq, int]], prev: _Launched | None = None) -> _Launched:
         """Queue the rows' new tokens through the model and the sampler for rows that reached their end.
