@@ -259,3 +259,20 @@ def test_refusals_and_server_errors():
     bad = ServerTeacher("http://fake", transport=httpx.ASGITransport(app=fake_vllm(model, corrupt_prompt=True)))
     with pytest.raises(RuntimeError, match="changed the prompt"):
         bad.score(streams)
+
+
+def test_a_runs_teacher_reconnect_s_reaches_its_server_teacher():
+    """teacher.reconnect_s: how long a run's server teacher keeps trying an unreachable server (issue 53)."""
+    from agentopd.backends.stages import RunContext, build_teacher
+    from agentopd.config import load_config
+    from agentopd.policy import rollout_config, trainer_config
+    from agentopd.teacher.server import RECONNECT_S
+
+    for extra, want in (([], RECONNECT_S), (["teacher.reconnect_s=7.5"], 7.5)):
+        cfg = load_config("calculator", overrides=["teacher=http://127.0.0.1:9", "trainer.loss=sampled_k1", "eval.teacher=false",
+                                                 "rollout.temperature=1.0", *extra])
+        ctx = RunContext(cfg, None, "student", {"teacher": cfg.teacher.path}, trainer_config(cfg), rollout_config(cfg))
+        teacher = build_teacher(ctx, "teacher")
+        assert isinstance(teacher, ServerTeacher) and teacher.reconnect_s == want
+    with pytest.raises(ValueError, match="reconnect_s"):
+        load_config("calculator", overrides=["teacher.reconnect_s=0"])

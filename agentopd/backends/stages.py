@@ -254,7 +254,7 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
     temperature = logprob_temperature(ctx.rollout_cfg.temperature)  # teacher.temperature may only agree (policy.check_run)
     ref = ctx.teacher_refs[name]
     if is_server(ref):
-        return ServerTeacher(str(ref), top_k=ctx.cfg.teacher.top_k, temperature=temperature)
+        return ServerTeacher(str(ref), top_k=ctx.cfg.teacher.top_k, temperature=temperature, reconnect_s=ctx.cfg.teacher.reconnect_s)
     # a cross-tokenizer teacher scores its own stream (agentopd.crosstok) over its own vocabulary
     vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
     sizes = {k: v for k, v in (("max_tokens_per_batch", ctx.teacher_tokens), ("head_chunk", ctx.teacher_head_chunk)) if v}

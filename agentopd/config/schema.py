@@ -172,6 +172,11 @@ class TeacherConfig(Section):
         "next (a host-to-GPU copy of its weights every step); false = keep it resident; auto = resident when the memory "
         "plan fits with it there in every phase (one local teacher, no engine.kv_cache_fraction), else offloaded",
     )
+    reconnect_s: float = Field(
+        120.0, gt=0, description="a server teacher: how long a scoring request keeps trying a server it cannot reach "
+        "(a vLLM server's restart takes ~40 s and more) before the run stops with that error; a reconnect re-runs the "
+        "teacher self-test's probe",
+    )
     compile: bool = Field(
         False, description="a local teacher on a GPU: torch.compile each decoder layer's forward (its norms, activations "
         "and casts fused: issue 52's profile found ~10 s of eager elementwise work in the real-size teacher phase); "

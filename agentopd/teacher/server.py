@@ -23,7 +23,8 @@ Requests run concurrently (`max_concurrency`) on an `httpx.AsyncClient`; `score`
 blocking form of `ascore`. `transport` lets tests serve an ASGI app in-process.
 
 A request whose connection fails (refused, reset, closed before the answer: a server restarting) is sent again on a
-new connection, waiting 0.25 s doubling to 5 s, for up to `reconnect_s` (RECONNECT_S) before the scoring fails. A
+new connection, waiting 0.25 s doubling to 5 s, for up to `reconnect_s` (RECONNECT_S; a run's `teacher.reconnect_s`)
+before the scoring fails. A
 request that got through after such a failure is a reconnect: the server may have come back with other weights, so
 `take_reconnects()` names it and the backends report it as a teacher event (`Backend.teacher_events`), after which the
 run's teacher self-test scores its probe again (agentopd.step.selftest). A server restarted between two scorings,
