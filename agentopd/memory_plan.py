@@ -55,7 +55,12 @@ Roles and formulas (bytes):
   teachers scored the pre-flight's probe and is dropped after it).
 - the teacher's eval (`eval.teacher`, before training): a second engine on the teacher (2P_t + its own KV
   pool). Both backends close it after that eval (and the local student's engine sleeps through it when
-  `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it.
+  `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it. Not counted for a
+  cross-tokenizer loss (its eval.teacher is skipped).
+- a teacher that plays training episodes (`objective=sft`, `recipe.sft_steps`, `recipe.teacher_fraction`:
+  memory_host.teacher_plays) does it on an engine of its own beside the student's: 2P_t and a KV pool of the same size,
+  in every phase; under `objective=sft` no scorer of it loads (backends.stages.Scorers), so its weights are not counted
+  as the teacher's above.
 - every process on a GPU: 1 GiB of CUDA context, cuBLAS workspace and allocator slack.
 
 Placement follows `run.backend`: local puts every role on one GPU (`run.device`); ray places the trainer ranks,
@@ -281,10 +286,12 @@ def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *,
 def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float,
           teacher_offload: bool = True, teachers: int = 1) -> MemoryPlan:
     from agentopd.backends.base import BackendKind
-    from agentopd.objectives import runs_selftest
+    from agentopd.memory_host import teacher_plays
+    from agentopd.objectives import Objective, runs_selftest
     from agentopd.trainer.config import LossKind
 
     s, t = shapes["student"], shapes.get("teacher")
+    cross = LossKind(cfg.trainer.loss).is_cross_tokenizer  # its eval.teacher is skipped (runner)
     local = cfg.run.backend == BackendKind.LOCAL
     tr, ro, te = _placement(cfg, teachers)
     if max(tr + ro + te) >= len(gpus_gib):
@@ -338,11 +345,15 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
                   Item("engine", f"KV pool x{workers}", kv * workers, g, awake),
                   Item("engine", "sampling logits", _gib(8 * cfg.engine.max_batch_size * s.vocab) * workers, g, awake)]  # fmt: skip
         guide = cfg.recipe.intervene_below is not None  # the teacher's engine guides every rollout
-        if (cfg.eval.teacher or guide) and t is not None:  # closed after the teacher's eval unless it guides
+        plays = teacher_plays(cfg) and not guide  # it plays training episodes on an engine of its own (its KV pool as large)
+        if plays and t is not None:
+            items.append(Item("engine", f"teacher's play engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers,
+                              g))  # fmt: skip
+        elif (cfg.eval.teacher and not cross or guide) and t is not None:  # closed after the teacher's eval unless it guides
             items.append(Item("eval", f"teacher's engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers, g,
                               ALL if guide else (Phase.EVAL,)))  # fmt: skip
     work = 0.0  # the teacher's scoring work on GPU 0
-    if t is not None and cfg.run.objective != "grpo":
+    if t is not None and (Objective(cfg.run.objective).scores or cfg.recipe.intervene_below is not None):  # a scorer loads
         work = _scoring_work(t) if 0 in te else 0.0
         resident = (Phase.TEACHER,) if teacher_offload else ALL
         for g in sorted(set(te) - {-1}):

@@ -473,3 +473,24 @@ def test_the_memory_gpu_benchmark_stops_with_a_checkpoint_and_resumes(tmp_path):
     gone = subprocess.run([*common[:3], "--work", str(tmp_path / "empty"), "--out", str(tmp_path / "c"), "--resume"],
                           capture_output=True, text=True, timeout=120, cwd=script.parent.parent)  # fmt: skip
     assert gone.returncode != 0 and "--resume: no run to continue" in gone.stderr
+
+
+def test_a_teacher_that_plays_is_counted_with_its_engine_and_pure_sft_loads_no_scorer():
+    """A teacher that plays training episodes does it on an engine of its own (backends.stages.Players): bf16 weights
+    and a KV pool as large as the student's, in every phase; under objective=sft its scorer never loads."""
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    keys = ["engine.sleep=false", "teacher.offload=false", "engine.kv_cache_gib=8", "eval.teacher=false", "teacher.selftest=false"]
+
+    def plan(*extra):
+        return plan_memory(load_config("sql_db", overrides=[*keys, *extra]), shapes, [200.0])
+
+    opd, sft, mixed = plan(), plan("run.objective=sft"), plan("recipe.teacher_fraction=0.5")
+    weights = 2 * shapes["teacher"].params / GIB
+    assert not [i for i in opd.items if i.what.startswith("teacher's play engine")]
+    assert _item(sft, "teacher's play engine").gib == pytest.approx(weights + 8.0)
+    assert not [i for i in sft.items if i.role == "teacher"]  # no scorer
+    assert _item(mixed, "teacher's play engine").gib == pytest.approx(weights + 8.0) and _item(mixed, "bf16 weights")
+    assert mixed.peak(0, Phase.ROLLOUT) == pytest.approx(opd.peak(0, Phase.ROLLOUT) + weights + 8.0)
+    # a cross-tokenizer run skips the teacher's eval: its engine is not counted
+    cross = plan_memory(load_config("sql_db", overrides=["engine.kv_cache_gib=8", "trainer.loss=xtok_k1"]), shapes, [200.0])
+    assert not [i for i in cross.items if i.what.startswith("teacher's engine")]
