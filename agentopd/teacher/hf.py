@@ -181,7 +181,11 @@ class HFTeacher:
         self.head_chunk = head_chunk
         self._staging: torch.Tensor | None = None  # pinned host buffer of the hidden rows' copies (_to_host)
         if compile and self.device.type == "cuda":  # teacher.compile: each layer's bound forward, as the trainer does
-            for layer in self.model.base_model.layers:
+            layers = getattr(self.model.base_model, "layers", None)
+            if layers is None:
+                raise ValueError(f"teacher.compile: {type(self.model).__name__} has no decoder `layers` to compile "
+                                 "(a Llama/Qwen-style model has); set teacher.compile=false")  # fmt: skip
+            for layer in layers:
                 layer.forward = torch.compile(layer.forward, dynamic=True)
         self.head_fp32 = head_fp32
         self.offload_after_score = offload_after_score
