@@ -105,10 +105,11 @@ class LocalBackend:
         evals_only = handle.teacher_evals and self.guide is None
         self._asleep(handle.who != STUDENT)
         train = bool(handle.planned) and handle.planned[0].spec.split == Split.TRAIN and handle.who == STUDENT
-        before = dict(getattr(self.players.engine(handle.who), "timings", None) or {}) if train else {}
+        engine = self.players.engine(STUDENT) if train else None
+        before = dict(getattr(engine, "timings", None) or {})
         episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
         if train:  # the student's training rollout: where its engine's time went (rollout/engine_*)
-            self._stats |= engine_metrics(before, getattr(self.players.engine(STUDENT), "timings", None) or {})
+            self._stats |= engine_metrics(before, getattr(engine, "timings", None) or {})
         if evals_only:  # free its engine at once
             self.players.drop(handle.who)
         if guide is not None and handle.planned and handle.planned[0].spec.split == Split.TRAIN:

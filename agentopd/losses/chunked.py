@@ -45,7 +45,7 @@ from agentopd.losses.divergence import (
     divergence_and_grad,
     resolve_kind,
 )
-from agentopd.losses.head_matmul import widened_rows
+from agentopd.losses.head_matmul import gemm_rows
 from agentopd.losses.topk import (
     _check_topk,
     coverage_per_token,
@@ -204,10 +204,8 @@ class _TeacherSource:
         """The chunk's teacher logits in the teacher's dtype (read-only; a view of teacher_logits_NV)."""
         if self.logits_NV is not None:
             return self.logits_NV[sl].detach().contiguous()
-        wide_VH = widened_rows(self.head_VH)  # aligned GEMM rows where the head has them (head_matmul)
-        if wide_VH is not None:
-            return F.linear(self.hidden_NH[sl].detach(), wide_VH)[:, : self.head_VH.shape[0]]
-        return F.linear(self.hidden_NH[sl].detach(), self.head_VH.detach())
+        # over aligned rows where the head has them (head_matmul): the first V columns are the logits
+        return F.linear(self.hidden_NH[sl].detach(), gemm_rows(self.head_VH).detach())[:, : self.head_VH.shape[0]]
 
     @torch.no_grad()
     def logits(self, sl: slice, dt: torch.dtype) -> Tensor:

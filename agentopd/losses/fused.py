@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from agentopd.losses.divergence import Divergence
-from agentopd.losses.head_matmul import finite_rows, widened_rows
+from agentopd.losses.head_matmul import finite_rows, gemm_rows
 
 _KIND_CODE = {Divergence.FORWARD_KL: 0, Divergence.REVERSE_KL: 1, Divergence.JSD: 2}
 _BLOCK_V = 2048
@@ -202,10 +202,9 @@ def fused_sweep(hidden_NH, head_VH, bias_V, teacher_logits, weights_N, kind: Div
     n, v = hidden_NH.shape[0], head_VH.shape[0]
     # the GEMMs over the head's rows padded to an aligned count where it has them (head_matmul: cuBLAS's fast
     # kernels); the logits are the first v columns, the gradient's padding columns are zeroed before use
-    wide_VH = widened_rows(head_VH) if bias_V is None else None
-    if wide_VH is not None and need_h and not finite_rows(wide_VH, v):
-        wide_VH = None
-    gemm_VH = head_VH if wide_VH is None else wide_VH
+    gemm_VH = gemm_rows(head_VH) if bias_V is None else head_VH
+    if gemm_VH is not head_VH and need_h and not finite_rows(gemm_VH, v):
+        gemm_VH = head_VH
     total = torch.zeros((), dtype=torch.float32, device=hidden_NH.device)
     grad_h = torch.empty_like(hidden_NH) if need_h else None
     grad_w = None

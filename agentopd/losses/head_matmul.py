@@ -51,6 +51,12 @@ def _widen(head_VH: Tensor) -> Tensor | None:
     return head_VH.detach().as_strided((vp, h), (h, 1))
 
 
+def gemm_rows(head_VH: Tensor) -> Tensor:
+    """The rows a head GEMM runs on: `widened_rows` where it widens the head, else the head itself."""
+    wide = widened_rows(head_VH)
+    return head_VH if wide is None or wide.shape[0] == head_VH.shape[0] else wide
+
+
 def finite_rows(wide_VH: Tensor, v: int) -> bool:
     """Whether rows v.. of a widened head are finite (0 * inf is nan in a GEMM). Waits for the device once."""
     return wide_VH.shape[0] == v or bool(torch.isfinite(wide_VH[v:]).all())

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from agentopd.losses.head_matmul import upload_widened, widened_rows
+from agentopd.losses.head_matmul import gemm_rows, upload_widened
 from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
 from agentopd.types import TokenStream
@@ -343,8 +343,7 @@ class HFTeacher:
         logprob_chunks, ids_chunks, topk_chunks, entropy_chunks = [], [], [], []
         v = weight_VH.shape[0]
         k = min(self.top_k, v)
-        gemm_VH = widened_rows(weight_VH)  # the head GEMM over aligned rows where it has them (head_matmul)
-        gemm_VH = weight_VH if gemm_VH is None else gemm_VH
+        gemm_VH = gemm_rows(weight_VH)  # the head GEMM over aligned rows where it has them (head_matmul)
         for start in range(0, hidden_NH.shape[0], self.head_chunk):
             h_nH = hidden_NH[start : start + self.head_chunk]
             logits_nV = head_logits(h_nH, gemm_VH, fp32=self.head_fp32)[:, :v] / self.temperature
