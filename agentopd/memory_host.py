@@ -24,7 +24,7 @@ parameters, L layers, H hidden, q/kv attention widths, I MLP width, V vocabulary
 - each local teacher, where it scores (not under objective=sft: agentopd.backends.stages.Scorers loads a scorer on
   first use): weights as the engine's; scoring work in the score phase (one layer's inference work over
   TEACHER_TOKENS tokens and its hidden rows, three fp32 head_chunk x V chunks: agentopd.teacher.hf); where it plays
-  training episodes (`teacher_plays`), its play engine (weights and a KV pool) — in a run of SFT steps then OPD only
+  training episodes (agentopd.objectives.teacher_plays), its play engine (weights and a KV pool) — in a run of SFT steps then OPD only
   what the engine holds beyond the scorer, as it closes before the scorer loads; with `eval.teacher` the eval phase
   before training adds an engine on the teacher (its weights again and a KV pool).
 - the teacher self-test's scorer of the student (agentopd.step.selftest, where `runs_selftest`: `teacher.selftest`):
@@ -284,23 +284,9 @@ def stored_bytes(ref: Path | str) -> int:
     return 2 if stored_in_bf16(ref) else 4
 
 
-def teacher_plays(cfg: Config) -> str:
-    """How the run's local teachers play training episodes (HostRun.teacher_plays)."""
-    from agentopd.objectives import Objective
-
-    r = cfg.recipe
-    if r.teacher_fraction > 0 or r.intervene_below is not None:
-        return "beside"
-    if Objective(cfg.run.objective).teacher_plays:
-        return "alone"
-    if r.sft_steps > 0 or r.auto_warm_start:  # the warm start chooses its SFT steps at step 0 (agentopd.warm_start)
-        return "before" if Objective(cfg.run.objective).scores else "alone"
-    return ""
-
-
 def host_run(cfg: Config) -> HostRun:
     """What of `cfg` the host plan reads."""
-    from agentopd.objectives import Objective, runs_selftest
+    from agentopd.objectives import Objective, loads_scorer, runs_selftest, teacher_plays
     from agentopd.trainer.config import LossKind
 
     objective = Objective(cfg.run.objective)
@@ -310,7 +296,7 @@ def host_run(cfg: Config) -> HostRun:
                    teacher_eval=cfg.eval.teacher and objective is not Objective.GRPO and not cross,  # (runner: skipped there)
                    in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
                    train_in_flight=cfg.rollout.tasks_per_step * cfg.rollout.n,
-                   selftest=runs_selftest(cfg), teacher_scores=objective.scores or cfg.recipe.intervene_below is not None,
+                   selftest=runs_selftest(cfg), teacher_scores=loads_scorer(cfg),
                    teacher_plays=teacher_plays(cfg))  # fmt: skip
 
 

@@ -58,7 +58,7 @@ Roles and formulas (bytes):
   `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it. Not counted for a
   cross-tokenizer loss (its eval.teacher is skipped).
 - a teacher that plays training episodes (`objective=sft`, `recipe.sft_steps`, `recipe.teacher_fraction`:
-  memory_host.teacher_plays) does it on an engine of its own beside the student's: 2P_t and a KV pool of the same size,
+  objectives.teacher_plays) does it on an engine of its own beside the student's: 2P_t and a KV pool of the same size,
   in every phase; under `objective=sft` no scorer of it loads (backends.stages.Scorers), so its weights are not counted
   as the teacher's above.
 - every process on a GPU: 1 GiB of CUDA context, cuBLAS workspace and allocator slack.
@@ -286,8 +286,7 @@ def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *,
 def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float,
           teacher_offload: bool = True, teachers: int = 1) -> MemoryPlan:
     from agentopd.backends.base import BackendKind
-    from agentopd.memory_host import teacher_plays
-    from agentopd.objectives import Objective, runs_selftest
+    from agentopd.objectives import loads_scorer, runs_selftest, teacher_plays
     from agentopd.trainer.config import LossKind
 
     s, t = shapes["student"], shapes.get("teacher")
@@ -353,7 +352,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
             items.append(Item("eval", f"teacher's engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers, g,
                               ALL if guide else (Phase.EVAL,)))  # fmt: skip
     work = 0.0  # the teacher's scoring work on GPU 0
-    if t is not None and (Objective(cfg.run.objective).scores or cfg.recipe.intervene_below is not None):  # a scorer loads
+    if t is not None and loads_scorer(cfg):
         work = _scoring_work(t) if 0 in te else 0.0
         resident = (Phase.TEACHER,) if teacher_offload else ALL
         for g in sorted(set(te) - {-1}):

@@ -6,6 +6,8 @@
     objective.scores          # the teacher scores the episodes (teacher logprobs, kl/* metrics)
     teacher_mode(loss)        # what a teacher returns for a loss: hidden states, top-k or logprobs
     runs_selftest(cfg)        # whether the teacher self-test runs (the memory plans count its student scorer)
+    loads_scorer(cfg)         # whether a scorer of the teacher loads (backends.stages.Scorers; the memory plans)
+    teacher_plays(cfg)        # how the teachers play training episodes on an engine of their own (the memory plans)
 
 - `opd` (default): on-policy distillation on the student's own episodes with `trainer.loss`.
 - `sft`: cross-entropy on the teacher's episodes (sequence-level KD), the same budget of student
@@ -64,3 +66,23 @@ def runs_selftest(cfg: Config) -> bool:
     agentopd.memory_host count it)."""
     objective = Objective(cfg.run.objective)
     return cfg.teacher.selftest and objective.scores and not (objective.loss or LossKind(cfg.trainer.loss)).is_cross_tokenizer
+
+
+def loads_scorer(cfg: Config) -> bool:
+    """Whether a scorer of the run's teachers loads (backends.stages.Scorers loads it on first use): where an objective
+    scores, or a guide judges the student's turns (recipe.intervene_below)."""
+    return Objective(cfg.run.objective).scores or cfg.recipe.intervene_below is not None
+
+
+def teacher_plays(cfg: Config) -> str:
+    """How the run's local teachers play training episodes, on an engine of their own: "" never; "alone" (no scorer
+    beside it: objective=sft); "before" (SFT steps, then OPD: the engine closes before the scorer loads); "beside" (at
+    once: recipe.teacher_fraction, recipe.intervene_below)."""
+    r = cfg.recipe
+    if r.teacher_fraction > 0 or r.intervene_below is not None:
+        return "beside"
+    if Objective(cfg.run.objective).teacher_plays:
+        return "alone"
+    if r.sft_steps > 0 or r.auto_warm_start:  # the warm start chooses its SFT steps at step 0 (agentopd.warm_start)
+        return "before" if Objective(cfg.run.objective).scores else "alone"
+    return ""

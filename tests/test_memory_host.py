@@ -213,7 +213,8 @@ def test_a_teacher_that_plays_is_counted_with_its_engine_and_one_that_only_plays
 ])
 def test_the_run_config_says_how_its_teachers_play(overrides, plays, scores):
     from agentopd.config import load_config
-    from agentopd.memory_host import host_run, teacher_plays
+    from agentopd.memory_host import host_run
+    from agentopd.objectives import teacher_plays
 
     cfg = load_config("calculator", overrides=list(overrides))
     assert teacher_plays(cfg) == plays and host_run(cfg).teacher_scores is scores
