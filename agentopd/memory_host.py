@@ -244,14 +244,14 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
         HostItem("trainer", f"loss: fp32 logits of {min(run.chunk_size, tokens)} rows", _gib(8 * min(run.chunk_size, tokens) * s.vocab), train),
         HostItem("engine", f"weights ({student_bytes} B/param)", _gib(student_bytes * p)),
         HostItem("engine", f"KV pool ({run.kv_tokens():,} tokens filled) + sampling logits",
-                 _gib(run.kv_tokens() * 2 * s.layers * s.kv * student_bytes + 8 * run.engine_max_batch * s.vocab)),
+                 _gib(_pool(run, s, student_bytes))),
     ]  # fmt: skip
     for i, (t, nbytes) in enumerate(teachers):
         name = "teacher" if len(teachers) == 1 else f"teacher{i}"
         weights = nbytes * t.params
-        engine = weights + run.kv_tokens() * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab  # evals
+        engine = weights + _pool(run, t, nbytes)  # an eval engine
         # its play engine plays training episodes only (a step's at most), never the evals
-        player = weights + run.kv_tokens(run.train_in_flight) * 2 * t.layers * t.kv * nbytes + 8 * run.engine_max_batch * t.vocab
+        player = weights + _pool(run, t, nbytes, run.train_in_flight)
         if run.teacher_scores:
             items += [HostItem(name, f"scorer: weights ({nbytes} B/param)", _gib(weights)),
                       HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes, run.teacher_tokens, run.teacher_head_chunk)),
@@ -270,6 +270,11 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
                               _gib(student_bytes * p + extra), (HostPhase.SCORE,)))  # fmt: skip
     return HostPlan(available_gib, items, tokens, activation_checkpointing=run.activation_checkpointing,
                     teacher_tokens=run.teacher_tokens, teacher_head_chunk=run.teacher_head_chunk)
+
+
+def _pool(run: HostRun, m: ModelShape, nbytes: int, in_flight: int | None = None) -> float:
+    """An engine's KV pool over what `in_flight` episodes fill (HostRun.kv_tokens) and its sampling logits."""
+    return run.kv_tokens(in_flight) * 2 * m.layers * m.kv * nbytes + 8 * run.engine_max_batch * m.vocab
 
 
 def _scoring_work(t: ModelShape, nbytes: int, tokens: int = TEACHER_TOKENS, head_chunk: int = TEACHER_HEAD_CHUNK) -> float:
