@@ -71,8 +71,9 @@ from agentopd.backends.placement import (
 )
 from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker, with_hidden_refs
 from agentopd.backends.ray_group import TrainerGroup, TrainerLost
-from agentopd.backends.stages import STUDENT, OnEpisode, RunContext
+from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, engine_metrics
 from agentopd.backends.weight_sync import WeightLayout, WeightSync
+from agentopd.env import Split
 from agentopd.memory_plan import PhaseMemory
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
@@ -101,6 +102,7 @@ class _Item:
     worker: int
     ref: Any = None  # the ObjectRef of its episodes
     actor: Any = None  # the actor it was sent to
+    tag: str | None = None  # the student's training plays: the worker keeps its engine's timings under it
 
 
 @dataclass
@@ -168,6 +170,7 @@ class RayBackend:
         self.weights_ref, self.weights_version = None, 0
         self._checkpoint: Path | None = None  # the last finished checkpoint: where a restarted trainer group starts
         self._timings: dict[str, float] = {}
+        self._rollout_stats: dict[str, float] = {}  # the last training rollout's rollout/engine_* (stats() takes them)
         self._heads: dict[str, tuple[torch.Tensor, Any]] = {}  # teacher -> its lm_head and that head's ObjectRef
         self.workers = [self._new_rollout_worker(i) for i in range(rc.rollout_workers)]
         self.teachers = {name: [self._new_teacher(name, r) for r in range(rc.teacher_replicas)] for name in self.ctx.teacher_refs}
@@ -245,16 +248,18 @@ class RayBackend:
         planned, n = list(planned), len(self.workers)
         share = math.ceil(len(planned) / n)
         size = max(1, min(self.rc.episodes_per_call or share, share))
-        items = [_Item(planned[i : i + size], config, who, (i // size) % n) for i in range(0, len(planned), size)]
+        handle = RolloutHandle(planned, config, who)
+        timed = bool(planned) and planned[0].spec.split == Split.TRAIN and who == STUDENT  # rollout/engine_*
+        items = [_Item(planned[i : i + size], config, who, (i // size) % n, tag=f"{handle.id}:{i}" if timed else None)
+                 for i in range(0, len(planned), size)]  # fmt: skip
         for item in items:
             self._submit(item)
-        handle = RolloutHandle(planned, config, who)
         self._in_flight[handle.id] = items
         return handle
 
     def _submit(self, item: _Item) -> None:
         worker = self.workers[item.worker]
-        item.ref = worker.play.remote(item.planned, item.config, item.who)
+        item.ref = worker.play.remote(item.planned, item.config, item.who, item.tag)
         item.actor = worker
 
     def collect(self, handle: RolloutHandle, on_episode: OnEpisode | None = None) -> list[Episode]:
@@ -287,13 +292,29 @@ class RayBackend:
             # a teacher's evals (eval.teacher, step 0 only) are done: free its engine on every worker at once, as the
             # local backend does, instead of keeping a second 8B engine beside the teacher's scoring for the whole run
             self.ray.get([w.drop.remote(handle.who) for w in self.workers])
+        if any(item.tag for item in items):  # where the engines' time went, summed over the workers (rollout/engine_*)
+            self._rollout_stats = engine_metrics({}, self._take_timings(items))
         return [ep for k in range(len(items)) for ep in results[k]]
+
+    def _take_timings(self, items: Sequence[_Item]) -> dict[str, float]:
+        """The engine timings the workers kept for `items`' plays (RolloutWorker.take_timings), summed."""
+        by_actor: dict[int, tuple[Any, list[str]]] = {}
+        for item in items:
+            if item.tag is not None:
+                by_actor.setdefault(id(item.actor), (item.actor, []))[1].append(item.tag)
+        total: dict[str, float] = {}
+        for part in self.ray.get([actor.take_timings.remote(tags) for actor, tags in by_actor.values()]):
+            for k, v in part.items():
+                total[k] = total.get(k, 0) + v
+        return total
 
     def forget(self, handles: Sequence[RolloutHandle]) -> None:
         """Handles submitted that will never be collected (the runner went back to a checkpoint): their work items and
         any scores started on them (hidden rows in the object store, in HIDDEN mode) are let go."""
         for handle in handles:
-            self._in_flight.pop(handle.id, None)
+            for item in self._in_flight.pop(handle.id, []):
+                if item.tag is not None and item.actor is not None:  # the worker forgets the play's timings
+                    item.actor.take_timings.remote([item.tag])
             self._ahead.pop(handle.id, None)
 
     # ---- teachers -----------------------------------------------------------------------------
@@ -617,7 +638,8 @@ class RayBackend:
         return out
 
     def stats(self) -> dict[str, float]:
-        return {**self._timings, **{f"ray/{role}_restarts": float(n) for role, n in self.restarts.items()}}
+        rollout, self._rollout_stats = self._rollout_stats, {}
+        return {**self._timings, **rollout, **{f"ray/{role}_restarts": float(n) for role, n in self.restarts.items()}}
 
     def close(self) -> None:
         if self.group is not None:

@@ -83,14 +83,31 @@ class RolloutWorker(_WeightMember):
         self.players = Players(self.ctx, AutoTokenizer.from_pretrained(ctx.student_ref))
         self.players.engine(STUDENT)  # load now: start-up cost belongs to set-up, not the first step
         self.version = 0
+        self._timed: dict[str, dict[str, float]] = {}  # a tagged play's change of the engine's timings (take_timings)
         if weights is not None:
             self.update_weights(weights, version)
 
-    def play(self, planned: list[Planned], config: RolloutConfig, who: str) -> list[Episode]:
-        """Episodes of `planned`; the student's carry the weights version they were played with."""
+    def play(self, planned: list[Planned], config: RolloutConfig, who: str, tag: str | None = None) -> list[Episode]:
+        """Episodes of `planned`; the student's carry the weights version they were played with. With a `tag`, the
+        play's share of the student's engine timings (FastEngine.timings) is kept for `take_timings`: an actor runs
+        one call at a time, so the share is this play's alone, whatever else is queued behind it."""
         if who == STUDENT:
             planned = [Planned(p.source, dataclasses.replace(p.spec, policy_version=self.version)) for p in planned]
-        return self.players.play(planned, config, None, who)
+        engine = self.players.engine(STUDENT) if tag is not None else None
+        before = dict(getattr(engine, "timings", None) or {})
+        episodes = self.players.play(planned, config, None, who)
+        after = getattr(engine, "timings", None) or {}
+        if tag is not None and after:
+            self._timed[tag] = {k: v - before.get(k, 0) for k, v in after.items()}
+        return episodes
+
+    def take_timings(self, tags: list[str]) -> dict[str, float]:
+        """The engine timings of the plays tagged `tags` (played here), summed; each tag is forgotten."""
+        out: dict[str, float] = {}
+        for tag in tags:
+            for k, v in self._timed.pop(tag, {}).items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         self.players.update_weights(state_dict)
