@@ -125,6 +125,24 @@ def test_weight_version_is_the_trainer_step_a_skipped_step_included(ray_cluster,
         backend.close()
 
 
+def test_engine_timings_of_a_worker_killed_after_its_play_are_left_out(ray_cluster, home, tmp_path):
+    """rollout/engine_*: the backend asks each worker for its plays' engine timings after it collected them; a worker
+    killed in between (test_killed_rollout_actor_is_replaced_and_nothing_duplicates hit it) costs only its share."""
+    from agentopd.backends.ray import _Item
+    from agentopd.backends.stages import STUDENT
+
+    runner = Runner(load_config("calculator", overrides=[*SHORT, "steps=1", *RAY, "ray.trainer_workers=1"]), tmp_path / "run")
+    runner._setup(resume_after=None)
+    backend = runner.backend
+    try:
+        alive, dead = backend.workers
+        ray_cluster.kill(dead, no_restart=True)
+        items = [_Item([], None, STUDENT, k, actor=a, tag=f"t{k}") for k, a in enumerate((alive, dead))]
+        assert backend._take_timings(items) == {}  # neither played: nothing kept, and no RayActorError from `dead`
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize("loss", ["xtok_k1", "xtok_full"])
 def test_cross_tokenizer_teacher_on_ray(ray_cluster, home, tmp_path, loss):
     """trainer.loss=xtok_k1 / xtok_full with a teacher of another tokenizer on the Ray backend: the driver aligns each episode and

@@ -297,13 +297,20 @@ class RayBackend:
         return [ep for k in range(len(items)) for ep in results[k]]
 
     def _take_timings(self, items: Sequence[_Item]) -> dict[str, float]:
-        """The engine timings the workers kept for `items`' plays (RolloutWorker.take_timings), summed."""
+        """The engine timings the workers kept for `items`' plays (RolloutWorker.take_timings), summed. A worker that
+        died since its play is left out (a diagnostic: its replacement comes with its next play)."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
         by_actor: dict[int, tuple[Any, list[str]]] = {}
         for item in items:
             if item.tag is not None:
                 by_actor.setdefault(id(item.actor), (item.actor, []))[1].append(item.tag)
         total: dict[str, float] = {}
-        for part in self.ray.get([actor.take_timings.remote(tags) for actor, tags in by_actor.values()]):
+        for ref in [actor.take_timings.remote(tags) for actor, tags in by_actor.values()]:
+            try:
+                part = self.ray.get(ref)
+            except (ActorUnavailableError, RayActorError):
+                continue
             for k, v in part.items():
                 total[k] = total.get(k, 0) + v
         return total
