@@ -228,6 +228,57 @@ def test_server_teacher_back_with_other_weights_after_a_restart_stops_the_run(cl
     assert (run / "checkpoints" / "step_000002" / "DONE").exists()
 
 
+@pytest.mark.parametrize("every", ["2", "null"])
+def test_server_teacher_whose_weights_change_unseen_is_caught_by_the_periodic_recheck(cli, tiny_home, tmp_path, monkeypatch, every):
+    """The server's weights change after step 1 with no failed request (a restart between two scorings, never seen
+    down): no event reaches the run, so only teacher.selftest_every's re-check sees it. Every 2 steps: step 2's re-check
+    stops the run with a checkpoint of step 1; by default a server teacher is re-checked every SERVER_EVERY steps, past
+    this 3-step run, which trains on."""
+    from test_server_teacher import fake_vllm, serving
+
+    from agentopd.backends.local import LocalBackend
+    from agentopd.step.selftest import SERVER_EVERY
+
+    assert SERVER_EVERY > 3
+    model = AutoModelForCausalLM.from_pretrained(tiny_home / "models" / "sql_db" / "teacher").eval()
+    sync, changed = LocalBackend.sync_weights, []
+
+    def change_after_step_1(self):
+        sync(self)
+        if self._synced == 1 and not changed:
+            torch.manual_seed(0)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+            changed.append(True)
+
+    monkeypatch.setattr(LocalBackend, "sync_weights", change_after_step_1)
+    run = tmp_path / "run"
+    with serving(fake_vllm(model)) as url:
+        result = cli("run", "--env", "sql_db", "--run-dir", run, *SHORT, RANDOM, f"teacher={url}", "rollout.temperature=1.0",
+                     "trainer.loss=sampled_k1", f"teacher.selftest_every={every}")  # fmt: skip
+    assert changed
+    if every == "null":
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 1, result.output
+    line = r"teacher self-test: teacher 'teacher' changed after 2 steps \(teacher.selftest_every\): its log-prob"
+    assert re.search(line, result.output), result.output
+    assert (run / "checkpoints" / "step_000001" / "DONE").exists()
+
+
+def test_the_periodic_recheck_is_a_server_teachers_by_default():
+    from types import SimpleNamespace
+
+    from agentopd.step.selftest import SERVER_EVERY, TeacherSelfTest
+
+    parts = SimpleNamespace(shapes={"student": object(), "local": object(), "server": None})
+    auto = TeacherSelfTest(None, None, None, None, 0, 1.0, 1.0, check_oracle=True, max_noise=0.1)
+    assert (auto.interval("local", parts), auto.interval("server", parts)) == (0, SERVER_EVERY)
+    fixed = TeacherSelfTest(None, None, None, None, 0, 1.0, 1.0, check_oracle=True, max_noise=0.1, every=5)
+    assert (fixed.interval("local", parts), fixed.interval("server", parts)) == (5, 5)
+
+
 def test_teacher_temperature_must_follow_the_losses_rule():
     assert load_config("sql_db", overrides=["teacher.temperature=0.5"]).teacher.temperature == 0.5  # the sampler's
     with pytest.raises(ValueError, match=r"teacher.temperature=1.0 disagrees with the loss: trainer.loss=forward_kl"):

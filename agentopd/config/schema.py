@@ -163,6 +163,12 @@ class TeacherConfig(Section):
         0.1, ge=0, description="the self-test refuses a teacher whose repeat or replica noise (mean |difference| a "
         "token) exceeds this share of the OPD signal (mean |teacher - student| on the same tokens)",
     )
+    selftest_every: int | None = Field(
+        None, ge=0, description="score the self-test's probe again every N steps even when nothing happened to the teacher "
+        "(a server restarted between two scorings with other weights behind the same address is seen no other way); "
+        "0 = only after a sleep, offload, reload, restart or reconnect; null = 10 for a teacher served over HTTP, 0 for "
+        "one loaded by the run",
+    )
     selftest_oracle: bool = Field(
         True, description="the self-test refuses a teacher no better than the student on the env's oracle episodes "
         "(off by itself for teacher=self and teacher.privileged, where the teacher is the student)",

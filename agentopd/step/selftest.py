@@ -12,7 +12,8 @@ to it. Each replica (`Backend.score_replicas`: a Ray pool's actors, else the one
 the student's starting weights score it once (a scorer loaded for the pre-flight and dropped after it). A refusal is
 `TeacherRefused` (a ValueError: one line, exit 2, before any optimizer step). Later, after an event the backend reports
 (`Backend.teacher_events`: the engine's sleep/wake, a teacher's offload and reload, a restarted replica), each replica
-scores the probe again; a difference beyond the pre-flight's noise is `TeacherChanged` (the runner checkpoints the last
+scores the probe again, and every `teacher.selftest_every` steps with no event (by default a server teacher's, every
+SERVER_EVERY steps); a difference beyond the pre-flight's noise is `TeacherChanged` (the runner checkpoints the last
 trained step and stops with that line: a `StopRun`).
 
 Off with teacher.selftest=false; not run for a cross-tokenizer loss (the teacher reads other token ids) or an
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
 
 ORACLE_TASKS = 2  # oracle episodes per source in the probe
 PROBE_ROLLOUTS = 8  # the step's first episodes per teacher in the probe
+# a server teacher's probe is scored again every SERVER_EVERY steps (teacher.selftest_every null): a server restarted
+# between two scorings with other weights behind the same address answers with no failed request for the client to see
+# (ServerTeacher.take_reconnects sees only a restart that fails a request); the probe is ~20 streams, seconds a step
+SERVER_EVERY = 10
 
 
 class TeacherRefused(ValueError):
@@ -92,6 +97,7 @@ class TeacherSelfTest(Recipe):
     loss_temperature: float
     check_oracle: bool
     max_noise: float
+    every: int | None = None  # teacher.selftest_every: a re-check every N steps (None: SERVER_EVERY for a server teacher)
     found: dict[str, SelfTest] = field(default_factory=dict)
     probes: dict[str, list[TokenStream]] = field(default_factory=dict)
 
@@ -109,12 +115,13 @@ class TeacherSelfTest(Recipe):
         is_student = cfg.teacher.path == SELF or cfg.teacher.privileged is not None
         return TeacherSelfTest(tokenizer, student_ref, device, dtype, len(tokenizer), score_temperature, loss_temperature,
                                check_oracle=cfg.teacher.selftest_oracle and not is_student,
-                               max_noise=math.inf if is_student else cfg.teacher.selftest_max_noise)  # fmt: skip
+                               max_noise=math.inf if is_student else cfg.teacher.selftest_max_noise,
+                               every=cfg.teacher.selftest_every)  # fmt: skip
 
     def played(self, played: Played, parts: StepParts) -> dict[str, float]:
         """The pre-flight until it has judged a teacher (the first step this process plays that has episodes to probe),
         then a re-check."""
-        return self.recheck(parts) if self.found else self.preflight(played, parts)
+        return self.recheck(parts, played.step) if self.found else self.preflight(played, parts)
 
     def _probes(self, played: Played, parts: StepParts) -> dict[str, tuple[list[TokenStream], list[bool]]]:
         """Per teacher: its probe streams and which of them are oracle episodes."""
@@ -192,11 +199,23 @@ class TeacherSelfTest(Recipe):
                 out |= {f"{key}/{name}": value for key, value in found.metrics().items()}
         return out
 
-    def recheck(self, parts: StepParts) -> dict[str, float]:
-        """After each event the backend reports, the teachers it names score their probe again on every replica;
-        TeacherChanged when one moved beyond the pre-flight's noise; else teacher/selftest_recheck_* metrics ({} when
-        nothing happened)."""
+    def interval(self, name: str, parts: StepParts) -> int:
+        """Steps between two re-checks of `name` that nothing called for (0: never): teacher.selftest_every, else
+        SERVER_EVERY for a teacher served over HTTP (parts.shapes: None) and never for one loaded here."""
+        if self.every is not None:
+            return self.every
+        return SERVER_EVERY if name in parts.shapes and parts.shapes[name] is None else 0
+
+    def recheck(self, parts: StepParts, step: int) -> dict[str, float]:
+        """After each event the backend reports, the teachers it names score their probe again on every replica, and
+        every `interval` steps each teacher does with no event (a server restarted between two scorings, never seen
+        down); TeacherChanged when one moved beyond the pre-flight's noise; else teacher/selftest_recheck_* metrics ({}
+        when nothing was re-checked)."""
         events = {name: e for name, e in parts.backend.teacher_events().items() if name in self.found}
+        for name in self.found:
+            every = self.interval(name, parts)
+            if every and step % every == 0 and name not in events:
+                events[name] = f"{every} steps (teacher.selftest_every)"
         if not events:
             return {}
         t0 = time.perf_counter()
