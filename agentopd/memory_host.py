@@ -298,14 +298,11 @@ def stored_bytes(ref: Path | str) -> int:
 def host_run(cfg: Config) -> HostRun:
     """What of `cfg` the host plan reads."""
     from agentopd.backends.teacher_weights import shares_teacher_weights
-    from agentopd.objectives import Objective, loads_scorer, runs_selftest, teacher_plays
-    from agentopd.trainer.config import LossKind
+    from agentopd.objectives import loads_scorer, runs_selftest, teacher_evals, teacher_plays
 
-    objective = Objective(cfg.run.objective)
-    cross = LossKind(cfg.trainer.loss).is_cross_tokenizer
     return HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
                    activation_checkpointing=cfg.trainer.activation_checkpointing, engine_max_batch=cfg.engine.max_batch_size,
-                   teacher_eval=cfg.eval.teacher and objective is not Objective.GRPO and not cross,  # (runner: skipped there)
+                   teacher_eval=teacher_evals(cfg),
                    in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
                    train_in_flight=cfg.rollout.tasks_per_step * cfg.rollout.n,
                    selftest=runs_selftest(cfg), teacher_scores=loads_scorer(cfg),

@@ -286,11 +286,15 @@ def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *,
 def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float,
           teacher_offload: bool = True, teachers: int = 1) -> MemoryPlan:
     from agentopd.backends.base import BackendKind
-    from agentopd.objectives import loads_scorer, runs_selftest, teacher_plays
+    from agentopd.objectives import (
+        loads_scorer,
+        runs_selftest,
+        teacher_evals,
+        teacher_plays,
+    )
     from agentopd.trainer.config import LossKind
 
     s, t = shapes["student"], shapes.get("teacher")
-    cross = LossKind(cfg.trainer.loss).is_cross_tokenizer  # its eval.teacher is skipped (runner)
     local = cfg.run.backend == BackendKind.LOCAL
     tr, ro, te = _placement(cfg, teachers)
     if max(tr + ro + te) >= len(gpus_gib):
@@ -348,7 +352,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
         if plays and t is not None:
             items.append(Item("engine", f"teacher's play engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers,
                               g))  # fmt: skip
-        elif (cfg.eval.teacher and not cross or guide) and t is not None:  # closed after the teacher's eval unless it guides
+        elif (teacher_evals(cfg) or guide) and t is not None:  # closed after the teacher's eval unless it guides
             items.append(Item("eval", f"teacher's engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers, g,
                               ALL if guide else (Phase.EVAL,)))  # fmt: skip
     work = 0.0  # the teacher's scoring work on GPU 0

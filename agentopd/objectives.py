@@ -68,6 +68,13 @@ def runs_selftest(cfg: Config) -> bool:
     return cfg.teacher.selftest and objective.scores and not (objective.loss or LossKind(cfg.trainer.loss)).is_cross_tokenizer
 
 
+def teacher_evals(cfg: Config) -> bool:
+    """Whether the teacher plays the held-out tasks at step 0 (`eval.teacher`): not for a cross-tokenizer loss, whose
+    teacher cannot play in the student's token ids (it only scores). The runner, the host plan and the GPU plan read it."""
+    objective = Objective(cfg.run.objective)
+    return cfg.eval.teacher and not (objective.loss or LossKind(cfg.trainer.loss)).is_cross_tokenizer
+
+
 def loads_scorer(cfg: Config) -> bool:
     """Whether a scorer of the run's teachers loads (backends.stages.Scorers loads it on first use): where an objective
     scores, or a guide judges the student's turns (recipe.intervene_below)."""

@@ -49,7 +49,7 @@ from agentopd.interrupts import catch_ctrl_c, writes_uninterrupted
 from agentopd.memory_plan import MemoryPlan, OutOfMemory, run_plan
 from agentopd.metrics_log import MetricsLog
 from agentopd.models import pick_device
-from agentopd.objectives import Objective, teacher_mode
+from agentopd.objectives import Objective, teacher_evals, teacher_mode
 from agentopd.plan import Mixture
 from agentopd.policy import loss_temperature, rollout_config, score_temperature, trainer_config
 from agentopd.progress import RunProgress
@@ -202,9 +202,7 @@ class Runner:
         restore = self._catch_ctrl_c()
         try:
             if start == 0:
-                # a teacher with another tokenizer cannot play in the student's engines: it only scores
-                with_teacher = self.cfg.eval.teacher and not self.trainer_cfg.loss.is_cross_tokenizer
-                summary.before = self._eval(0, with_teacher=with_teacher, summary=summary)
+                summary.before = self._eval(0, with_teacher=teacher_evals(self.cfg), summary=summary)
                 summary.teacher = self.evals.teacher
                 self._warm_start(summary)
             step = start + 1

@@ -240,6 +240,27 @@ def test_the_run_config_says_how_its_teachers_play(overrides, plays, scores):
     assert host_run(cfg).teacher_shares is scores  # on a CPU a scorer's weights serve its engines
 
 
+@pytest.mark.parametrize(("overrides", "evals"), [
+    ((), True),
+    (("eval.teacher=false",), False),
+    (("trainer.loss=xtok_k1",), False),  # a teacher of another tokenizer cannot play in the student's ids: skipped
+    (("run.objective=grpo", "rollout.n=4"), True),  # the teacher's success is the run's reference: GRPO plays it too
+])
+def test_the_teachers_eval_is_one_rule_for_the_runner_and_both_plans(overrides, evals):
+    """objectives.teacher_evals: the runner plays the teacher's evals where it says, and the host and GPU plans count
+    its eval engine there (the host plan skipped it under GRPO, where the runner plays it)."""
+    from agentopd.config import load_config
+    from agentopd.memory_host import host_run
+    from agentopd.memory_plan import plan_memory
+    from agentopd.objectives import teacher_evals
+
+    cfg = load_config("calculator", overrides=list(overrides))
+    assert teacher_evals(cfg) is evals and host_run(cfg).teacher_eval is evals
+    shapes = {"student": S05, "teacher": T15}
+    gpu = plan_memory(cfg, shapes, [80.0])
+    assert any("teacher's engine" in i.what for i in gpu.items) is evals
+
+
 def test_where_the_micro_batch_is_not_enough_checkpointing_then_smaller_teacher_passes_make_it_fit():
     """Issue 49's small pair (SmolLM2-135M student, Qwen2.5-Coder-0.5B teacher) on an 8 GiB machine: the defaults do
     not fit; the plan turns activation checkpointing on, then halves the teacher's scoring sizes, and says so."""
