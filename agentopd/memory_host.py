@@ -61,6 +61,7 @@ TEACHER_HEAD_CHUNK = 1024  # and head_chunk
 MIN_MICRO_BATCH = 512
 MIN_TEACHER_TOKENS, MIN_TEACHER_HEAD_CHUNK = 2048, 128  # the smallest scoring sizes the plan lowers the teacher's to
 ACTIVATION_SHARE = 0.25  # of the available memory, at most, for a micro-batch's activations
+MIN_ENGINE_BATCH = 4  # the fewest episodes an engine plays at once where the plan lowers engine.max_batch_size
 
 
 class HostPhase(StrEnum):
@@ -88,6 +89,7 @@ class HostPlan:
     activation_checkpointing: bool = False
     teacher_tokens: int = TEACHER_TOKENS
     teacher_head_chunk: int = TEACHER_HEAD_CHUNK
+    engine_max_batch: int | None = None  # engine.max_batch_size where the plan lowered it (None: the config's)
 
     def peak(self, phase: HostPhase) -> float:
         return sum(i.gib for i in self.items if phase in i.phases)
@@ -125,16 +127,20 @@ class HostMemoryError(ValueError):
         super().__init__(
             f"this run does not fit this machine's memory: the {phase} phase needs {need:.1f} GiB, {HEADROOM:.0%} of the "
             f"{plan.available_gib:.1f} GiB available is {cap:.1f} (short by {need - cap:.1f}), with "
-            f"trainer.micro_batch_tokens={plan.micro_batch_tokens}; change {self.KEYS[phase]}, or use a smaller student "
+            f"trainer.micro_batch_tokens={plan.micro_batch_tokens}; {self.left(plan, phase)}, or use a smaller student "
             f"or teacher (agentopd plan-memory shows this plan)\n{plan.table()}"
         )
 
-    KEYS = {
-        HostPhase.EVAL: "eval.teacher=false (no engine on the teacher before training) or engine.max_batch_size",
-        HostPhase.ROLLOUT: "engine.max_batch_size (the KV pool)",
-        HostPhase.SCORE: "engine.max_batch_size (the KV pool)",
-        HostPhase.TRAIN: "trainer.activation_checkpointing=true",
-    }
+    @staticmethod
+    def left(plan: HostPlan, phase: HostPhase) -> str:
+        """What the user can still change for `phase`: the plan's own levers (micro-batch, activation checkpointing, the
+        teachers' passes, the engines' batch) are at their limits by now, so only what they do not touch."""
+        keys = ["rollout.max_context (each engine's KV pool holds its episodes' contexts, in every phase)"]
+        if phase is HostPhase.EVAL:
+            keys.insert(0, "eval.teacher=false (no engine on the teacher before training) or eval.num_tasks")
+        if phase is HostPhase.TRAIN and not plan.activation_checkpointing:
+            keys.insert(0, "trainer.activation_checkpointing=true")
+        return "change " + ", or ".join(keys)
 
 
 def available_host_gib() -> float:
@@ -193,8 +199,10 @@ def plan_host(run: HostRun, student: ModelShape, student_bytes: int, teachers: l
     little speed: the matmuls are already large at a few thousand tokens). Where that does not fit, what else makes the
     phase that does not fit smaller: the train phase, activation checkpointing (recomputes the forward: ~1.3x the
     train phase's compute); the score phase, the teachers' scoring sizes halved (their hidden work and fp32 head
-    chunks: more, smaller passes) down to MIN_TEACHER_TOKENS and MIN_TEACHER_HEAD_CHUNK. Whether the plan it ends with
-    fits is check()'s.""" 
+    chunks: more, smaller passes) down to MIN_TEACHER_TOKENS and MIN_TEACHER_HEAD_CHUNK; then any phase, the engines'
+    batch (engine.max_batch_size: their KV pools, in every phase) halved down to MIN_ENGINE_BATCH episodes at once.
+    Whether the plan it ends with fits is check()'s.""" 
+    configured = run
     plan = _sized(run, student, student_bytes, teachers, available_gib)
     notes = []
     while not plan.fits:
@@ -206,12 +214,19 @@ def plan_host(run: HostRun, student: ModelShape, student_bytes: int, teachers: l
                                                               or run.teacher_head_chunk > MIN_TEACHER_HEAD_CHUNK):  # fmt: skip
             run = replace(run, teacher_tokens=max(MIN_TEACHER_TOKENS, run.teacher_tokens // 2),
                           teacher_head_chunk=max(MIN_TEACHER_HEAD_CHUNK, run.teacher_head_chunk // 2))  # fmt: skip
+        elif (played := min(run.engine_max_batch, run.in_flight or run.engine_max_batch)) > MIN_ENGINE_BATCH:
+            # the engines' KV pools are in every phase: fewer episodes at once (a slower rollout) where nothing else is left
+            run = replace(run, engine_max_batch=max(MIN_ENGINE_BATCH, played // 2))
         else:
             break
         plan = _sized(run, student, student_bytes, teachers, available_gib)
     if run.teacher_tokens != TEACHER_TOKENS or run.teacher_head_chunk != TEACHER_HEAD_CHUNK:
         notes.append(f"teacher scoring {TEACHER_TOKENS} tokens / head chunks of {TEACHER_HEAD_CHUNK} rows -> "
                      f"{run.teacher_tokens} / {run.teacher_head_chunk}: the score phase did not fit")  # fmt: skip
+    if run.engine_max_batch != configured.engine_max_batch:
+        notes.append(f"engine.max_batch_size {configured.engine_max_batch} -> {run.engine_max_batch}: the engines' KV pools "
+                     "(every phase) did not fit with more episodes at once")  # fmt: skip
+        plan.engine_max_batch = run.engine_max_batch
     plan.notes[:0] = notes
     return plan
 

@@ -96,6 +96,7 @@ def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: T
     sleeps = resolve_kind(cfg.engine.kind, device) != EngineKind.VLLM  # vLLM sizes its own memory
     if host_plan is not None:  # a CPU run: the teachers' scoring sizes it fits with (agentopd.memory_host)
         ctx.teacher_tokens, ctx.teacher_head_chunk = host_plan.teacher_tokens, host_plan.teacher_head_chunk
+        ctx.engine_max_batch = host_plan.engine_max_batch  # and the engines' batch, where it lowered it
     if memory_plan is not None:
         ctx.kv_cache_gib = memory_plan.kv_cache_gib
         ctx.engine_sleep = memory_plan.engine_sleep and sleeps
@@ -119,7 +120,7 @@ def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tupl
     peaks = ", ".join(f"{p} {plan.peak(p):.1f}" for p in HostPhase)
     line = (f"memory (CPU): peak {plan.peak(plan.worst):.1f} GiB in the {plan.worst} phase of {plan.available_gib:.1f} GiB "
             f"available ({peaks}; agentopd plan-memory shows the table)")  # fmt: skip
-    if plan.notes:  # what the plan lowered to fit: the micro-batch, activation checkpointing, the teachers' passes
+    if plan.notes:  # what the plan lowered to fit: the micro-batch, activation checkpointing, the teachers' passes, the engines' batch
         line += "\n" + "\n".join(plan.notes)
     trainer_cfg = dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens,
                                       activation_checkpointing=trainer_cfg.activation_checkpointing or plan.activation_checkpointing)  # fmt: skip

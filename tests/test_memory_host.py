@@ -11,6 +11,7 @@ import torch
 
 from agentopd.memory_host import (
     HEADROOM,
+    MIN_ENGINE_BATCH,
     MIN_TEACHER_HEAD_CHUNK,
     MIN_TEACHER_TOKENS,
     TEACHER_HEAD_CHUNK,
@@ -57,15 +58,23 @@ def test_the_terms_are_the_documented_ones():
 def test_a_run_that_cannot_fit_is_refused_naming_phase_and_shortfall():
     plan = plan_host(HostRun(8192, 1024, False, 64), S05, 2, [(T15, 2)], available_gib=8.0)
     assert not plan.fits and plan.micro_batch_tokens == 512  # the smallest micro-batch: the rest does not fit anyway
+    # every lever pulled (checkpointing, the teacher's passes, the engines' batch): the refusal names what is left, not
+    # a key the plan already set (it said "change trainer.activation_checkpointing=true" with checkpointing on)
+    assert plan.activation_checkpointing and plan.engine_max_batch == MIN_ENGINE_BATCH
     with pytest.raises(HostMemoryError, match=r"the train phase needs [\d.]+ GiB, 90% of the 8.0 GiB available is 7.2 \(short by "
-                                              r"[\d.]+\), with trainer.micro_batch_tokens=512; change trainer.activation_checkpointing=true"):
+                                              r"[\d.]+\), with trainer.micro_batch_tokens=512; change rollout.max_context") as refused:
         plan.check()
+    assert "activation_checkpointing=true" not in str(refused.value).splitlines()[0]
+    assert "trainer.activation_checkpointing=true" in HostMemoryError.left(replace(plan, activation_checkpointing=False), HostPhase.TRAIN)
     # the teacher's eval engine before training (eval.teacher): its own phase, and the refusal names the key
-    evals = plan_host(HostRun(8192, 1024, False, 64, teacher_eval=True), S05, 2, [(T15, 2)], available_gib=23.0)
-    assert evals.worst == HostPhase.EVAL and not evals.fits
+    evals = plan_host(HostRun(8192, 1024, False, 64, teacher_eval=True), S05, 2, [(T15, 2)], available_gib=20.0)
+    assert evals.worst == HostPhase.EVAL and not evals.fits and evals.engine_max_batch == MIN_ENGINE_BATCH
     with pytest.raises(HostMemoryError, match="the eval phase needs .* change eval.teacher=false"):
         evals.check()
-    assert plan_host(HostRun(8192, 1024, False, 64), S05, 2, [(T15, 2)], available_gib=23.0).fits
+    plain = plan_host(HostRun(8192, 1024, False, 64), S05, 2, [(T15, 2)], available_gib=20.0)
+    assert plain.fits and plain.engine_max_batch == 16  # halved from the 64 configured until it fit
+    assert any(n.startswith("engine.max_batch_size 64 -> 16: ") for n in plain.notes)
+    assert plan_host(HostRun(8192, 1024, False, 64), S05, 2, [(T15, 2)], available_gib=23.0).engine_max_batch is None
     assert available_host_gib() > 0
 
 
@@ -307,6 +316,16 @@ def test_a_run_takes_what_its_host_plan_chose(tmp_path):
                           [0] * 49_152, None, host_plan=plan)
         assert (ctx.teacher_tokens < TEACHER_TOKENS) is lowered and (ctx.teacher_head_chunk < TEACHER_HEAD_CHUNK) is lowered
         assert ("activation_checkpointing false -> true" in line) is lowered
+        assert ctx.engine_max_batch is None  # 8 episodes at once fit
+    # issue 49's 8 GiB run as it was launched (16 episodes in flight, engine.max_batch_size 64): refused at 7.4 GiB until
+    # the engines' batch became a lever; the engines take the plan's
+    cfg = load_config("math", overrides=["run.host_memory_gib=8", "trainer.loss=xtok_k1", "rollout.tasks_per_step=4",
+                                         "eval.num_tasks=4"])
+    trainer_cfg, line, plan = fit_host(cfg, models, trainer_config(cfg))
+    assert plan.fits and plan.engine_max_batch == 8 and "engine.max_batch_size 64 -> 8" in line
+    ctx = run_context(cfg, None, models, trainer_cfg, rollout_config(cfg), torch.device("cpu"), torch.float32,
+                      [0] * 49_152, None, host_plan=plan)
+    assert ctx.engine_max_batch == 8
 
 
 def test_a_teachers_play_engine_holds_a_steps_episodes_not_an_evals():
@@ -321,3 +340,29 @@ def test_a_teachers_play_engine_holds_a_steps_episodes_not_an_evals():
     per_token = 2 * T15.layers * T15.kv * 2 / 2**30
     assert step_of_4["teacher"] == pytest.approx(unknown["teacher"] - (32 - 4) * 2048 * per_token)
     assert step_of_4["engine"] == unknown["engine"]  # the student's: the evals' 100 episodes, 32 at once
+
+
+def test_the_engines_take_the_plans_batch(tiny_home):
+    """RunContext.engine_max_batch (the host plan's engine.max_batch_size, where it lowered it) is what build_engine
+    gives the engine; without it, the config's."""
+    import asyncio
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    from agentopd.backends.stages import build_engine
+    from agentopd.config import load_config
+    from agentopd.policy import rollout_config, trainer_config
+    from agentopd.run_models import RunModels
+    from agentopd.run_parts import run_context
+
+    student = tiny_home / "models" / "sql_db" / "student"
+    cfg = load_config("sql_db", overrides=["engine.max_batch_size=12"])
+    base = run_context(cfg, None, RunModels(student, {}), trainer_config(cfg), rollout_config(cfg), torch.device("cpu"),
+                       torch.float32, AutoTokenizer.from_pretrained(student), None)
+    for ctx, want in ((base, 12), (dataclasses.replace(base, engine_max_batch=3), 3)):
+        engine = build_engine(ctx, student)
+        try:
+            assert engine.max_batch_size == want
+        finally:
+            asyncio.run(engine.close())

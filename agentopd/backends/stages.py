@@ -57,6 +57,7 @@ class RunContext:
     env_vars: dict[str, str] = field(default_factory=dict)  # set in every actor before it builds anything (AGENTOPD_HOME)
     vocab_size: int | None = None  # len(tokenizer): engines sample, teachers and the trainer normalise over these ids
     kv_cache_gib: float | None = None  # the fast engine's KV pool on a GPU (agentopd.memory_plan); None = its default
+    engine_max_batch: int | None = None  # engine.max_batch_size where the host plan lowered it (agentopd.memory_host)
     engine_sleep: bool = False  # local backend: the student's engine frees its KV pool while the teacher and trainer run
     teacher_offload: bool = True  # a local teacher leaves its GPU after each scoring (agentopd.memory_plan decides)
     # teachers of another tokenizer that play SFT episodes (run_parts.own_tokenizer_teachers): with their own tokenizer,
@@ -112,7 +113,7 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_siz
     from agentopd.engines import EngineKind, make_engine, resolve_kind
 
     kind = resolve_kind(ctx.cfg.engine.kind, ctx.device)
-    kwargs: dict[str, Any] = {"max_batch_size": ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed,
+    kwargs: dict[str, Any] = {"max_batch_size": ctx.engine_max_batch or ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed,
                               "vocab_size": ctx.vocab_size if vocab_size == -1 else vocab_size}
     if share:
         if not isinstance(model, torch.nn.Module) or kind not in (EngineKind.FAST, EngineKind.HF):
