@@ -206,10 +206,13 @@ def summarise(spec: dict, run_dir: Path, log: Path, times: Path) -> dict:
     phases = {k: statistics.fmean(r[k] for r in records if k in r and r["step"] > 1) if any(k in r and r["step"] > 1 for r in records) else None
               for k in ("perf/rollout_s", "perf/teacher_s", "perf/train_step_s", "perf/weight_sync_s")}  # fmt: skip
     rss = [int(m) for m in re.findall(r"Maximum resident set size \(kbytes\): (\d+)", log.read_text(errors="replace"))]
+    step_phases = {r["step"]: sum(r.get(k, 0.0) for k in phases) for r in records if "perf/rollout_s" in r}
     return {
         "arm": spec["arm"], "seed": spec["seed"], "steps": spec["steps"], "curve": curve,
         "step_s": statistics.median(plain) if plain else None, "step_walls": {str(s): w for s, w in walls.items()}, "phases": phases,
-        "eval_s": [walls[s] - (statistics.median(plain) if plain and s else 0) for s in sorted(eval_steps) if s in walls],
+        # an eval step's wall less its own step's phases (a median of other steps was contended differently: a step-10
+        # eval of one resumed run came out at -33 s)
+        "eval_s": [walls[s] - step_phases.get(s, 0.0) for s in sorted(eval_steps) if s in walls],
         "student_tokens": sum(r.get("train/student_tokens", 0.0) for r in records),
         "teacher_scored": sum(r.get("teacher/scored_tokens", 0.0) for r in records),
         "teacher_generated": sum(r.get("teacher/generated_tokens", 0.0) for r in records),
