@@ -190,6 +190,15 @@ def launch(spec: dict, run_dir: Path, log: Path, times: Path) -> tuple[int, str]
         return code, f.read()
 
 
+def peak_gb(rss_kb: list[int], records: list[dict]) -> float | None:
+    """The run's peak resident memory, GB: the largest of `/usr/bin/time -v`'s maximum resident set sizes (kB) and the
+    per-phase peaks the run logs (`mem/<phase>_host_peak_gib`). A run resets its high-water mark at each phase, so
+    time's figure alone is only the last phase's (agentopd.step.phases)."""
+    phases = [v * 2**30 / 1e9 for r in records for k, v in r.items() if k.startswith("mem/") and k.endswith("_host_peak_gib")]
+    found = [kb / 1e6 for kb in rss_kb] + phases
+    return max(found) if found else None
+
+
 def summarise(spec: dict, run_dir: Path, log: Path, times: Path) -> dict:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/success_rate" in r]
@@ -216,7 +225,7 @@ def summarise(spec: dict, run_dir: Path, log: Path, times: Path) -> dict:
         "student_tokens": sum(r.get("train/student_tokens", 0.0) for r in records),
         "teacher_scored": sum(r.get("teacher/scored_tokens", 0.0) for r in records),
         "teacher_generated": sum(r.get("teacher/generated_tokens", 0.0) for r in records),
-        "kl_turns": kl_by_turn(records), "peak_rss_gb": max(rss) / 1e6 if rss else None, "command": " ".join(spec["command"]),
+        "kl_turns": kl_by_turn(records), "peak_rss_gb": peak_gb(rss, records), "command": " ".join(spec["command"]),
         "commit": _measured.commit_measured(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }  # fmt: skip
 

@@ -117,3 +117,13 @@ def test_a_stopped_run_continues_and_a_finished_one_is_not_run_again(rp, tmp_pat
     assert "| m | calculator | 50% | 100 |" in text and "| opd | 0 | 10% | 40% |" in text and "fake_run.py --env calculator --run-dir" in text
     assert "| opd | 0 | 0.500 -> 0.167 | 0.200 -> 0.200 |" in text  # per-turn KL, first and last fifth of the steps
     assert json.loads(md.with_suffix(".json").read_text())["runs"][0]["arm"] == "opd"
+
+
+def test_the_peak_is_the_largest_phase_where_time_saw_only_the_last(rp):
+    """A run resets its high-water mark per phase: /usr/bin/time -v then reports the last phase's peak (19.2 GB for
+    the mixed arm whose train phase held 19.43 GiB = 20.9 GB)."""
+    real_pair = rp
+    records = [{"step": 1, "mem/train_host_peak_gib": 19.43, "mem/rollout_host_peak_gib": 11.3, "mem/train_host_plan_gib": 30.0}]
+    assert real_pair.peak_gb([19_162_684], records) == pytest.approx(19.43 * 2**30 / 1e9)
+    assert real_pair.peak_gb([23_000_000], records) == 23.0
+    assert real_pair.peak_gb([], []) is None
