@@ -64,15 +64,19 @@ def runs_selftest(cfg: Config) -> bool:
     the training episodes (an objective that `scores`) in the student's token ids (not a cross-tokenizer loss). Its
     pre-flight loads a scorer of the student's starting weights beside the teachers (agentopd.memory_plan and
     agentopd.memory_host count it)."""
+    return cfg.teacher.selftest and Objective(cfg.run.objective).scores and not _cross_tokenizer(cfg)
+
+
+def _cross_tokenizer(cfg: Config) -> bool:
+    """Whether the run's loss reads a teacher of another tokenizer (the objective's loss, else trainer.loss)."""
     objective = Objective(cfg.run.objective)
-    return cfg.teacher.selftest and objective.scores and not (objective.loss or LossKind(cfg.trainer.loss)).is_cross_tokenizer
+    return (objective.loss or LossKind(cfg.trainer.loss)).is_cross_tokenizer
 
 
 def teacher_evals(cfg: Config) -> bool:
     """Whether the teacher plays the held-out tasks at step 0 (`eval.teacher`): not for a cross-tokenizer loss, whose
     teacher cannot play in the student's token ids (it only scores). The runner, the host plan and the GPU plan read it."""
-    objective = Objective(cfg.run.objective)
-    return cfg.eval.teacher and not (objective.loss or LossKind(cfg.trainer.loss)).is_cross_tokenizer
+    return cfg.eval.teacher and not _cross_tokenizer(cfg)
 
 
 def loads_scorer(cfg: Config) -> bool:

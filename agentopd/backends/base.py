@@ -73,6 +73,14 @@ class RolloutHandle:
 
         return self.who != STUDENT and bool(self.planned) and self.planned[0].spec.split != Split.TRAIN
 
+    @property
+    def student_training(self) -> bool:
+        """The student's training rollout: where its engine's time goes is logged (`rollout/engine_*`)."""
+        from agentopd.backends.stages import STUDENT
+        from agentopd.env import Split
+
+        return self.who == STUDENT and bool(self.planned) and self.planned[0].spec.split == Split.TRAIN
+
 
 class TrainerRestarted(RuntimeError):
     """The trainer group was rebuilt from the checkpoint of `step` (0: the initial weights): the runner

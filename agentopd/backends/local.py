@@ -104,7 +104,7 @@ class LocalBackend:
         # a teacher that plays only evals (eval.teacher), its engine not serving a guide (recipe.intervene_below)
         evals_only = handle.teacher_evals and self.guide is None
         self._asleep(handle.who != STUDENT)
-        train = bool(handle.planned) and handle.planned[0].spec.split == Split.TRAIN and handle.who == STUDENT
+        train = handle.student_training
         engine = self.players.engine(STUDENT) if train else None
         before = dict(getattr(engine, "timings", None) or {})
         episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)

@@ -73,7 +73,6 @@ from agentopd.backends.ray_actors import RolloutWorker, TeacherWorker, with_hidd
 from agentopd.backends.ray_group import TrainerGroup, TrainerLost
 from agentopd.backends.stages import STUDENT, OnEpisode, RunContext, engine_metrics
 from agentopd.backends.weight_sync import WeightLayout, WeightSync
-from agentopd.env import Split
 from agentopd.memory_plan import PhaseMemory
 from agentopd.plan import Planned
 from agentopd.rollout import RolloutConfig
@@ -249,7 +248,7 @@ class RayBackend:
         share = math.ceil(len(planned) / n)
         size = max(1, min(self.rc.episodes_per_call or share, share))
         handle = RolloutHandle(planned, config, who)
-        timed = bool(planned) and planned[0].spec.split == Split.TRAIN and who == STUDENT  # rollout/engine_*
+        timed = handle.student_training  # rollout/engine_*
         items = [_Item(planned[i : i + size], config, who, (i // size) % n, tag=f"{handle.id}:{i}" if timed else None)
                  for i in range(0, len(planned), size)]  # fmt: skip
         for item in items:
