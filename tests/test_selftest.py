@@ -108,6 +108,7 @@ def test_uniform_teacher_is_refused_before_step_1(cli, tiny_home, tmp_path):
     result = cli("run", "--env", "sql_db", "--run-dir", tmp_path / "run", *SHORT, RANDOM, f"teacher={teacher}")
     assert result.exit_code == 2, result.output
     assert "teacher self-test: teacher 'teacher' is uniform" in result.output, result.output
+    assert re.search(r"\(refused after \d+\.\d s of self-test\)", result.output), result.output  # what the check cost
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert '"loss"' not in metrics and not (tmp_path / "run" / "checkpoints").exists()  # refused before any optimizer step
     off = cli("run", "--env", "sql_db", "--run-dir", tmp_path / "off", *SHORT, f"teacher={teacher}", "teacher.selftest=false")
