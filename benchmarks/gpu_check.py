@@ -23,8 +23,9 @@ Parts, each in a process of its own (its own CUDA context and inductor cache), o
              16,384 and 32,768 tokens, loss chunk 4,096: tokens/s, MFU, peak memory
     loss     benchmarks/loss.py --json: the fused full-vocabulary JSD against Liger-Kernel's compiled
              LigerFusedLinearJSDLoss at 4,096 and 16,384 tokens (needs `liger_kernel` importable)
-    opd      benchmarks/gpu_opd.py: three OPD steps (0.6B / 1.7B shapes, fast engine, compiled trainer);
-             seconds per phase, medians of steps 2-3
+    opd      benchmarks/gpu_opd.py: eight OPD steps (0.6B / 1.7B shapes, fast engine, compiled trainer);
+             seconds per phase, medians of steps 2-8 (with 3 steps, one run's train phase alone went 0.425 -> 0.467 s
+             from step 2 to 3, and HEAD's median 0.38-0.47 s over four runs of one call: a 10% gate on 2 steps is noise)
     loop     benchmarks/rollout_loop.py: the agent loop against the engine alone on the same requests (math and
              sql_db, 64 episodes, 0.6B shape, the embedded tokenizer): the loop's tok/s and its share of the
              engine's (1.0: the loop costs nothing on top)
@@ -146,7 +147,7 @@ def loss(out: Path, log: Path) -> dict[str, float]:
 
 def opd(out: Path, log: Path) -> dict[str, float]:
     run_out = out / "opd"
-    done = run([sys.executable, "benchmarks/gpu_opd.py", "--steps", "3", "--out", str(run_out),
+    done = run([sys.executable, "benchmarks/gpu_opd.py", "--steps", "8", "--out", str(run_out),
                 "engine.kind=fast", "trainer.compile=true"], log, 400)  # fmt: skip
     if done.returncode != 0:
         return {}

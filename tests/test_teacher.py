@@ -204,8 +204,8 @@ def test_a_compiled_teacher_scores_as_the_eager_one_and_its_hidden_rows_stay_its
     first = teacher.score(streams, mode="hidden")
     kept = [s.hidden.clone() for s in first]
     again = teacher.score(list(reversed(streams)), mode="hidden")  # the staging buffer is written again
-    for a, b, k in zip(eager, first, kept):
-        assert a.logprobs == pytest.approx(b.logprobs, abs=3e-2)
+    for a, b, k in zip(eager, first, kept):  # bf16: compiled kernels round differently, ~2 ulps (2^-7) of a log-probability's size
+        assert a.logprobs == pytest.approx(b.logprobs, rel=8e-3, abs=3e-2)
         assert (a.hidden.float() - b.hidden.float()).norm() <= 3e-2 * a.hidden.float().norm()
         assert torch.equal(b.hidden, k)
     for a, b in zip(again, reversed(first)):
