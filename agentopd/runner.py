@@ -239,6 +239,9 @@ class Runner:
             interrupted, oom = True, self._out_of_memory(e, start, summary)
         except StopRun as e:  # a stage stopped the run (the self-test's re-check): a checkpoint of what the trainer has
             interrupted, stopped = True, type(e)(f"{e}{self._stop_checkpoint(start, summary)}")
+        except BaseException:  # any other error (a refused teacher, a bug): engines, workers and recipes close first
+            self._close(summary, interrupted=True, t0=t0)
+            raise
         finally:
             restore()
             self.log.close()
@@ -248,12 +251,7 @@ class Runner:
                     self._checkpoint(self.cfg.run.steps, summary)
                 self.backend.export(self.rd.final, self.tokenizer)
         finally:
-            summary.interrupted = interrupted
-            summary.seconds = time.perf_counter() - t0
-            self.progress.close()
-            self.backend.close()
-            for recipe in self.recipes:
-                recipe.close()
+            self._close(summary, interrupted=interrupted, t0=t0)
         if oom is not None:
             raise oom
         if stopped is not None:
@@ -261,6 +259,14 @@ class Runner:
         if failed is not None:
             raise failed
         return summary
+
+    def _close(self, summary: RunSummary, *, interrupted: bool, t0: float) -> None:
+        summary.interrupted = interrupted
+        summary.seconds = time.perf_counter() - t0
+        self.progress.close()
+        self.backend.close()
+        for recipe in self.recipes:
+            recipe.close()
 
     def _step(self, step: int) -> dict[str, float]:
         """One step: play -> score -> samples -> train -> sync -> report (agentopd/step/, docs/design.md 9)."""

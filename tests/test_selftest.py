@@ -12,8 +12,11 @@ weights are all zero (uniform), and a vLLM server that shuffles its prompt log-p
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -101,6 +104,18 @@ def _zeroed_teacher(home, out):
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(home / "models" / "sql_db" / "teacher").save_pretrained(out)
     return out
+
+
+def test_a_refused_teacher_leaves_no_engine_running(tiny_home, tmp_path):
+    """The refusal is the run's last word: its engines are closed before the error propagates (they were left open,
+    and the interpreter's exit printed asyncio's "Task was destroyed but it is pending!" for the fast engine's loop)."""
+    teacher = _zeroed_teacher(tiny_home, tmp_path / "zeroed")
+    env = {**os.environ, "AGENTOPD_HOME": str(tiny_home)}
+    done = subprocess.run([sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--run-dir", str(tmp_path / "run"),
+                           *SHORT, RANDOM, f"teacher={teacher}", "engine.kind=fast"],
+                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert done.returncode == 2 and "teacher self-test: teacher 'teacher' is uniform" in done.stderr, done.stderr[-2000:]
+    assert "Task was destroyed" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 def test_uniform_teacher_is_refused_before_step_1(cli, tiny_home, tmp_path):
