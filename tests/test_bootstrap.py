@@ -2,15 +2,20 @@
 reuses its cache, rebuilds on --force or when the preset's env changes, and refuses non-built-in envs."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentopd.bootstrap import TINY_SPEC, bootstrap
 
+# the cache's rules, not the models: TINY_SPEC's teacher with 2 steps and no mid-training eval, 2 eval tasks (each of
+# the test's seven builds took ~14 s at TINY_SPEC, most of it the evals of a barely trained model that writes to its limit)
+FAST = replace(TINY_SPEC, teacher=replace(TINY_SPEC.teacher, max_steps=2, eval_every=100), eval_tasks=2)
+
 
 def test_builds_caches_and_rebuilds(tmp_path, monkeypatch):
-    models = bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)
+    models = bootstrap("calculator", spec=FAST, home=tmp_path)
     for role, folder in (("teacher", models.teacher_dir), ("student", models.student_dir)):
         AutoModelForCausalLM.from_pretrained(folder)
         assert (folder / "chat_template.jinja").exists()
@@ -19,39 +24,37 @@ def test_builds_caches_and_rebuilds(tmp_path, monkeypatch):
     shared = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
     assert tok.get_vocab() == shared.get_vocab()  # one tokenizer for every built-in env
     report = json.loads((models.teacher_dir.parent / "report.json").read_text())
-    assert report["env_kwargs"] and report["demonstrations"] == TINY_SPEC.demonstrations
+    assert report["env_kwargs"] and report["demonstrations"] == FAST.demonstrations
 
     stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
-    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)  # cached: nothing rebuilt
+    bootstrap("calculator", spec=FAST, home=tmp_path)  # cached: nothing rebuilt
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns == stamp
-    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path, force=True)
+    bootstrap("calculator", spec=FAST, home=tmp_path, force=True)
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
 
     import agentopd.bootstrap as b
 
     stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
     monkeypatch.setattr(b, "preset_env_kwargs", lambda env: {"num_tasks": 50})  # the preset's env changed
-    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)
+    bootstrap("calculator", spec=FAST, home=tmp_path)
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
 
     stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
     monkeypatch.setattr(b, "RECIPE", b.RECIPE + 1)  # a newer default recipe: an older cache is rebuilt
-    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)
+    bootstrap("calculator", spec=FAST, home=tmp_path)
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
 
     stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
     newer = b.SPEC_VERSIONS.get("calculator", 1) + 1
     monkeypatch.setattr(b, "SPEC_VERSIONS", {"calculator": newer})  # this preset's spec changed: its cache alone is rebuilt
-    bootstrap("calculator", spec=TINY_SPEC, home=tmp_path)
+    bootstrap("calculator", spec=FAST, home=tmp_path)
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != stamp
     assert json.loads((models.teacher_dir.parent / "report.json").read_text())["spec_version"] == newer
-
-    from dataclasses import replace
 
     teacher_stamp = (models.teacher_dir / "model.safetensors").stat().st_mtime_ns
     student_stamp = (models.student_dir / "model.safetensors").stat().st_mtime_ns
     before = json.loads((models.teacher_dir.parent / "report.json").read_text())
-    longer = replace(TINY_SPEC, student=replace(TINY_SPEC.student, max_steps=3))
+    longer = replace(FAST, student=replace(FAST.student, max_steps=3))
     monkeypatch.setattr(b, "SPEC_VERSIONS", {"calculator": newer + 1})  # a new spec that changes the student's plan only
     bootstrap("calculator", spec=longer, home=tmp_path)
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns == teacher_stamp  # the teacher is kept
@@ -62,7 +65,7 @@ def test_builds_caches_and_rebuilds(tmp_path, monkeypatch):
     bootstrap("calculator", spec=longer, home=tmp_path)  # and that is the cache now
     assert json.loads((models.teacher_dir.parent / "report.json").read_text()) == after
     monkeypatch.setattr(b, "SPEC_VERSIONS", {"calculator": newer + 2})  # one that changes the teacher's: both rebuilt
-    bootstrap("calculator", spec=replace(longer, teacher=replace(longer.teacher, max_steps=5)), home=tmp_path)
+    bootstrap("calculator", spec=replace(longer, teacher=replace(longer.teacher, max_steps=3)), home=tmp_path)
     assert (models.teacher_dir / "model.safetensors").stat().st_mtime_ns != teacher_stamp
 
 

@@ -432,7 +432,7 @@ def test_the_memory_gpu_benchmark_runs_at_toy_sizes(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_gpu.py"
-    done = subprocess.run([sys.executable, str(script), "--tiny", "--out", str(tmp_path), "--timeout", "240"],
+    done = subprocess.run([sys.executable, str(script), "--tiny", "--out", str(tmp_path), "--work", str(tmp_path / "work"), "--timeout", "240"],
                           capture_output=True, text=True, timeout=300, cwd=script.parent.parent)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = (tmp_path / "memory_gpu.md").read_text()
@@ -452,7 +452,7 @@ def test_the_memory_gpu_benchmark_stops_with_a_checkpoint_and_resumes(tmp_path):
     from _faults import loss_steps
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_gpu.py"
-    common = [sys.executable, str(script), "--tiny", "--work", str(tmp_path / "work"), "run.steps=20"]
+    common = [sys.executable, str(script), "--tiny", "--work", str(tmp_path / "work"), "run.steps=8"]
     # --timeout 1 falls in the run's set-up, where a Ctrl-C would end it with nothing written: the interrupt waits
     # until the run's step loop takes it, and the run still stops with a checkpoint
     first = subprocess.run([*common, "--out", str(tmp_path / "a"), "--timeout", "1", "--grace", "60"],
@@ -460,15 +460,15 @@ def test_the_memory_gpu_benchmark_stops_with_a_checkpoint_and_resumes(tmp_path):
     report = (tmp_path / "a" / "memory_gpu.md").read_text()
     stopped_at = len(loss_steps(tmp_path / "a"))  # the run's metrics.jsonl, copied into --out
     assert re.search(rf"interrupted after \d+ s \(step_{stopped_at:06d} written\)", report), first.stdout[-2000:] + first.stderr[-2000:]
-    assert 0 < stopped_at < 20
+    assert 0 < stopped_at < 8
     log = (tmp_path / "a" / "memory_gpu_log.txt").read_text().splitlines()
     assert log and all(re.match(r"\[ *\d+ s\] ", line) for line in log)  # each line stamped with the run's seconds
     second = subprocess.run([*common, "--out", str(tmp_path / "b"), "--resume", "--timeout", "240"],
                             capture_output=True, text=True, timeout=300, cwd=script.parent.parent)  # fmt: skip
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     report = (tmp_path / "b" / "memory_gpu.md").read_text()
-    assert "run exit 0" in report and "20 steps finished (resumed from step_" in report
-    assert loss_steps(tmp_path / "b") == list(range(1, 21))
+    assert "run exit 0" in report and "8 steps finished (resumed from step_" in report
+    assert loss_steps(tmp_path / "b") == list(range(1, 9))
     # a fresh machine has no run to continue: said in one line, nothing run
     gone = subprocess.run([*common[:3], "--work", str(tmp_path / "empty"), "--out", str(tmp_path / "c"), "--resume"],
                           capture_output=True, text=True, timeout=120, cwd=script.parent.parent)  # fmt: skip
