@@ -212,7 +212,8 @@ def _check_groups(cfg: Config) -> None:
         raise ValueError(
             f"objective=grpo with rollout.n={n}: GRPO's advantage compares the episodes of one task, so with one episode a "
             f"task every advantage is 0 and nothing is learned; set rollout.n=4 (rollout.n=4 "
-            f"rollout.tasks_per_step={max(1, tasks // 4)} keeps {tasks * n} episodes a step)"
+            f"rollout.tasks_per_step={max(1, tasks // 4)} keeps {tasks * n} episodes a step). Groups are needed, not enough: "
+            f"on the embedded sql_db pair GRPO at the presets' learning rate still collapsed (8% -> 0%; docs/guides/recipes.md)"
         )
 
 

@@ -209,8 +209,9 @@ def test_overrides_that_select_a_variant_start_from_its_preset():
 
 def test_grpo_with_one_episode_a_task_is_refused():
     """Issue 55, item 1: `objective=grpo` on a preset with rollout.n=1 trained nothing (every group advantage 0, the
-    gradient 0 at all 300 steps) and exited 0; refused at load, naming rollout.n and a value that works."""
-    with pytest.raises(ValueError, match=r"objective=grpo with rollout\.n=1: .* set rollout\.n=4 \(rollout\.n=4 rollout\.tasks_per_step=8 keeps 32 episodes a step\)"):
+    gradient 0 at all 300 steps) and exited 0; refused at load, naming rollout.n and a value that gives groups, and
+    that groups alone did not make the embedded pair learn (its recipes.md measure)."""
+    with pytest.raises(ValueError, match=r"objective=grpo with rollout\.n=1: .* set rollout\.n=4 \(rollout\.n=4 rollout\.tasks_per_step=8 keeps 32 episodes a step\)\. Groups are needed, not enough: .*collapsed"):
         load_config("sql_db", overrides=["objective=grpo"])
     with pytest.raises(ValueError, match=r"objective=grpo with rollout\.n=1"):
         load_config("calculator", overrides=["objective=grpo"])
