@@ -1,14 +1,35 @@
 """Shared pytest set-up: GPU tests skip without CUDA; browser tests skip without chromium; vLLM tests
-skip where vllm is not importable (.ci/run runs them in its second venv)."""
+skip where vllm is not importable (.ci/run runs them in its second venv).
+
+Under `pytest -n N` (pytest-xdist; the README's test line runs 2 workers): each worker uses one CPU thread (its
+subprocesses too), a test file runs on one worker (its module and session fixtures built once), and every
+Ray-marked test runs on one worker, one after another (one local Ray cluster at a time on the machine)."""
 
 import importlib.util
+import os
 import shutil
 
 import pytest
 
 
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of `pytest -n N`: N processes share the cores
+        os.environ["OMP_NUM_THREADS"] = "1"  # the runs and benchmarks the tests start inherit it
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def _xdist_group(item) -> str:
+    return "ray" if item.get_closest_marker("ray") is not None else item.nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
+
+    if getattr(config.option, "numprocesses", None) and config.pluginmanager.hasplugin("xdist"):
+        for item in items:  # --dist loadgroup (pyproject) sends a group to one worker
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
 
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install chromium)")
