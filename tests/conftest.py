@@ -2,12 +2,13 @@
 skip where vllm is not importable (.ci/run runs them in its second venv).
 
 Under `pytest -n N` (pytest-xdist; the README's test line runs 2 workers): each worker uses one CPU thread (its
-subprocesses too), a test file runs on one worker (its module and session fixtures built once), and every
-Ray-marked test runs on one worker, one after another (one local Ray cluster at a time on the machine)."""
+subprocesses too), a test file runs on one worker (its module fixtures built once), and the files that hold Ray
+tests all run on one worker, one after another (one local Ray cluster at a time on the machine)."""
 
 import importlib.util
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -20,16 +21,26 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-def _xdist_group(item) -> str:
-    return "ray" if item.get_closest_marker("ray") is not None else item.nodeid.split("::", 1)[0]
+RAY_FILES = frozenset(f"tests/{p.name}" for p in Path(__file__).parent.glob("test_*.py") if "mark.ray" in p.read_text())
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: a pytest without it (the GPU machines') never calls it
+def pytest_xdist_make_scheduler(config, log):
+    """Tests go to the workers file by file (xdist's loadscope), the Ray files as one scope. Not --dist loadgroup:
+    with pytest 9.2 its groups are ignored (xdist 3.8 renames items by a private attribute pytest no longer reads)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if path in RAY_FILES else path
+
+    return ByFile(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if getattr(config.option, "numprocesses", None) and config.pluginmanager.hasplugin("xdist"):
-        for item in items:  # --dist loadgroup (pyproject) sends a group to one worker
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
 
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install chromium)")
@@ -69,7 +80,6 @@ def cli(tiny_home, monkeypatch):
 # --- plugin fixtures: the test plugin distributions installed outside the venv ----------------
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PLUGIN_DISTS = ("plugin_pkg", "broken_plugin_pkg")
