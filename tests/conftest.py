@@ -41,7 +41,6 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     import torch
 
-
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     no_browser = pytest.mark.skip(reason="needs /usr/bin/chromium (apt-get install chromium)")
     no_vllm = pytest.mark.skip(reason="needs vLLM (the README's vLLM-on-CPU lines; .ci/run's vLLM venv)")

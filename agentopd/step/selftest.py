@@ -169,8 +169,9 @@ class TeacherSelfTest(Recipe):
                               max_noise=self.max_noise, oracle=oracle,
                               check_oracle=self.check_oracle)  # fmt: skip
                 line = found.refusal()
-                if line is not None:  # its seconds say what the check cost before the run stopped (the pre-flight's, with the student's scoring)
-                    raise TeacherRefused(f"teacher self-test: {line} (refused after {time.perf_counter() - t0:.1f} s of self-test)")
+                if line is not None:  # with what the check cost (its scorings, the student's included) before it stopped the run
+                    seconds = time.perf_counter() - t0
+                    raise TeacherRefused(f"teacher self-test: {line} (refused after {seconds:.1f} s of self-test)")
                 self.found[name], self.probes[name] = found, probe
         return self._metrics(time.perf_counter() - t0)
 
