@@ -35,7 +35,13 @@ app = typer.Typer(
 
 class _Console(Console):
     """A rich Console that prints whole lines when its output is not a terminal (a pipe, a log file),
-    where rich would break every line at 80 columns."""
+    where rich would break every line at 80 columns, and reads COLUMNS when it prints, not once when this module is
+    imported (rich fixes the width it finds then: a process that set COLUMNS later printed at the old width)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if kwargs.get("width") is None:
+            self._width = None  # rich's size property then reads COLUMNS (and the terminal) each time
 
     def print(self, *objects: Any, soft_wrap: bool | None = None, **kwargs: Any) -> None:
         super().print(*objects, soft_wrap=not self.is_terminal if soft_wrap is None else soft_wrap, **kwargs)

@@ -147,3 +147,16 @@ def test_export_of_a_missing_folder_says_it_is_missing(cli, tmp_path):
     (ckpts / "step_000050" / "DONE").write_text("50")
     result = cli("export", str(ckpts / "step_000020"), str(tmp_path / "out"))
     assert result.exit_code == 2 and "(the finished checkpoints there: step_000050)" in result.output, result.output
+
+
+def test_the_consoles_read_columns_when_they_print(monkeypatch):
+    """The module's consoles are made at import; a COLUMNS set later (a test's, a wrapper's) still sets their width
+    (rich fixes the width it finds at creation: with pytest -n 2 the CLI was first imported under another test's
+    COLUMNS=80, and every table of this file came out cut)."""
+    from agentopd.cli import _Console
+
+    monkeypatch.setenv("COLUMNS", "80")
+    console = _Console()
+    monkeypatch.setenv("COLUMNS", "250")
+    assert console.width == 250
+    assert _Console(width=100).width == 100  # a width given is kept
