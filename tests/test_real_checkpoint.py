@@ -53,7 +53,11 @@ def test_smollm2_checks_evaluates_trains_and_keeps_its_tokens(smollm2, tmp_path)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in rows if r.get("step") == 1 and "loss" in r)
     assert step["train/student_tokens"] > 0 and step["tool/parse_error_rate"] == 0.0
-    assert abs(step["kl/mean"]) < 1e-3  # a model distilled into itself: ~zero KL on its own tokens
+    # a model distilled into itself: ~zero KL on its own tokens, up to bf16's rounding: on a CPU the teacher scores in
+    # the checkpoint's bf16 and the student trains in fp32 (backends.stages.inference_dtype), and the bf16 kernels
+    # differ by thread count: kl/mean 0.0003 with 2 threads, 0.0020 with OMP_NUM_THREADS=1, 0.0039 in a pytest -n 2
+    # worker (one thread); a misaligned stream or another model gives tenths of a nat and more
+    assert abs(step["kl/mean"]) < 1e-2
 
     tokens = agentopd("check-tokens", run, home=home)
     assert tokens.returncode == 0, tokens.stdout + tokens.stderr
