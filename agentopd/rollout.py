@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -43,6 +43,9 @@ from agentopd.env import EnvError, ToolEnv
 from agentopd.types import INTERVENED, INTERVENED_TOKENS, TEMPLATE_KWARGS, Episode, Message, StopReason, TokenStream, Turn
 
 PARSE_ERROR_TOOL = "parse_error"
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,7 @@ class Rollout:
                 on_episode(spec, episode)
             return episode
 
-        return list(await asyncio.gather(*(one(s) for s in specs)))
+        return await gather_or_cancel([one(s) for s in specs])
 
     async def play(self, spec: EpisodeSpec) -> Episode:
         env = await asyncio.get_running_loop().run_in_executor(self._pool, self.envs.take)  # a new env's set-up off the loop
@@ -384,3 +387,17 @@ class Rollout:
 def _parse_error_message(errors: Sequence[str], fmt: ToolFormat = ToolFormat.HERMES) -> dict[str, Any]:
     text = "; ".join(errors)
     return {"role": "tool", "name": PARSE_ERROR_TOOL, "content": f"Error: could not parse your tool call: {text}. {error_hint(fmt)}"}
+
+
+async def gather_or_cancel(coros: Sequence[Awaitable[T]]) -> list[T]:
+    """asyncio.gather's results; on the first error the others are cancelled and every one's end is awaited before the
+    error propagates. Plain gather left them running: one that failed too before asyncio.run shut down was printed
+    there with its traceback ("unhandled exception during asyncio.run() shutdown") under the run's one-line error."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # each task's end retrieved: none is reported at shutdown
+        raise
