@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentopd.batch import TrainSample
-    from agentopd.engines.base import Engine
     from agentopd.config import Config
+    from agentopd.engines.base import Engine
     from agentopd.teacher import TeacherMode, TeacherScores
     from agentopd.trainer.config import LossKind
 
