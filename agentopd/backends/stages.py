@@ -27,7 +27,7 @@ from agentopd.backends.base import BackendKind
 from agentopd.engines.base import Engine, logprob_temperature
 from agentopd.engines.loop import LoopEngine
 from agentopd.plan import Mixture, Planned
-from agentopd.rollout import EnvPool, Guide, Rollout, RolloutConfig
+from agentopd.rollout import EnvPool, Guide, Rollout, RolloutConfig, gather_or_cancel
 from agentopd.types import Episode, TokenStream
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ class Players:
             await ro.run([planned[i].spec for i in idx], done)
 
         try:
-            await asyncio.gather(*(run(s, split, idx) for (s, split), idx in groups.items()))
+            await gather_or_cancel([run(s, split, idx) for (s, split), idx in groups.items()])  # one source failing ends the others first
         finally:
             for ro in rollouts:
                 ro.close()
