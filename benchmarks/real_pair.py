@@ -143,7 +143,7 @@ def play(spec: dict, keep_weights: bool, wait_s: float = 120.0, tries: int = 60)
         code, said = launch(spec, run_dir, log, times)
         if code == 0 and (run_dir / "final").exists():
             break
-        if REFUSED in said and attempt < tries:
+        if REFUSED in said and attempt < tries and could_fit(said):
             print(f"{time.strftime('%H:%M:%S')} {spec['name']}: the memory plan refused it (other work holds memory); "
                   f"again in {wait_s:.0f} s", flush=True)  # fmt: skip
             time.sleep(wait_s)
@@ -159,6 +159,17 @@ def play(spec: dict, keep_weights: bool, wait_s: float = 120.0, tries: int = 60)
             shutil.rmtree(run_dir / heavy, ignore_errors=True)
     print(f"{time.strftime('%H:%M:%S')} done {spec['name']}: success {result['curve'][-1]['success']:.0%}", flush=True)
     return result
+
+
+def could_fit(said: str) -> bool:
+    """Whether a run the host plan refused would fit this machine once other work is gone: its worst phase's need
+    (the refusal's "needs X GiB") within the plan's headroom of all the memory (MemTotal), not only of what is free
+    now. A run that can never fit is reported at once instead of being tried again `tries` times."""
+    from agentopd.memory_host import HEADROOM
+
+    need = re.search(r"needs ([0-9.]+) GiB", said)
+    total = re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())
+    return need is None or total is None or float(need.group(1)) <= HEADROOM * int(total.group(1)) / 2**20
 
 
 def launch(spec: dict, run_dir: Path, log: Path, times: Path) -> tuple[int, str]:

@@ -24,7 +24,7 @@ resume = "--resume" in argv
 refused = run_dir.parent / "refused_once"
 if not refused.exists():  # the first launch: the memory plan refuses it (others hold memory)
     refused.write_text("")
-    print("ValueError: this run does not fit this machine's memory: the train phase needs 19.0 GiB")
+    print("ValueError: this run does not fit this machine's memory: the train phase needs 1.0 GiB")
     sys.exit(2)
 run_dir.mkdir(parents=True, exist_ok=True)
 (run_dir / "launches").open("a").write(" ".join(argv) + "\n")
@@ -117,6 +117,21 @@ def test_a_stopped_run_continues_and_a_finished_one_is_not_run_again(rp, tmp_pat
     assert "| m | calculator | 50% | 100 |" in text and "| opd | 0 | 10% | 40% |" in text and "fake_run.py --env calculator --run-dir" in text
     assert "| opd | 0 | 0.500 -> 0.167 | 0.200 -> 0.200 |" in text  # per-turn KL, first and last fifth of the steps
     assert json.loads(md.with_suffix(".json").read_text())["runs"][0]["arm"] == "opd"
+
+
+def test_a_run_that_can_never_fit_the_machine_is_not_tried_again(rp, tmp_path, capsys):
+    """The retry is for memory that other work holds: a run whose plan needs more than all of the machine's memory
+    (the 0.5B <- 1.5B mixed arm on 24 GiB) fails at once instead of waiting 60 x 120 s."""
+    fake = tmp_path / "never_fits.py"
+    fake.write_text("import pathlib, sys\npathlib.Path(sys.argv[0]).with_suffix('.n').open('a').write('x')\n"
+                    "print(\"ValueError: this run does not fit this machine's memory: the train phase needs 1000000.0 GiB\")\n"
+                    "sys.exit(2)\n")
+    spec = rp.plan(_args(rp, tmp_path, arms=["opd"], seeds=[0], steps=3, eval_every=0))[0]
+    spec["command"] = [sys.executable, str(fake), *spec["command"][2:]]
+    assert rp.play(spec, keep_weights=False, wait_s=0, tries=3) is None
+    assert fake.with_suffix(".n").read_text() == "x"  # launched once
+    assert "FAILED" in capsys.readouterr().out
+    assert rp.could_fit("the train phase needs 1.0 GiB") and not rp.could_fit("the train phase needs 1000000.0 GiB")
 
 
 def test_the_peak_is_the_largest_phase_where_time_saw_only_the_last(rp):
