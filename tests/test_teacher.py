@@ -127,6 +127,23 @@ def test_bf16_teacher_keeps_hidden_in_its_dtype():
     assert sc.hidden is not None and sc.hidden.dtype == torch.bfloat16
 
 
+def test_a_model_handed_over_scores_as_the_same_checkpoint_loaded_from_its_folder(tmp_path):
+    """HFTeacher given a loaded model and a dtype casts its weights only: `Module.to(dtype)` also cast the rotary
+    embedding's fp32 inv_freq to bf16 (RoPE angles off by ~0.1%, growing with the position), so a teacher built on a
+    model its engine shares (backends.teacher_weights) scored a self-pair 0.0027 nats a token of KL apart where the
+    folder-loaded one scored 0.0003."""
+    model = tiny_model(max_position_embeddings=512)
+    model.save_pretrained(tmp_path / "m")
+    rng = random.Random(3)
+    ids = [rng.randrange(VOCAB) for _ in range(400)]
+    stream = TokenStream(ids, 8, [1] * 392, [0.0] * 392, [0] * 392)
+    from_folder = HFTeacher(tmp_path / "m", device="cpu", dtype=torch.bfloat16).score([stream])[0].logprobs
+    handed = HFTeacher(model, device="cpu", dtype=torch.bfloat16)
+    assert handed.model.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert next(handed.model.parameters()).dtype == torch.bfloat16
+    assert handed.score([stream])[0].logprobs == from_folder
+
+
 def test_refuses_bad_input():
     model = tiny_model()
     teacher = HFTeacher(model, device="cpu")

@@ -159,8 +159,9 @@ class HFTeacher:
             raise ValueError(f"head_chunk must be >= 1, got {head_chunk}")
         if isinstance(model, (str, Path)):
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or "auto")
-        elif dtype is not None:
-            model = model.to(dtype)
+        elif dtype is not None:  # the weights only: Module.to(dtype) would also cast the rotary embedding's fp32
+            for param in model.parameters():  # inv_freq, which from_pretrained(dtype=...) keeps in fp32
+                param.data = param.data.to(dtype)
         for key in _LOGIT_TRANSFORMS:
             value = getattr(model.config, key, None)
             if value not in (None, 1, 1.0):
