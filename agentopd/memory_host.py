@@ -182,6 +182,8 @@ class HostRun:
     teacher_head_chunk: int = TEACHER_HEAD_CHUNK
 
     train_in_flight: int | None = None  # training episodes of a step (tasks x n): all a teacher's play engine holds
+    # a teacher's engines run on its scorer's weights (agentopd.backends.teacher_weights): they add their KV pools only
+    teacher_shares: bool = False
 
     def kv_tokens(self, in_flight: int | None = None) -> int:
         """KV-pool tokens the run's episodes can fill (`in_flight` of them, default the student's engine's: a step's or
@@ -272,12 +274,16 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
                       HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes, run.teacher_tokens, run.teacher_head_chunk)),
                            (HostPhase.SCORE,)),
                       HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
-        if run.teacher_plays == "before" and run.teacher_scores:  # never beside the scorer: what it holds beyond it
+        shared = run.teacher_shares and run.teacher_scores  # the engines' weights are the scorer's
+        if shared and run.teacher_plays:
+            items.append(HostItem(name, "play engine: KV pool (the scorer's weights)", _gib(player - weights)))
+        elif run.teacher_plays == "before" and run.teacher_scores:  # never beside the scorer: what it holds beyond it
             items.append(HostItem(name, "play engine, SFT steps: beyond the scorer", _gib(max(0.0, player - weights))))
         elif run.teacher_plays:
             items.append(HostItem(name, "play engine: weights + KV pool", _gib(player)))
         if run.teacher_eval:  # closed after that eval
-            items.append(HostItem(name, "its eval engine: weights + KV pool", _gib(engine), (HostPhase.EVAL,)))
+            items.append(HostItem(name, "its eval engine: KV pool (the scorer's weights)" if shared else
+                                  "its eval engine: weights + KV pool", _gib(engine - weights if shared else engine), (HostPhase.EVAL,)))
     if run.selftest:  # dropped after the pre-flight; the teachers' scoring buffers are free while it scores
         teachers_work = max((_scoring_work(t, n, run.teacher_tokens, run.teacher_head_chunk) for t, n in teachers), default=0)
         extra = max(0, _scoring_work(s, student_bytes) - teachers_work)  # the self-test's scorer: the default sizes
@@ -306,6 +312,7 @@ def stored_bytes(ref: Path | str) -> int:
 
 def host_run(cfg: Config) -> HostRun:
     """What of `cfg` the host plan reads."""
+    from agentopd.backends.teacher_weights import shares_teacher_weights
     from agentopd.objectives import loads_scorer, runs_selftest, teacher_evals, teacher_plays
 
     return HostRun(micro_batch_tokens=cfg.trainer.micro_batch_tokens, chunk_size=cfg.trainer.chunk_size,
@@ -314,7 +321,7 @@ def host_run(cfg: Config) -> HostRun:
                    in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
                    train_in_flight=cfg.rollout.tasks_per_step * cfg.rollout.n,
                    selftest=runs_selftest(cfg), teacher_scores=loads_scorer(cfg),
-                   teacher_plays=teacher_plays(cfg))  # fmt: skip
+                   teacher_plays=teacher_plays(cfg), teacher_shares=shares_teacher_weights(cfg, "cpu"))  # fmt: skip
 
 
 def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path | str],

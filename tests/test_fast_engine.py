@@ -253,6 +253,36 @@ def test_update_weights_equals_fresh_engine():
     assert torch.equal(q, new.state_dict()["model.layers.0.self_attn.q_proj.weight"])
 
 
+def _storages(tensors) -> dict[int, int]:
+    """Each distinct storage among `tensors`: its data pointer -> bytes."""
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
+def test_shared_weights_serve_the_engine_and_the_model_from_one_copy():
+    """share_weights: the model's parameters become the engine's buffers (fused ones as views), so the two hold one
+    copy between them; the model's forward and the engine's output are unchanged, and the engine's weight updates
+    reach the model (one memory)."""
+    model, ref = tiny_model(seed=3), tiny_model(seed=3)
+    ids = prompts(1, seed=4)[0]
+    with torch.no_grad():
+        before = model(input_ids=torch.tensor([ids])).logits
+    reqs = [GenerateRequest(p, SamplingParams(temperature=0, max_tokens=12)) for p in prompts(6, seed=5)]
+    engine = FastEngine(model, share_weights=True)
+    shared = _storages(model.parameters())
+    assert shared == _storages(engine.runner.params.values())  # the same storages: no second copy
+    assert sum(shared.values()) == sum(p.numel() * p.element_size() for p in ref.parameters())
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=torch.tensor([ids])).logits, before)
+    assert [r.token_ids for r in run_all(engine, reqs, close=False)] == [r.token_ids for r in run_all(FastEngine(ref), reqs)]
+    asyncio.run(engine.update_weights({"model.layers.1.mlp.up_proj.weight": torch.zeros(128, 64)}))
+    assert not model.model.layers[1].mlp.up_proj.weight.any()
+    asyncio.run(engine.close())
+    with pytest.raises(ValueError, match="on cpu in torch.bfloat16"):
+        FastEngine(tiny_model(), dtype=torch.bfloat16, share_weights=True)
+    with pytest.raises(ValueError, match="pass the model, not a reference"):
+        FastEngine("some/ref", share_weights=True)
+
+
 def test_sleep_frees_the_pool_and_requests_wait_for_wake(model):
     """sleep() (a trainer beside the engine on its GPU) drops the pool and the cached pages; a request made
     while asleep is answered after wake(), exactly as by an engine that never slept."""

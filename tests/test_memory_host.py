@@ -212,6 +212,25 @@ def test_a_teacher_that_plays_is_counted_with_its_engine_and_one_that_only_plays
     assert alone.peak(HostPhase.SCORE) < opd.peak(HostPhase.SCORE)
 
 
+def test_a_teacher_whose_engines_share_its_scorers_weights_adds_their_kv_pools_only():
+    """On a CPU a teacher that plays and scores holds one copy of its weights (backends.teacher_weights): the mixed
+    recipe's 0.5B<-1.5B plan fell from 21.9 GiB (two copies of the 1.5B, levers pulled) to 19.5."""
+    def plan(**kw):
+        return plan_host(HostRun(1024, 1024, True, 8, **kw), S05, 2, [(T15, 2)], available_gib=1e3)
+
+    weights = 2 * T15.params / 2**30
+    kv_only = plan(teacher_plays="before").peak(HostPhase.ROLLOUT)  # the scorer + the play engine beyond it
+    for plays in ("beside", "before"):
+        two, one = plan(teacher_plays=plays), plan(teacher_plays=plays, teacher_shares=True)
+        assert one.peak(HostPhase.ROLLOUT) == pytest.approx(kv_only)
+        assert two.peak(HostPhase.ROLLOUT) - one.peak(HostPhase.ROLLOUT) == pytest.approx(weights if plays == "beside" else 0)
+    evals, shared = plan(teacher_eval=True), plan(teacher_eval=True, teacher_shares=True)
+    assert evals.peak(HostPhase.EVAL) - shared.peak(HostPhase.EVAL) == pytest.approx(weights)
+    # a teacher that only plays (pure SFT) has no scorer to share with: its engine holds its own
+    assert plan(teacher_scores=False, teacher_plays="alone", teacher_shares=True).peak(HostPhase.ROLLOUT) == pytest.approx(
+        plan(teacher_scores=False, teacher_plays="alone").peak(HostPhase.ROLLOUT))
+
+
 @pytest.mark.parametrize(("overrides", "plays", "scores"), [
     ((), "", True),
     (("run.objective=sft",), "alone", False),
@@ -227,6 +246,7 @@ def test_the_run_config_says_how_its_teachers_play(overrides, plays, scores):
 
     cfg = load_config("calculator", overrides=list(overrides))
     assert teacher_plays(cfg) == plays and host_run(cfg).teacher_scores is scores
+    assert host_run(cfg).teacher_shares is scores  # on a CPU a scorer's weights serve its engines
 
 
 @pytest.mark.parametrize(("overrides", "evals"), [

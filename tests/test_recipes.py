@@ -99,7 +99,8 @@ def test_sft_warm_start_switches_to_opd(cli, tmp_path):
 
 @pytest.mark.parametrize(("overrides", "want"), [
     (("run.objective=sft",), []),  # the teacher only plays: no scorer is ever loaded
-    (("recipe.sft_steps=2",), ["drop teacher", "build teacher"]),  # its play engine closes, then the scorer loads
+    # the scorer loads after the SFT steps, on the play engine's weights (backends.teacher_weights): nothing dropped
+    (("recipe.sft_steps=2",), ["build teacher on the engine's weights"]),
 ])
 def test_a_teachers_scorer_loads_only_when_something_scores(cli, tmp_path, monkeypatch, overrides, want):
     """A 0.5B<-1.5B SFT run held the 1.5B twice (a scorer it never used beside the play engine) and peaked above its
@@ -108,7 +109,8 @@ def test_a_teachers_scorer_loads_only_when_something_scores(cli, tmp_path, monke
 
     events = []
     build, drop = local.build_teacher, stages.Players.drop
-    monkeypatch.setattr(local, "build_teacher", lambda ctx, name: events.append(f"build {name}") or build(ctx, name))
+    monkeypatch.setattr(local, "build_teacher", lambda ctx, name, model=None: events.append(
+        f"build {name}" + (" on the engine's weights" if model is not None else "")) or build(ctx, name, model))
 
     def dropping(self, who):
         if who != stages.STUDENT and who in self.engines:
@@ -119,6 +121,31 @@ def test_a_teachers_scorer_loads_only_when_something_scores(cli, tmp_path, monke
     result = cli("run", "--env", "calculator", "--run-dir", tmp_path / "run", "steps=3", *overrides, *SHORT)
     assert result.exit_code == 0, result.output
     assert events == want
+
+
+def _storages(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def test_a_teacher_that_plays_and_scores_holds_one_copy_of_its_weights(tiny_home, monkeypatch, tmp_path):
+    """recipe.teacher_fraction on a CPU: the teacher's engine runs on its scorer's weights (backends.teacher_weights);
+    the 0.5B<-1.5B mixed recipe held the 1.5B twice and its plan did not fit 22 GiB without shrinking everything."""
+    from agentopd.runner import Runner
+
+    monkeypatch.setenv("AGENTOPD_HOME", str(tiny_home))
+    runner = Runner(load_config("calculator", overrides=[*SHORT, "steps=1", "recipe.teacher_fraction=0.5"]), tmp_path / "run")
+    runner._setup(resume_after=None)
+    backend = runner.backend
+    try:
+        runner._step(1)
+        (name,) = backend.teachers
+        engine, scorer = backend.players.engines[name], backend.teachers.built()[name]
+        assert _storages(engine.runner.params.values()) == _storages(scorer.model.parameters())
+        # the student's engine is the trainer's copy, never shared
+        student = backend.players.engines["student"]
+        assert not _storages(student.runner.params.values()) & _storages(backend.trainer.hf.parameters())
+    finally:
+        backend.close()
 
 
 def test_turn_weights_are_logged_and_change_the_loss(cli, tmp_path):

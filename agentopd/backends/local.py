@@ -38,6 +38,7 @@ from agentopd.backends.stages import (
     engine_metrics,
     score_routed,
 )
+from agentopd.backends.teacher_weights import TeacherModels
 from agentopd.env import Split
 from agentopd.flops import ModelShape
 from agentopd.memory_plan import PhaseMemory, measure_since_last
@@ -71,9 +72,13 @@ class LocalBackend:
         assert not ctx.cfg.async_.enabled, "refused at config load (agentopd.policy.check_run)"
         self.ctx = ctx
         student = AutoModelForCausalLM.from_pretrained(ctx.student_ref, dtype=torch.float32)
-        self.players = Players(ctx, tokenizer, student_engine=self._student_engine(student))
-        # scorers load on first use (pure SFT: never); a teacher's play engine closes before its scorer loads
-        self.teachers = Scorers(ctx.teacher_refs, lambda name: build_teacher(ctx, name), self.players.drop)
+        # a teacher that plays and scores holds one copy of its weights (backends.teacher_weights: on a CPU)
+        self.teacher_models = TeacherModels(ctx)
+        self.players = Players(ctx, tokenizer, student_engine=self._student_engine(student), module_of=self.teacher_models.get)
+        # scorers load on first use (pure SFT: never); a teacher's play engine closes before its scorer loads, unless
+        # the two share the weights (then the engine's are the scorer's: nothing to free)
+        self.teachers = Scorers(ctx.teacher_refs, lambda name: build_teacher(ctx, name, self.teacher_models.get(name)),
+                                self._before_scorer)  # fmt: skip
         self.trainer = Trainer(student, ctx.trainer_cfg, device=ctx.device, vocab_size=ctx.vocab_size)
         self._synced = 0  # the trainer step the engine's weights come from
         recipe = ctx.cfg.recipe
@@ -83,6 +88,10 @@ class LocalBackend:
         self._stats: dict[str, float] = {}  # the step's metrics, until stats() reads them
         self._sleeping = False  # the student's engine freed its KV pool (ctx.engine_sleep)
         self._events: list[str] = []  # what the teachers went through since `teacher_events` last read it
+
+    def _before_scorer(self, name: str) -> None:
+        if not self.teacher_models.shares(name):
+            self.players.drop(name)
 
     def _student_engine(self, student: torch.nn.Module) -> Engine:
         from agentopd.engines import EngineKind, resolve_kind

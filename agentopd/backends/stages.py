@@ -102,16 +102,26 @@ def vllm_options(cfg: Config) -> dict[str, Any]:
             "gpu_memory_utilization": share}
 
 
-def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_size: int | None = -1) -> Engine:
+def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_size: int | None = -1,
+                 share: bool = False) -> Engine:  # fmt: skip
     """The rollout engine (`engine.kind`) over a model: a reference (folder, hub id) or, for the
     transformers engine, a module (copied, so a trainer holding it is never written to). Every engine
     takes the same options under our names (device, dtype, max_batch_size, seed) and maps them to its own.
-    It samples the run's tokenizer ids (`vocab_size` -1), or another tokenizer's (a teacher that plays with its own)."""
+    It samples the run's tokenizer ids (`vocab_size` -1), or another tokenizer's (a teacher that plays with its own).
+    With `share`, a loaded module (a teacher's, agentopd.backends.teacher_weights) is served on its own weights: the
+    fast engine takes them over, the transformers engine runs the module itself; nothing is copied."""
     from agentopd.engines import EngineKind, make_engine, resolve_kind
 
     kind = resolve_kind(ctx.cfg.engine.kind, ctx.device)
     kwargs: dict[str, Any] = {"max_batch_size": ctx.engine_max_batch or ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed,
                               "vocab_size": ctx.vocab_size if vocab_size == -1 else vocab_size}
+    if share:
+        if not isinstance(model, torch.nn.Module) or kind not in (EngineKind.FAST, EngineKind.HF):
+            raise ValueError(f"sharing weights needs a loaded module and engine.kind fast or hf, not {kind}")
+        dtype = next(model.parameters()).dtype
+        extra = {"share_weights": True, "kv_cache_gb": ctx.kv_cache_gib} if kind == EngineKind.FAST else {}
+        return make_engine(kind, model, device=ctx.device, dtype=dtype, **kwargs,
+                           **{k: v for k, v in extra.items() if v is not None})  # fmt: skip
     dtype = ctx.inference_dtype(ctx.student_ref if isinstance(model, torch.nn.Module) else model)
     if kind == EngineKind.HF:
         kwargs["device"] = ctx.device
@@ -137,9 +147,12 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_siz
 class Players:
     """Plays planned episodes of every source with the student's (or a teacher's) engine."""
 
-    def __init__(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase, student_engine: Engine | None = None):
+    def __init__(self, ctx: RunContext, tokenizer: PreTrainedTokenizerBase, student_engine: Engine | None = None,
+                 module_of: Callable[[str], torch.nn.Module | None] | None = None):  # fmt: skip
+        """`module_of(teacher)`: a loaded model the teacher's engine is to share (backends.teacher_weights), or None."""
         self.ctx = ctx
         self.tokenizer = tokenizer
+        self.module_of = module_of
         self.engines: dict[str, Engine] = {}
         self.env_pools: dict[tuple[str, str], EnvPool] = {}  # (source, split): envs kept across phases (rollout.EnvPool)
         self._tokenizers: dict[str, PreTrainedTokenizerBase] = {}  # teachers that play with their own (tokenizer_of)
@@ -150,7 +163,11 @@ class Players:
     def engine(self, who: str) -> Engine:
         if who not in self.engines:
             own = len(self.tokenizer_of(who)) if who in self.ctx.own_tokenizer else -1
-            self.engines[who] = build_engine(self.ctx, self.ctx.model_ref(who), vocab_size=own)
+            module = self.module_of(who) if self.module_of is not None and who != STUDENT else None
+            if module is not None:  # one copy of the teacher's weights for this engine and its scorer
+                self.engines[who] = build_engine(self.ctx, module, vocab_size=own, share=True)
+            else:
+                self.engines[who] = build_engine(self.ctx, self.ctx.model_ref(who), vocab_size=own)
         return self.engines[who]
 
     def tokenizer_of(self, who: str) -> PreTrainedTokenizerBase:
@@ -244,9 +261,10 @@ class Players:
             self.env_pools.clear()
 
 
-def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
-    """The named teacher: a model loaded here (HFTeacher), or a vLLM server's prompt logprobs
-    (ServerTeacher) when its reference is an http(s) URL (Config checks what such a run can use)."""
+def build_teacher(ctx: RunContext, name: str, model: torch.nn.Module | None = None) -> HFTeacher | ServerTeacher:
+    """The named teacher: a model loaded here (HFTeacher; on `model` where given, the one its engine shares:
+    backends.teacher_weights), or a vLLM server's prompt logprobs (ServerTeacher) when its reference is an http(s)
+    URL (Config checks what such a run can use)."""
     from agentopd.teacher import HFTeacher, ServerTeacher
     from agentopd.teacher.base import is_server
 
@@ -259,7 +277,7 @@ def build_teacher(ctx: RunContext, name: str) -> HFTeacher | ServerTeacher:
     # a cross-tokenizer teacher scores its own stream (agentopd.crosstok) over its own vocabulary
     vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
     sizes = {k: v for k, v in (("max_tokens_per_batch", ctx.teacher_tokens), ("head_chunk", ctx.teacher_head_chunk)) if v}
-    return HFTeacher(ref, device=ctx.device, dtype=ctx.inference_dtype(ref), temperature=temperature, top_k=ctx.cfg.teacher.top_k,
+    return HFTeacher(ref if model is None else model, device=ctx.device, dtype=ctx.inference_dtype(ref), temperature=temperature, top_k=ctx.cfg.teacher.top_k,
                      vocab_size=vocab_size, offload_after_score=ctx.teacher_offload, compile=ctx.cfg.teacher.compile, **sizes)
 
 

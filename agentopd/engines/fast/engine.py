@@ -24,7 +24,8 @@ Knobs beyond the shared ones (device, dtype, max_batch_size, seed, vocab_size): 
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
 max_batch_size full contexts of up to 2048 tokens on CPU, at least one of max_model_len), `token_budget` (new tokens per step),
 `cuda_graphs`, `overlap` (plan and queue the next step before reading this one's sampled tokens, so the host's
-work hides behind the GPU's; default: on a GPU).
+work hides behind the GPU's; default: on a GPU), `share_weights` (serve a loaded model on its own weights instead of
+a copy: the model keeps working on the same memory, e.g. a teacher's scorer beside its play engine).
 
 `sleep()` frees the KV pool and the step graphs (their cached pages are dropped) for a trainer on the
 same GPU; `wake()` allocates and captures them again (seconds on a GPU: every bucket).
@@ -115,12 +116,15 @@ class FastEngine(LoopEngine):
         cuda_graphs: bool = True,
         overlap: bool | None = None,
         vocab_size: int | None = None,
+        share_weights: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if isinstance(model, str):
+            if share_weights:
+                raise ValueError("share_weights=True shares a loaded model's weights: pass the model, not a reference")
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto")
@@ -129,7 +133,8 @@ class FastEngine(LoopEngine):
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 4096))
-        self.runner = ModelRunner.from_hf(model, device=self.device, dtype=dtype, max_len=self.max_model_len)
+        self.runner = ModelRunner.from_hf(model, device=self.device, dtype=dtype, max_len=self.max_model_len,
+                                          share=share_weights)
         self.vocab_size = sampled_vocab(vocab_size, self.runner.lm_head.shape[0])  # engines/base.py: padding rows unsampled
         s = self.runner.shape
         need = -(-self.max_model_len // PAGE) + 1

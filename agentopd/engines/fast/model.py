@@ -104,14 +104,22 @@ class ModelRunner:
     # ---- building -----------------------------------------------------------------------
 
     @classmethod
-    def from_hf(cls, model: Any, *, device: Any, dtype: torch.dtype | None, max_len: int) -> ModelRunner:
-        """Copy a transformers model's weights into fused buffers on `device` (the model is not kept)."""
+    def from_hf(cls, model: Any, *, device: Any, dtype: torch.dtype | None, max_len: int, share: bool = False) -> ModelRunner:
+        """Copy a transformers model's weights into fused buffers on `device` (the model is not kept). With `share`
+        the model keeps working on the same memory instead: its weights become the runner's (a tensor as it is, a
+        fused one as a view into the fused buffer), one layer at a time, so one copy serves both (a teacher that
+        plays and scores: agentopd.backends.teacher_weights) and the build never holds more than one extra layer.
+        The model must already be on `device` in `dtype`."""
         why = supports(model.config)
         if why is not None:
             raise ValueError(f"the fast engine does not support this model: {why}")
         cfg = model.config
         sd = model.state_dict()
         dtype = dtype or next(iter(sd.values())).dtype
+        if share:
+            wrong = {f"{t.device}/{t.dtype}" for t in sd.values() if t.device != torch.device(device) or t.dtype != dtype}
+            if wrong:
+                raise ValueError(f"sharing a model's weights needs them on {device} in {dtype}, found {sorted(wrong)}")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         shape = Shape(
             layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, q_heads=cfg.num_attention_heads,
@@ -123,16 +131,18 @@ class ModelRunner:
         layers = []
 
         def own(name: str) -> torch.Tensor:
-            t = sd[name].to(device=device, dtype=dtype).clone()
+            t = sd.pop(name) if share else sd[name].to(device=device, dtype=dtype).clone()
             params[name] = t
             return t
 
         def fused(names: list[str]) -> torch.Tensor:
-            parts = [sd[n] for n in names]
+            parts = [sd.pop(n) if share else sd[n] for n in names]
             buf = torch.cat(parts).to(device=device, dtype=dtype).contiguous()
             row = 0
             for n, p in zip(names, parts):
                 params[n] = buf[row : row + p.shape[0]]  # a view: copy_ into it updates the fused buffer
+                if share:  # the model's parameter now reads the view; its own storage goes with `parts`
+                    model.get_parameter(n).data = params[n]
                 row += p.shape[0]
             return buf
 
