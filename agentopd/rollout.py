@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from agentopd.aio import gather_or_cancel
 from agentopd.chat import ContextFull, StreamBuilder, chat_template_of
 from agentopd.chat.bare_calls import ToolParsing
 from agentopd.chat.formats import HARMONY_STOPS, ToolFormat, detect_format, error_hint, parse_turn, resolve_format
@@ -43,9 +44,6 @@ from agentopd.env import EnvError, ToolEnv
 from agentopd.types import INTERVENED, INTERVENED_TOKENS, TEMPLATE_KWARGS, Episode, Message, StopReason, TokenStream, Turn
 
 PARSE_ERROR_TOOL = "parse_error"
-
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -387,17 +385,3 @@ class Rollout:
 def _parse_error_message(errors: Sequence[str], fmt: ToolFormat = ToolFormat.HERMES) -> dict[str, Any]:
     text = "; ".join(errors)
     return {"role": "tool", "name": PARSE_ERROR_TOOL, "content": f"Error: could not parse your tool call: {text}. {error_hint(fmt)}"}
-
-
-async def gather_or_cancel(coros: Sequence[Awaitable[T]]) -> list[T]:
-    """asyncio.gather's results; on the first error the others are cancelled and every one's end is awaited before the
-    error propagates. Plain gather left them running: one that failed too before asyncio.run shut down was printed
-    there with its traceback ("unhandled exception during asyncio.run() shutdown") under the run's one-line error."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)  # each task's end retrieved: none is reported at shutdown
-        raise

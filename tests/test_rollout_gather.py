@@ -1,4 +1,4 @@
-"""agentopd.rollout.gather_or_cancel: the first error propagates, and no other episode's end is left for asyncio.run's
+"""agentopd.aio.gather_or_cancel: the first error propagates, and no other episode's end is left for asyncio.run's
 shutdown to print. An episode whose env call was still running in a thread when another failed ended with its own
 error while asyncio.run cancelled it, and asyncio printed that traceback ("unhandled exception during asyncio.run()
 shutdown") under the run's one-line error (test_plugin_env's reset case, once under pytest -n 2)."""
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from agentopd.rollout import gather_or_cancel
+from agentopd.aio import gather_or_cancel
 
 
 async def _fails(tag: str, delay: float):

@@ -276,3 +276,34 @@ def test_a_runs_teacher_reconnect_s_reaches_its_server_teacher():
         assert isinstance(teacher, ServerTeacher) and teacher.reconnect_s == want
     with pytest.raises(ValueError, match="reconnect_s"):
         load_config("calculator", overrides=["teacher.reconnect_s=0"])
+
+
+def test_one_failed_request_leaves_none_of_the_others_running():
+    """A server teacher's requests are gathered so that the first failure cancels the rest before the client closes:
+    a plain gather returned the error with the other requests still in flight (their retries, up to reconnect_s,
+    went on behind the run's back)."""
+    import asyncio
+
+    slow_done: list[int] = []
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(body: dict):
+        if len(body["prompt"]) == 3:  # the one stream that fails at once
+            return JSONResponse({"error": {"message": "boom"}}, 500)
+        await asyncio.sleep(0.5)
+        slow_done.append(len(body["prompt"]))
+        return JSONResponse({"error": {"message": "late"}}, 500)
+
+    streams = [TokenStream(list(range(n)), 1, [1] * (n - 1), [0.0] * (n - 1), [0] * (n - 1)) for n in (3, 4, 5, 6)]
+    teacher = ServerTeacher("http://fake", transport=httpx.ASGITransport(app=app))
+
+    async def main() -> set[asyncio.Task]:
+        with pytest.raises(RuntimeError, match="HTTP 500"):
+            await teacher.ascore(streams)
+        left = {t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()}
+        await asyncio.sleep(0.8)  # long enough for a request left running to finish
+        return left
+
+    left = asyncio.run(main())
+    assert not left and not slow_done, (left, slow_done)

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentopd.aio import gather_or_cancel
 from agentopd.backends.base import BackendKind
 from agentopd.engines.base import Engine, logprob_temperature
 from agentopd.engines.loop import LoopEngine
 from agentopd.plan import Mixture, Planned
-from agentopd.rollout import EnvPool, Guide, Rollout, RolloutConfig, gather_or_cancel
+from agentopd.rollout import EnvPool, Guide, Rollout, RolloutConfig
 from agentopd.types import Episode, TokenStream
 
 if TYPE_CHECKING:

@@ -43,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from agentopd.aio import gather_or_cancel
 from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
 from agentopd.types import TokenStream
 
@@ -142,7 +143,8 @@ class ServerTeacher:
                     raise RuntimeError(f"teacher server {self.base_url}: stream {n}: no prompt_logprobs in the response")
                 return parse_prompt_logprobs(choice["prompt_logprobs"], stream, self.top_k if mode is TeacherMode.TOPK else None)
 
-            return list(await asyncio.gather(*(one(n, s) for n, s in enumerate(streams))))
+            # one request failing cancels the others before the client closes (a plain gather left them running into it)
+            return await gather_or_cancel([one(n, s) for n, s in enumerate(streams)])
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
         """One request, sent again on a new connection while the server cannot be reached (for up to `reconnect_s`)."""
