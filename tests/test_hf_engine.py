@@ -250,3 +250,18 @@ def test_sample_rows_follows_the_tempered_distribution_and_truncation():
     tokens, logprobs = sample_rows(logits_BV[:500], [SamplingParams(top_k=2)] * 500, gens[:500])
     assert set(tokens) == {0, 1}
     assert logprobs == pytest.approx(probs_V.log()[tokens].tolist(), abs=1e-6)  # not renormalised
+
+
+def test_a_bf16_engine_over_an_fp32_model_keeps_its_rotary_embedding_in_fp32(model):
+    """The engine casts the weights only (agentopd.weights_dtype): Module.to(bf16) also cast the rotary inv_freq, and the
+    engine then sampled from RoPE angles ~0.1% off the trainer's fp32 ones, growing with the position."""
+    import copy
+
+    from agentopd.weights_dtype import cast_weights
+
+    engine = HFEngine(copy.deepcopy(model), dtype=torch.bfloat16)
+    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    assert engine.model.model.rotary_emb.inv_freq.dtype == torch.float32
+    loaded = cast_weights(copy.deepcopy(model), torch.bfloat16)  # what backends.stages does for an engine copy
+    assert loaded.model.rotary_emb.inv_freq.dtype == torch.float32 and loaded.lm_head.weight.dtype == torch.bfloat16
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32 and next(model.parameters()).dtype == torch.float32

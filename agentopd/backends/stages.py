@@ -30,6 +30,7 @@ from agentopd.engines.loop import LoopEngine
 from agentopd.plan import Mixture, Planned
 from agentopd.rollout import EnvPool, Guide, Rollout, RolloutConfig
 from agentopd.types import Episode, TokenStream
+from agentopd.weights_dtype import cast_weights
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -133,7 +134,7 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_siz
         else:
             import copy
 
-            model = copy.deepcopy(model).to(dtype)
+            model = cast_weights(copy.deepcopy(model), dtype)  # the weights only: the rotary inv_freq stays fp32
         return make_engine(kind, model, **kwargs)
     if isinstance(model, torch.nn.Module):
         raise TypeError(f"engine.kind={kind} loads its model from a reference (a folder or hub id), not a module")

@@ -46,6 +46,7 @@ from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult,
 from agentopd.engines.loop import LoopEngine
 from agentopd.engines.sampling import sample_rows
 from agentopd.prefix import cache_kwarg
+from agentopd.weights_dtype import cast_weights
 
 
 @dataclass(eq=False)
@@ -147,7 +148,9 @@ class HFEngine(LoopEngine):
             model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto")
         if device is None:
             device = next(model.parameters()).device
-        model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+        model = model.to(device)
+        if dtype is not None:  # the weights only (agentopd.weights_dtype: the rotary inv_freq stays fp32)
+            model = cast_weights(model, dtype)
         self.model = model.eval()
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size

@@ -53,6 +53,7 @@ from agentopd.losses.head_matmul import gemm_rows, upload_widened
 from agentopd.prefix import MIN_SHARED_PREFIX, run_prefix, shared_prefix_len
 from agentopd.teacher.base import TeacherMode, TeacherScores, as_mode, check_scorable
 from agentopd.types import TokenStream
+from agentopd.weights_dtype import cast_weights
 
 HEAD_BLOCK = 16384  # head rows cast to fp32 at a time (256 MiB for H = 4,096) where no half GEMM gives fp32 out
 
@@ -159,9 +160,8 @@ class HFTeacher:
             raise ValueError(f"head_chunk must be >= 1, got {head_chunk}")
         if isinstance(model, (str, Path)):
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or "auto")
-        elif dtype is not None:  # the weights only: Module.to(dtype) would also cast the rotary embedding's fp32
-            for param in model.parameters():  # inv_freq, which from_pretrained(dtype=...) keeps in fp32
-                param.data = param.data.to(dtype)
+        elif dtype is not None:  # the weights only (agentopd.weights_dtype: the rotary inv_freq stays fp32)
+            model = cast_weights(model, dtype)
         for key in _LOGIT_TRANSFORMS:
             value = getattr(model.config, key, None)
             if value not in (None, 1, 1.0):
