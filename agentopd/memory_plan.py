@@ -252,6 +252,8 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
     offload = cfg.teacher.offload
     if offload == "auto" and (teachers > 1 or (cfg.engine.kv_cache_fraction is not None and not _vllm(cfg))):
         offload = True
+    if cfg.teacher.overlap:  # it scores during the rollout: resident (teacher.offload=true is refused at config load)
+        offload = False
     choices = [(s, o) for s in ((False, True) if sleep == "auto" else (bool(sleep),))
                for o in ((False, True) if offload == "auto" else (bool(offload),))]  # fmt: skip
     for engine_sleep, teacher_offload in choices:
@@ -359,12 +361,13 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     if t is not None and loads_scorer(cfg):
         work = _scoring_work(t) if 0 in te else 0.0
         resident = (Phase.TEACHER,) if teacher_offload else ALL
+        scoring = (Phase.ROLLOUT, Phase.TEACHER) if cfg.teacher.overlap else (Phase.TEACHER,)  # teacher.overlap: beside it
         for g in sorted(set(te) - {-1}):
             # one process per teacher replica on Ray; the local backend's one process holds every local teacher
             # while they stay resident (offloaded, one at a time); each counted at the largest's size
             n = te.count(g) if not local else 1 if teacher_offload else teachers
             items += [Item("teacher", f"bf16 weights ({t.params / 1e9:.2f}B) x{n}", _gib(2 * t.params) * n, g, resident),
-                      Item("teacher", "scoring work (16k tokens)", _gib(_scoring_work(t)) * n, g, (Phase.TEACHER,))]  # fmt: skip
+                      Item("teacher", "scoring work (16k tokens)", _gib(_scoring_work(t)) * n, g, scoring)]  # fmt: skip
     if runs_selftest(cfg):  # the driver's scorer of the student, on the run's device; the teacher's buffers are free by then
         items.append(Item("selftest", "student scorer, pre-flight: bf16 weights + work", _gib(2 * P + max(0.0, _scoring_work(s) - work)),
                           0, (Phase.TEACHER,)))  # fmt: skip

@@ -110,6 +110,7 @@ def check_run(cfg: Config) -> None:
         )
     if cfg.async_.enabled and cfg.run.backend == BackendKind.LOCAL:
         raise ValueError("async.enabled=true needs run.backend=ray (the local backend runs one stage at a time)")
+    _check_overlap(cfg)
     _check_installed(cfg)
     _check_teacher_recipes(cfg)
     _check_groups(cfg)
@@ -127,6 +128,24 @@ def check_run(cfg: Config) -> None:
     servers = server_teachers(cfg)
     if servers:
         _check_server_teacher(cfg, servers[0], trainer)
+
+
+def _check_overlap(cfg: Config) -> None:
+    """teacher.overlap scores the streams as played, on the local backend, with the teacher resident."""
+    if not cfg.teacher.overlap:
+        return
+    if cfg.run.backend != BackendKind.LOCAL:
+        raise ValueError("teacher.overlap=true is the local backend's; on run.backend=ray the teachers score each work item "
+                         "as it is played with async.enabled=true (async.score_ahead)")  # fmt: skip
+    if cfg.teacher.offload is True:
+        raise ValueError("teacher.overlap=true with teacher.offload=true: the teacher scores during the rollout, so it "
+                         "stays on the GPU; set teacher.offload=false (or auto) or teacher.overlap=false")  # fmt: skip
+    changes = [key for on, key in ((cfg.recipe.intervene_below is not None, "recipe.intervene_below"),
+                                   (cfg.teacher.privileged is not None, "teacher.privileged"),
+                                   (LossKind(cfg.trainer.loss).is_cross_tokenizer, f"trainer.loss={cfg.trainer.loss}")) if on]  # fmt: skip
+    if changes:
+        raise ValueError(f"teacher.overlap=true with {changes[0]}: the teacher then reads other streams than the ones "
+                         "played, which exist only after the rollout; turn one off")  # fmt: skip
 
 
 def _check_embedded(cfg: Config) -> None:

@@ -8,7 +8,9 @@
     metrics = backend.train(samples, head)
     backend.sync_weights()
 
-Rollouts run when collected, so there is nothing to overlap: `async.enabled` needs the Ray backend.
+Rollouts run when collected: `async.enabled` needs the Ray backend. With `teacher.overlap` the teacher scores each
+training episode as it is played, beside the rollout (`score_ahead`, agentopd.backends.overlap), and the score stage
+takes those scores (`ahead_scores`).
 
 Memory (agentopd.memory_plan): with `ctx.engine_sleep` (engine.sleep) the student's engine frees its KV
 pool before the teacher scores and the trainer steps, and allocates it again before the next rollout;
@@ -51,11 +53,25 @@ from agentopd.types import Episode, TokenStream
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from agentopd.backends.overlap import OverlapScorer
     from agentopd.batch import TrainSample
     from agentopd.config import Config
     from agentopd.engines.base import Engine
     from agentopd.teacher import TeacherMode, TeacherScores
     from agentopd.trainer.config import LossKind
+
+
+def _scoring(overlap: OverlapScorer, handle: RolloutHandle, on_episode: OnEpisode | None) -> OnEpisode:
+    """`on_episode` that first hands each played episode to the scorer beside the rollout (teacher.overlap)."""
+    index = {p.spec.episode_id: i for i, p in enumerate(handle.planned)}
+
+    def done(p: Planned, ep: Episode) -> None:
+        if ep.tokens is not None and ep.num_turns > 0:  # one that never got to its first token is not trained on
+            overlap.add(index[p.spec.episode_id], ep.tokens)
+        if on_episode is not None:
+            on_episode(p, ep)
+
+    return done
 
 
 class LocalBackend:
@@ -88,6 +104,8 @@ class LocalBackend:
         self._stats: dict[str, float] = {}  # the step's metrics, until stats() reads them
         self._sleeping = False  # the student's engine freed its KV pool (ctx.engine_sleep)
         self._events: list[str] = []  # what the teachers went through since `teacher_events` last read it
+        self._ahead: dict[int, tuple[list[str], TeacherMode]] = {}  # handle id -> who scores it beside its rollout
+        self._ahead_scores: dict[int, list[TeacherScores | None]] = {}  # handle id -> those scores, once collected
 
     def _before_scorer(self, name: str) -> None:
         if not self.teacher_models.shares(name):
@@ -116,7 +134,18 @@ class LocalBackend:
         train = handle.student_training
         engine = self.players.engine(STUDENT) if train else None
         before = dict(getattr(engine, "timings", None) or {})
-        episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
+        overlap = self._overlap(handle)
+        if overlap is not None:
+            on_episode = _scoring(overlap, handle, on_episode)
+        try:
+            episodes = self.players.play(handle.planned, handle.config, on_episode, handle.who, guide)
+        except BaseException:
+            if overlap is not None:
+                overlap.cancel()
+            raise
+        if overlap is not None:
+            self._ahead_scores[handle.id], metrics = overlap.finish()
+            self._stats |= metrics
         if train:  # the student's training rollout: where its engine's time went (rollout/engine_*)
             self._stats |= engine_metrics(before, getattr(engine, "timings", None) or {})
         if evals_only:  # free its engine at once
@@ -170,13 +199,31 @@ class LocalBackend:
         return out
 
     def score_ahead(self, handle: RolloutHandle, teacher_of: Sequence[str], mode: TeacherMode) -> None:
-        pass  # rollouts run when collected: there is nothing to score beside (ahead_scores gives None)
+        """teacher.overlap: `handle`'s episodes are scored by their teachers as each is played, when it is collected."""
+        self._ahead[handle.id] = (list(teacher_of), mode)
+
+    def _overlap(self, handle: RolloutHandle) -> OverlapScorer | None:
+        """The scorer of `handle`'s episodes beside its rollout (score_ahead), its teachers loaded first; else None."""
+        from agentopd.backends.overlap import OverlapScorer
+
+        if handle.id not in self._ahead:
+            return None
+        teacher_of, mode = self._ahead.pop(handle.id)
+        if handle.who != STUDENT:  # a teacher playing (recipe.teacher_fraction): its scorer would close its play engine
+            self._ahead_scores[handle.id] = [None] * len(handle.planned)  # the score stage scores these after
+            return None
+        teachers = {name: self.teachers[name] for name in dict.fromkeys(teacher_of)}  # loaded here, not in the thread
+        return OverlapScorer(teachers, teacher_of, mode, min_tokens=self.ctx.cfg.teacher.overlap_min_tokens, device=self.ctx.device)
 
     def ahead_scores(self, handle: RolloutHandle) -> list[TeacherScores | None] | None:
-        return None
+        """The scores of `handle`'s episodes taken beside its rollout (teacher.overlap), in plan order; None for an
+        episode that was not played (the score stage scores those); None if none were taken."""
+        return self._ahead_scores.pop(handle.id, None)
 
     def forget(self, handles: Sequence[RolloutHandle]) -> None:
-        pass  # a handle holds all there is: nothing runs before it is collected
+        for h in handles:  # scores taken beside a rollout whose episodes the step no longer trains on as they are
+            self._ahead.pop(h.id, None)
+            self._ahead_scores.pop(h.id, None)
 
     def teacher_head(self, name: str) -> torch.Tensor:
         return self.teachers[name].head_weight()

@@ -188,6 +188,16 @@ class TeacherConfig(Section):
         "and casts fused: issue 52's profile found ~10 s of eager elementwise work in the real-size teacher phase); "
         "compiles on its first scoring; ignored on a CPU",
     )
+    overlap: bool = Field(
+        False, description="the local backend: score each training episode as soon as it is played, on a thread (and a "
+        "CUDA stream) of its own, while the rollout's stragglers still decode, instead of after the rollout (the teacher "
+        "stays resident: teacher.offload must not be true; a recipe that changes what the teacher reads is refused); "
+        "metrics teacher/overlap_s, teacher/overlap_share",
+    )
+    overlap_min_tokens: int = Field(
+        4096, ge=1, description="teacher.overlap: the teacher scores what waits once it holds this many tokens (or the "
+        "rollout has ended), all of it in one call",
+    )
 
 
 class VLLMOptions(Section):

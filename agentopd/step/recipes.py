@@ -50,7 +50,8 @@ def run_recipes(cfg: Config, *, cross_scorer: CrossScorer | None = None, privile
     if selftest is not None:  # teacher.selftest (TeacherSelfTest.for_run: None where the run has none)
         recipes.append(selftest)
     a = cfg.async_  # scoring ahead: where the teacher scores the student's streams as played (no recipe above changes them)
-    if a.enabled and a.score_ahead and all(r.scores_played_streams for r in recipes):
+    ahead = (a.enabled and a.score_ahead) or cfg.teacher.overlap  # Ray's async mode, or beside the rollout (local)
+    if ahead and all(r.scores_played_streams for r in recipes):
         from agentopd.step.score import ScoreAhead
 
         recipes.append(ScoreAhead())
