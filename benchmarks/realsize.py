@@ -201,6 +201,10 @@ def main() -> None:
                      f"{r.get('perf/weight_sync_s', 0):.2f} | {r.get('perf/rollout_tokens_per_s', 0):,.0f} | "
                      f"{r.get('perf/teacher_tokens_per_s', 0):,.0f} | {r.get('perf/train_tokens_per_s', 0):,.0f} | "
                      f"{r.get('perf/mfu', float('nan')):.1%} | {r.get('episodes', float('nan')):.0f} | {r.get('num_turns/mean', float('nan')):.2f} |")  # fmt: skip
+    for r in steps:  # the rollout's decode batch, and with teacher.overlap what the teacher scored beside it
+        lines.append(f"\nstep {r['step']}: {r.get('rollout/engine_rows_per_decode', float('nan')):.1f} rows a decode step"
+                     + (f"; teacher.overlap: {r['teacher/overlap_s']:.1f} s of scoring beside the rollout, "
+                        f"{r['teacher/overlap_share']:.0%} of the tokens scored by its end" if "teacher/overlap_s" in r else ""))  # fmt: skip
     lines.append(f"\ncheckpoint of step {args.steps}: {written / 2**30:.2f} GiB written in "
                  f"{saves[-1] if saves else float('nan'):.1f} s; the disk plan's figure {planned / 2**30:.2f} GiB "
                  f"({written / planned:.3f} of it)")  # fmt: skip

@@ -154,3 +154,26 @@ def test_a_run_scores_beside_the_rollout_as_it_would_after(cli, tiny_home, tmp_p
     assert a.keys() == b.keys() and len(a) == 12
     for k in a:
         assert b[k] == pytest.approx(a[k], abs=1e-4), k
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_thread_scores_on_a_stream_of_its_own_beside_other_work():
+    """The scorer's kernels run on its own CUDA stream while this thread keeps the default stream busy (standing in
+    for the engine's decode): the scores equal the teacher's own after, taken on the default stream."""
+    shape = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64)
+    teacher = HFTeacher(tiny_model(**shape), device="cuda", dtype=torch.bfloat16, offload_after_score=False)
+    streams = make_streams(16, seed=6)
+    after = teacher.score(streams, mode=TeacherMode.HIDDEN)
+    scorer = OverlapScorer({"t": teacher}, ["t"] * 16, TeacherMode.HIDDEN, min_tokens=1, device=torch.device("cuda"))
+    assert scorer._stream is not None and scorer._stream != torch.cuda.default_stream()
+    busy = torch.randn(2048, 2048, device="cuda")
+    for i, s in enumerate(streams):
+        scorer.add(i, s)
+        for _ in range(20):
+            busy = torch.tanh(busy @ busy)
+    scores, metrics = scorer.finish()
+    torch.cuda.synchronize()
+    for a, b in zip(scores, after):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3) and a.hidden.device.type == "cpu"
+        assert torch.allclose(a.hidden.float(), b.hidden.float(), atol=2e-2)
+    assert metrics["teacher/overlap_share"] > 0
