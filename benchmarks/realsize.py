@@ -6,6 +6,7 @@
     python benchmarks/realsize.py --tokenizer TOK --out DIR --profile --profile-phases teacher,train   # some phases
     python benchmarks/realsize.py --tiny --out DIR                      # the same path at toy sizes (CPU smoke test)
     python benchmarks/realsize.py ... trainer.micro_batch_tokens=16384  # extra key=value overrides go to the run
+    python benchmarks/realsize.py ... --steps 4 --overlap-steps 1,3 teacher.overlap=true   # overlap on and off, one run
 
 configs/examples/qwen3-gpu.yaml as written (64 tasks x 8 episodes, up to 8 turns, 1,024 new tokens a turn, 32k-token
 micro-batches, compiled trainer, reverse KL with the teacher's hidden states) with random-weight Qwen3-1.7B / 8B shapes
@@ -48,6 +49,20 @@ FIGURES = {  # realsize/<name>: the run's metric of the last step
     "teacher_tok_s": "perf/teacher_tokens_per_s", "train_tok_s": "perf/train_tokens_per_s", "train_mfu": "perf/mfu",
 }  # fmt: skip
 PROFILED = ("rollout", "teacher", "train")
+
+
+def overlap_only_at(steps: set[int]) -> None:
+    """teacher.overlap at `steps` alone: the local backend starts no scoring beside the other steps' rollouts (their
+    teacher then scores after, as without the key), so one run measures both on the same host and card."""
+    from agentopd.backends.local import LocalBackend
+
+    started = LocalBackend.score_ahead
+
+    def only(self, handle, teacher_of, mode):
+        if handle.planned and handle.planned[0].spec.step in steps:
+            started(self, handle, teacher_of, mode)
+
+    LocalBackend.score_ahead = only
 
 
 def profile_phases(out: Path, step: int, traces: bool, phases: tuple[str, ...] = PROFILED) -> None:
@@ -147,6 +162,8 @@ def main() -> None:
                          "profiled run past a 600-s call; teacher,train alone fit)")
     ap.add_argument("--work", type=Path, default=memory_gpu.WORK, help="models and the run directory")
     ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (CPU smoke test)")
+    ap.add_argument("--overlap-steps", help="with teacher.overlap=true: the steps (comma-separated) whose teacher scores "
+                    "beside the rollout; the others score after it: on and off measured in one run")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run")
     args = ap.parse_args()
     memory_gpu.WORK = args.work.resolve()
@@ -171,6 +188,10 @@ def main() -> None:
             *(TINY if args.tiny else []), *args.overrides]  # fmt: skip
     cfg = load_config("sql_db", config_file=CONFIG, overrides=keys)
     run_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]))
+    if args.overlap_steps:
+        if not cfg.teacher.overlap:
+            sys.exit("--overlap-steps needs teacher.overlap=true")
+        overlap_only_at({int(k) for k in args.overlap_steps.split(",")})
     if args.profile:
         profile_phases(args.out, args.steps, args.traces, tuple(args.profile_phases.split(",")))
     saves: list[float] = []

@@ -654,6 +654,31 @@ def test_gpu_fast_engine_matches_teacher_forcing(dtype):
 
 
 @pytest.mark.gpu
+def test_gpu_priority_stream_samples_what_the_default_stream_does_and_loads_weights_written_on_another():
+    """priority_stream=True (teacher.overlap): the worker's kernels run on a stream of the highest priority, not the
+    default one; the same seeds give the same tokens, and weights written on the caller's stream just before an
+    update are the ones it loads (the update waits for them)."""
+    model = tiny_model().to("cuda", torch.bfloat16)
+    ps = prompts(16, seed=21)
+    reqs = [GenerateRequest(p, SamplingParams(temperature=1.0, max_tokens=24, seed=i), f"p{i}") for i, p in enumerate(ps)]
+    plain = [r.token_ids for r in run_all(FastEngine(model, max_batch_size=8), reqs)]
+    engine = FastEngine(model, max_batch_size=8, priority_stream=True)
+    streams = engine._pool.submit(lambda: (torch.cuda.current_stream().priority, torch.cuda.current_stream())).result()
+    assert streams[0] == torch.cuda.Stream.priority_range()[1] and streams[1] != torch.cuda.default_stream()
+    assert [r.token_ids for r in run_all(engine, reqs, close=False)] == plain
+    other = tiny_model(seed=1).to("cuda", torch.bfloat16)
+    state = {k: torch.zeros_like(v) for k, v in other.state_dict().items()}
+    busy = torch.randn(4096, 4096, device="cuda")
+    for _ in range(30):  # the default stream is still busy when the update starts
+        busy = busy @ busy.tanh()
+    for k, v in other.state_dict().items():
+        state[k].copy_(v)  # queued behind the busy work: written when the default stream gets there
+    asyncio.run(engine.update_weights(state))
+    moved = [r.token_ids for r in run_all(engine, reqs)]
+    assert moved == [r.token_ids for r in run_all(FastEngine(other, max_batch_size=8), reqs)]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_rows_sharing_a_prompt_start_match_teacher_forcing(dtype):
     """24 episodes x 2 turns whose prompts start with the same 48 tokens: 23 of them reuse the first one's pages (the

@@ -34,3 +34,19 @@ def test_realsize_figures_are_gated_but_the_checkpoints_seconds_are_the_hosts_di
     assert new["realsize/train_s"]["H200"]["gate"] and new["realsize/train_s"]["H200"]["better"] == "lower"
     assert not new["realsize/checkpoint_s"]["H200"]["gate"]
     assert "realsize" in gpu_check.PARTS and gpu_check.PARTS[-1] == "tests"
+
+
+def test_overlap_steps_turn_the_scoring_beside_the_rollout_on_at_those_steps_alone(tmp_path):
+    """--overlap-steps: teacher.overlap at the steps named, the plain scoring after the rollout at the others (one run
+    measures both); refused without teacher.overlap=true."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "benchmarks/realsize.py", "--tiny", "--out", str(out), "--work", str(tmp_path / "work"),
+           "--steps", "2", "--overlap-steps", "2"]  # fmt: skip
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "--overlap-steps needs teacher.overlap=true" in refused.stderr
+    done = subprocess.run([*cmd, "teacher.overlap=true", "teacher.overlap_min_tokens=1"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in steps if "perf/train_step_s" in r}
+    assert "teacher/overlap_s" not in steps[1] and "teacher/overlap_s" in steps[2]
+    assert "teacher.overlap:" in (out / "realsize.md").read_text()

@@ -141,8 +141,11 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_siz
     if kind == EngineKind.VLLM:
 
         kwargs.update(vllm_options(ctx.cfg))
-    elif ctx.kv_cache_gib is not None:  # the fast engine (an unsupported architecture falls back to hf: no pool to size)
-        kwargs["kv_cache_gb"] = ctx.kv_cache_gib
+    else:  # the fast engine (an unsupported architecture falls back to hf: no pool to size, no stream to choose)
+        if ctx.kv_cache_gib is not None:
+            kwargs["kv_cache_gb"] = ctx.kv_cache_gib
+        if ctx.cfg.teacher.overlap and kind == EngineKind.FAST:  # the decode first, the teacher's scoring beside it
+            kwargs["priority_stream"] = True
     return make_engine(kind, str(model), device=ctx.device, dtype=dtype, **kwargs)
 
 

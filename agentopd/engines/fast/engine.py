@@ -98,6 +98,11 @@ class _Launched:
         return {seq: (int(tok), lp) for seq, tok, lp in zip(self.samplers, tokens, logprobs) if seq.finish is None}
 
 
+def _on_priority_stream(device: torch.device) -> None:
+    """The worker thread's initializer: its current stream (thread-local) becomes one of the device's highest priority."""
+    torch.cuda.set_stream(torch.cuda.Stream(device, priority=-100))  # out of range: the highest there is
+
+
 class FastEngine(LoopEngine):
     """A Qwen3/Qwen2/Llama-style model served to many concurrent episodes (see the module docstring)."""
 
@@ -117,6 +122,7 @@ class FastEngine(LoopEngine):
         overlap: bool | None = None,
         vocab_size: int | None = None,
         share_weights: bool = False,
+        priority_stream: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -160,7 +166,13 @@ class FastEngine(LoopEngine):
         self.weight_version = 0
         self._seeds = random.Random(seed)
         self._lock = threading.Lock()  # scheduler state: worker steps vs. the event loop's add/release
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine")  # the one worker thread (LoopEngine)
+        # the one worker thread (LoopEngine); with `priority_stream` (on a GPU) its kernels go to a stream of the highest
+        # priority, so that work of lower priority beside it (teacher.overlap's scoring) yields the SMs block by block
+        high = priority_stream and on_gpu
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine",
+                                        initializer=_on_priority_stream if high else None, initargs=(self.device,) if high else ())  # fmt: skip
+        if high:
+            torch.cuda.synchronize(self.device)  # what start-up queued on the default stream is done before the worker's stream reads it
         self._init_loop()
         self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0,
                         "decode_rows": 0, "overlapped_steps": 0, "mixed_graph_steps": 0}  # seconds, counts
@@ -436,6 +448,8 @@ class FastEngine(LoopEngine):
             torch.cuda.empty_cache()
 
     def _load(self, state_dict: dict[str, Any]) -> None:
+        if self.device.type == "cuda":  # the weights were written on the caller's stream; this thread may run on another
+            torch.cuda.synchronize(self.device)
         self.runner.load(state_dict)
         with self._lock:
             self.scheduler.drop_held()
