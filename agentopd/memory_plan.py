@@ -386,6 +386,10 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     if _gib(need) > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "
                           f"({_gib(need):.2f} GiB): raise engine.kv_cache_gib")  # fmt: skip
+    if cfg.rollout.concurrency < cfg.engine.max_batch_size:  # the README's example decoded ~54 rows of 256 (realsize_profile.md)
+        plan.notes.append(f"rollout.concurrency={cfg.rollout.concurrency} episodes in flight: the engine never decodes more "
+                          f"rows at once than that, of engine.max_batch_size={cfg.engine.max_batch_size}; raise "
+                          "rollout.concurrency to fill it")  # fmt: skip
     return plan
 
 

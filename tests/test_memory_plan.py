@@ -494,3 +494,14 @@ def test_a_teacher_that_plays_is_counted_with_its_engine_and_pure_sft_loads_no_s
     # a cross-tokenizer run skips the teacher's eval: its engine is not counted
     cross = plan_memory(load_config("sql_db", overrides=["engine.kv_cache_gib=8", "trainer.loss=xtok_k1"]), shapes, [200.0])
     assert not [i for i in cross.items if i.what.startswith("teacher's engine")]
+
+
+def test_the_plan_says_when_rollout_concurrency_leaves_the_engines_batch_unfilled():
+    """configs/examples/qwen3-gpu.yaml decoded ~54 rows a step of its engine.max_batch_size 256 because 64 episodes were
+    in flight (rollout.concurrency's default; realsize_profile.md): the plan says so, and not once they match."""
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    example = "configs/examples/qwen3-gpu.yaml"
+    notes = plan_memory(load_config("sql_db", config_file=example), shapes, [139.0]).notes
+    assert any("rollout.concurrency=64 episodes in flight" in n and "engine.max_batch_size=256" in n for n in notes)
+    filled = plan_memory(load_config("sql_db", config_file=example, overrides=["rollout.concurrency=256"]), shapes, [139.0])
+    assert not any("rollout.concurrency" in n for n in filled.notes)
