@@ -184,6 +184,7 @@ class HostRun:
     train_in_flight: int | None = None  # training episodes of a step (tasks x n): all a teacher's play engine holds
     # a teacher's engines run on its scorer's weights (agentopd.backends.teacher_weights): they add their KV pools only
     teacher_shares: bool = False
+    teacher_overlap: bool = False  # teacher.overlap: the teachers score (and keep their hidden rows) during the rollout
 
     def kv_tokens(self, in_flight: int | None = None) -> int:
         """KV-pool tokens the run's episodes can fill (`in_flight` of them, default the student's engine's: a step's or
@@ -270,10 +271,11 @@ def _plan(run: HostRun, tokens: int, s: ModelShape, student_bytes: int, teachers
         # its play engine plays training episodes only (a step's at most), never the evals
         player = weights + _pool(run, t, nbytes, run.train_in_flight)
         if run.teacher_scores:
+            beside = (HostPhase.ROLLOUT,) if run.teacher_overlap else ()  # teacher.overlap: scoring while the rollout plays
             items += [HostItem(name, f"scorer: weights ({nbytes} B/param)", _gib(weights)),
                       HostItem(name, "scoring work", _gib(_scoring_work(t, nbytes, run.teacher_tokens, run.teacher_head_chunk)),
-                           (HostPhase.SCORE,)),
-                      HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), train)]  # fmt: skip
+                           (*beside, HostPhase.SCORE)),
+                      HostItem(name, f"hidden rows of {tokens} tokens for the loss", _gib(4 * tokens * t.hidden), (*beside, *train))]  # fmt: skip
         shared = run.teacher_shares and run.teacher_scores  # the engines' weights are the scorer's
         if shared and run.teacher_plays:
             items.append(HostItem(name, "play engine: KV pool (the scorer's weights)", _gib(player - weights)))
@@ -321,7 +323,8 @@ def host_run(cfg: Config) -> HostRun:
                    in_flight=max(cfg.rollout.tasks_per_step * cfg.rollout.n, cfg.eval.num_tasks), context=cfg.rollout.max_context,
                    train_in_flight=cfg.rollout.tasks_per_step * cfg.rollout.n,
                    selftest=runs_selftest(cfg), teacher_scores=loads_scorer(cfg),
-                   teacher_plays=teacher_plays(cfg), teacher_shares=shares_teacher_weights(cfg, "cpu"))  # fmt: skip
+                   teacher_plays=teacher_plays(cfg), teacher_shares=shares_teacher_weights(cfg, "cpu"),
+                   teacher_overlap=cfg.teacher.overlap)  # fmt: skip
 
 
 def host_plan(cfg: Config, student_ref: Path | str, teacher_refs: dict[str, Path | str],

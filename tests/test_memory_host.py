@@ -366,3 +366,20 @@ def test_the_engines_take_the_plans_batch(tiny_home):
             assert engine.max_batch_size == want
         finally:
             asyncio.run(engine.close())
+
+
+def test_a_teacher_scoring_beside_the_rollout_is_counted_in_the_rollout_phase():
+    """teacher.overlap on a CPU: the teacher's scoring work and the hidden rows it hands the loss exist while the
+    rollout plays (0.5B <- 1.5B: the rollout phase grows by both; the score and train phases stay)."""
+    run = HostRun(1024, 1024, True, 32, in_flight=64, context=2048, teacher_scores=True)
+    plain = plan_host(run, S05, 2, [(T15, 2)], available_gib=1e3)
+    beside = plan_host(replace(run, teacher_overlap=True), S05, 2, [(T15, 2)], available_gib=1e3)
+    grown = sum(i.gib for i in plain.items if i.role == "teacher" and ("scoring work" in i.what or "hidden rows" in i.what))
+    assert grown > 0
+    assert beside.peak(HostPhase.ROLLOUT) == pytest.approx(plain.peak(HostPhase.ROLLOUT) + grown)
+    for phase in (HostPhase.SCORE, HostPhase.TRAIN):
+        assert beside.peak(phase) == pytest.approx(plain.peak(phase))
+    from agentopd.config import load_config
+    from agentopd.memory_host import host_run
+
+    assert host_run(load_config("sql_db", overrides=["teacher.overlap=true"])).teacher_overlap
