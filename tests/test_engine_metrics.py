@@ -10,12 +10,15 @@ from agentopd.backends.stages import engine_metrics
 
 
 def test_a_rollouts_share_of_the_timings():
-    before = {"schedule": 1.0, "prepare": 2.0, "step": 10.0, "advance": 0.5, "steps": 100, "decode_steps": 90, "decode_rows": 900}
-    after = {"schedule": 1.5, "prepare": 2.5, "step": 14.0, "advance": 0.75, "steps": 150, "decode_steps": 130, "decode_rows": 2100}
+    before = {"schedule": 1.0, "prepare": 2.0, "step": 10.0, "advance": 0.5, "steps": 100, "decode_steps": 90, "decode_rows": 900,
+              "preemptions": 3}
+    after = {"schedule": 1.5, "prepare": 2.5, "step": 14.0, "advance": 0.75, "steps": 150, "decode_steps": 130, "decode_rows": 2100,
+             "preemptions": 7}
     m = engine_metrics(before, after)
     assert m == pytest.approx({"rollout/engine_schedule_s": 0.5, "rollout/engine_prepare_s": 0.5, "rollout/engine_step_s": 4.0,
                                "rollout/engine_advance_s": 0.25, "rollout/engine_steps": 50.0,
-                               "rollout/engine_decode_steps": 40.0, "rollout/engine_rows_per_decode": 30.0})
+                               "rollout/engine_decode_steps": 40.0, "rollout/engine_rows_per_decode": 30.0,
+                               "rollout/engine_preemptions": 4.0})
     assert engine_metrics({}, {}) == {}  # an engine without timings (transformers, vLLM)
     assert "rollout/engine_rows_per_decode" not in engine_metrics(before, before)  # no decode step: no mean
 

@@ -327,9 +327,11 @@ def test_small_pool_preempts_and_recomputes_exactly(model):
         asyncio.run(engine.close())
         return out, stats
 
-    small, stats = play(FastEngine(model, num_pages=24, max_model_len=200, token_budget=64))
+    tight = FastEngine(model, num_pages=24, max_model_len=200, token_budget=64)
+    small, stats = play(tight)
     roomy, _ = play(FastEngine(model))
     preempted = sum(r.info["preemptions"] for ep in small for _, r in ep)
+    assert tight.timings["preemptions"] == preempted  # what rollout/engine_preemptions reports
     for ep_s, ep_r in zip(small, roomy):
         for (ids_s, rs), (ids_r, rr) in zip(ep_s, ep_r):
             assert ids_s == ids_r and rs.token_ids == rr.token_ids

@@ -289,13 +289,13 @@ def build_teacher(ctx: RunContext, name: str, model: torch.nn.Module | None = No
 def engine_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """A rollout's share of the fast engine's worker timings (FastEngine.timings: their change between `before` and
     `after`), as `rollout/engine_*`: seconds scheduling, preparing inputs, in steps (queuing the model and sampler and
-    waiting for the sampled tokens: the device's time, where the host keeps up) and in bookkeeping; steps, decode steps
-    and the mean rows of a decode step. {} for an engine without timings (transformers, vLLM)."""
+    waiting for the sampled tokens: the device's time, where the host keeps up) and in bookkeeping; steps, decode steps,
+    preemptions (sequences recomputed because the KV pool ran out of pages) and the mean rows of a decode step. {} for an engine without timings (transformers, vLLM)."""
     if not after:
         return {}
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     out = {f"rollout/engine_{k}_s": float(d[k]) for k in ("schedule", "prepare", "step", "advance") if k in d}
-    out |= {f"rollout/engine_{k}": float(d[k]) for k in ("steps", "decode_steps") if k in d}
+    out |= {f"rollout/engine_{k}": float(d[k]) for k in ("steps", "decode_steps", "preemptions") if k in d}
     if d.get("decode_steps"):
         out["rollout/engine_rows_per_decode"] = d.get("decode_rows", 0) / d["decode_steps"]
     return out

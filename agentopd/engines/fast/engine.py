@@ -175,7 +175,7 @@ class FastEngine(LoopEngine):
             torch.cuda.synchronize(self.device)  # what start-up queued on the default stream is done before the worker's stream reads it
         self._init_loop()
         self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0,
-                        "decode_rows": 0, "overlapped_steps": 0, "mixed_graph_steps": 0}  # seconds, counts
+                        "decode_rows": 0, "overlapped_steps": 0, "mixed_graph_steps": 0, "preemptions": 0}  # seconds, counts
 
     # ---- the protocol -------------------------------------------------------------------
 
@@ -274,6 +274,7 @@ class FastEngine(LoopEngine):
             with self._lock:
                 self._deliver(self.scheduler.drop_cancelled())
                 rows = self.scheduler.schedule(admit=not self._paused, lookahead=prev is not None)
+                self.timings["preemptions"] = self.scheduler.preemptions
             self.timings["schedule"] += time.perf_counter() - t0
             if rows is None:  # planning ahead would preempt: read the tokens first
                 self._finish(prev)

@@ -90,6 +90,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.held: OrderedDict[str, Seq] = OrderedDict()  # episode id -> its last finished request
+        self.preemptions = 0  # every preemption so far (a sequence recomputed because the pool ran out of pages)
 
     # ---- queue ----------------------------------------------------------------------------
 
@@ -293,6 +294,7 @@ class Scheduler:
         self._preempted.add(seq)
         self._detach(seq)
         seq.preemptions += 1
+        self.preemptions += 1
         self.waiting.appendleft(seq)
 
     def _detach(self, seq: Seq) -> None:
