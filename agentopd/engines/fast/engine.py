@@ -168,7 +168,7 @@ class FastEngine(LoopEngine):
         self._lock = threading.Lock()  # scheduler state: worker steps vs. the event loop's add/release
         # the one worker thread (LoopEngine); with `priority_stream` (on a GPU) its kernels go to a stream of the highest
         # priority, so that work of lower priority beside it (teacher.overlap's scoring) yields the SMs block by block
-        high = priority_stream and on_gpu
+        self._high = high = priority_stream and on_gpu
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-engine",
                                         initializer=_on_priority_stream if high else None, initargs=(self.device,) if high else ())  # fmt: skip
         if high:
@@ -449,7 +449,7 @@ class FastEngine(LoopEngine):
             torch.cuda.empty_cache()
 
     def _load(self, state_dict: dict[str, Any]) -> None:
-        if self.device.type == "cuda":  # the weights were written on the caller's stream; this thread may run on another
+        if self._high:  # the weights were written on the caller's stream, and this thread runs on another
             torch.cuda.synchronize(self.device)
         self.runner.load(state_dict)
         with self._lock:
