@@ -89,6 +89,8 @@ class OverlapScorer:
         tokens: dict[str, int] = {}
         try:
             with torch.cuda.stream(self._stream) if self._stream is not None else nullcontext():
+                if self._stream is not None:  # what the default stream queued (a teacher moved to the GPU) comes first
+                    self._stream.wait_stream(torch.cuda.default_stream(self._stream.device))
                 while True:
                     items = [self._queue.get()]  # wait for one, then take all that wait
                     while True:
