@@ -86,7 +86,6 @@ class OverlapScorer:
     # ---- the thread ----
     def _work(self) -> None:
         waiting: dict[str, list[tuple[int, TokenStream]]] = {}
-        tokens: dict[str, int] = {}
         try:
             with torch.cuda.stream(self._stream) if self._stream is not None else nullcontext():
                 if self._stream is not None:  # what the default stream queued (a teacher moved to the GPU) comes first
@@ -106,11 +105,9 @@ class OverlapScorer:
                             index, stream = item
                             name = self.teacher_of[index]
                             waiting.setdefault(name, []).append((index, stream))
-                            tokens[name] = tokens.get(name, 0) + len(stream.token_ids)
                     for name in list(waiting):
-                        if ended or tokens[name] >= self.min_tokens:
+                        if ended or sum(len(s.token_ids) for _, s in waiting[name]) >= self.min_tokens:
                             self._score(name, waiting.pop(name))
-                            tokens[name] = 0
                     if ended:
                         return
         except BaseException as e:  # noqa: BLE001 -- raised by add/finish in the caller's thread
