@@ -131,3 +131,17 @@ def test_the_rule_checker_sees_a_forbidden_edge(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\ndef f():\n    from agentopd import rollout\n")
     assert imports_of(src, "agentopd.m", {"agentopd", "agentopd.rollout"}) == {"typing", "agentopd.rollout"}
+
+
+def test_tests_import_their_helpers_as_ci_runs_them():
+    """CI runs the README's bare `pytest` (no `python -m`): the checkout's root is not on sys.path there and tests/ is no
+    package, so `from tests.x import y` works under `python -m pytest` and fails in CI (it did: test_overlap.py,
+    2026-11-30). Helpers are imported by module name (`from _tiny import ...`), as pytest puts tests/ on the path."""
+    offenders = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tests":
+                offenders.append(f"{path.name}:{node.lineno}: from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                offenders += [f"{path.name}:{node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] == "tests"]
+    assert not offenders, "imports that fail under CI's bare pytest:\n" + "\n".join(offenders)

@@ -17,7 +17,7 @@ import torch
 
 from agentopd.backends.overlap import OverlapScorer
 from agentopd.teacher import HFTeacher, TeacherMode
-from tests.test_teacher import make_streams, tiny_model
+from test_teacher import make_streams, tiny_model
 
 
 def _wait_for(condition, timeout_s: float = 30.0) -> None:
@@ -115,7 +115,7 @@ def test_the_memory_plan_holds_the_teachers_work_in_the_rollout():
     from agentopd.config import load_config
     from agentopd.flops import ModelShape
     from agentopd.memory_plan import Phase, plan_memory
-    from tests.test_memory_plan import Q8, Q17
+    from test_memory_plan import Q8, Q17
 
     shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
     example = "configs/examples/qwen3-gpu.yaml"
