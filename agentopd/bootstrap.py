@@ -30,7 +30,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from agentopd import attention
 from agentopd.config import VARIANTS, EmbeddedSize, variant_of
 from agentopd.corpus import env_corpus
 from agentopd.engines.scripted import ScriptedEngine
-from agentopd.evaluate import evaluate
+from agentopd.evaluate import EvalResult, evaluate
 from agentopd.paths import agentopd_home, atomic_dir
 from agentopd.recovery import mask_turns, recovery_eval, with_mistake
 from agentopd.splits import make_env_for_split, without_split
@@ -94,14 +94,20 @@ class SFTSpec:
     target_success: float | None = None  # stop early once held-out success reaches it (teacher)
     eval_every: int = 50
     seed: int = 0
+    # the format gate (the student): after max_steps, go on in steps of eval_every, at most format_gate_steps more,
+    # until malformed tool calls are under this share of its held-out turns (None: stop at max_steps, unchecked)
+    format_gate: float | None = None
+    format_gate_steps: int = 0
 
 
 @dataclass(frozen=True)
 class BootstrapSpec:
     teacher: SFTSpec = SFTSpec(ModelSize(hidden=128, layers=2), max_steps=400, lr=5e-3, target_success=0.8, eval_every=100)
     # narrower than the teacher, SFT stopped early at a constant lr (not annealed): it has the format and solves few
-    # held-out tasks, and distillation can go on at the lr it was trained with
-    student: SFTSpec = SFTSpec(ModelSize(hidden=96, layers=2), max_steps=150, lr=3e-3, schedule="constant", seed=1)
+    # held-out tasks, and distillation can go on at the lr it was trained with. "Has the format" is checked, not
+    # assumed (`format_gate`): a student still writing malformed calls after 150 steps trains on, up to 300 steps more
+    student: SFTSpec = SFTSpec(ModelSize(hidden=96, layers=2), max_steps=150, lr=3e-3, schedule="constant", seed=1,
+                               format_gate=0.1, format_gate_steps=300)  # fmt: skip
     tokenizer_vocab: int = 1000
     tokenizer_name: str = ""  # "": the shared tokenizer; else its own, cached apart (`tokenizer-<name>/`: builtin:cross)
     corpus_tasks_per_env: int = 1500
@@ -363,6 +369,7 @@ def sft(
     spec: SFTSpec,
     *,
     evaluate_fn: Callable[[Qwen3ForCausalLM], float] | None = None,
+    format_check: Callable[[Qwen3ForCausalLM], EvalResult] | None = None,
     progress: Progress | None = None,
     name: str = "sft",
     device: str | torch.device = "cpu",
@@ -370,7 +377,11 @@ def sft(
     """Supervised fine-tuning on demonstrations with the project's trainer (loss=sft), on `device`: on CUDA the
     trainer's bf16 autocast over fp32 master weights, and `model` is left there. `evaluate_fn` (and whoever uses the
     model afterwards) sees it with the attention it was built with (the trainer's steps on CUDA use varlen attention,
-    which generation does not take)."""
+    which generation does not take).
+
+    `format_check` (with `spec.format_gate`): the held-out eval after max_steps; while its parse errors per turn are at
+    or above the gate, `spec.eval_every` more steps, at most `spec.format_gate_steps` in all, each check kept in the
+    result's "format_gate" (the last one's success is the result's)."""
     from agentopd.trainer import Trainer, TrainerConfig
 
     cfg = TrainerConfig(
@@ -389,19 +400,42 @@ def sft(
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     success = None
-    for step in range(1, spec.max_steps + 1):
+    def train_step(step: int) -> dict[str, float]:
         metrics = trainer.train_step(rng.sample(samples, min(spec.batch_size, len(samples))))
-        if progress:
+        if progress and step <= spec.max_steps:
             progress(name, step / spec.max_steps, {"step": step, "loss": metrics["loss"]})
+        elif progress:  # past max_steps: the format gate's steps, a phase of their own
+            progress(f"{name} (format)", (step - spec.max_steps) / spec.format_gate_steps, {"step": step, "loss": metrics["loss"]})
+        return metrics
+
+    for step in range(1, spec.max_steps + 1):
+        metrics = train_step(step)
         if evaluate_fn is not None and (step % spec.eval_every == 0 or step == spec.max_steps):
             with as_built():
                 success = evaluate_fn(trainer.hf)
             history.append({"step": step, "loss": metrics["loss"], "success": success, "seconds": time.perf_counter() - t0})
             if spec.target_success is not None and success >= spec.target_success:
                 break
+    out: dict[str, Any] = {}
+    if format_check is not None and spec.format_gate is not None:
+        checks = []
+        while True:
+            with as_built():
+                r = format_check(trainer.hf)
+            checks.append({"step": step, "parse_error_rate": r.parse_error_rate, "tool_error_rate": r.tool_error_rate,
+                           "success": r.success_rate, "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
+            if r.parse_error_rate < spec.format_gate or step >= spec.max_steps + spec.format_gate_steps:
+                break
+            for _ in range(min(spec.eval_every, spec.max_steps + spec.format_gate_steps - step)):
+                step += 1
+                metrics = train_step(step)
+        success = r.success_rate
+        out["format_gate"] = {"max_parse_error_rate": spec.format_gate, "passed": r.parse_error_rate < spec.format_gate,
+                              "checks": checks}  # fmt: skip
     if trainer.varlen:
         attention.set_implementation(trainer.hf, built_with)
-    return {"steps": step, "seconds": round(time.perf_counter() - t0, 1), "final_loss": metrics["loss"], "history": history, "success": success}
+    return {"steps": step, "seconds": round(time.perf_counter() - t0, 1), "final_loss": metrics["loss"], "history": history,
+            "success": success, **out}  # fmt: skip
 
 
 def bootstrap(
@@ -464,7 +498,7 @@ def bootstrap(
     if not force and report_path.exists() and (teacher_dir / "config.json").exists() and (student_dir / "config.json").exists():
         report = json.loads(report_path.read_text())
         same_env = report.get("env_kwargs", {}) == json.loads(json.dumps(env_kwargs))
-        built, wanted = report.get("spec"), json.loads(json.dumps(asdict(spec)))
+        built, wanted = _with_new_fields(report.get("spec")), json.loads(json.dumps(asdict(spec)))
         same_spec = report.get("spec_version", 1) == SPEC_VERSIONS.get(preset, 1) if size == EmbeddedSize.TINY else built == wanted
         if same_env and report.get("recipe") == RECIPE and report.get("env_version") == version:
             if same_spec:
@@ -484,6 +518,15 @@ def bootstrap(
     # torch's own thread count: on the 2-core machine two threads train these models 1.75x faster than one
     return _build(env_name, env_kwargs, spec, home, root, progress, spec_version=SPEC_VERSIONS.get(preset, 1),
                   keep_teacher=keep_teacher, size=size, device=build_device(size, device))  # fmt: skip
+
+
+def _with_new_fields(built: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A cached report's spec with the SFTSpec fields added since it was built, at their defaults (format_gate: None):
+    a field added to the spec rebuilds no cache whose models it would not have changed."""
+    if built is None:
+        return None
+    defaults = {f.name: f.default for f in fields(SFTSpec) if f.default is not MISSING}
+    return {**built, **{role: {**defaults, **built[role]} for role in ("teacher", "student") if isinstance(built.get(role), dict)}}
 
 
 def _cross_teacher(base: BuiltinModels, env_name: str, spec: BootstrapSpec | None, home: Path, progress: Progress | None,
@@ -523,12 +566,15 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
     teacher_demos = demos if spec.mistakes == 0 or keep_teacher else demonstrations(
         env_name, tok, spec.demonstrations, spec.max_context, env_kwargs=env_kwargs, mistakes=spec.mistakes)  # fmt: skip
 
-    def success_of(model: Qwen3ForCausalLM) -> float:
+    def eval_of(model: Qwen3ForCausalLM) -> EvalResult:
         model.eval()
         r = evaluate(model, tok, env_name, env_kwargs=env_kwargs, split="eval", num_tasks=spec.eval_tasks,
                      rollout=RolloutConfig(temperature=0.0, max_context=spec.max_context))  # fmt: skip
         model.train()
-        return r.success_rate
+        return r
+
+    def success_of(model: Qwen3ForCausalLM) -> float:
+        return eval_of(model).success_rate
 
     report: dict[str, Any] = {"env": env_name, "recipe": RECIPE, "spec_version": spec_version, "env_kwargs": env_kwargs, "env_version": env_version(env_name),
                               "tokenizer_size": len(tok), "demonstrations": len(demos), "spec": asdict(spec),
@@ -542,9 +588,10 @@ def _build(env_name: str, env_kwargs: dict[str, Any], spec: BootstrapSpec, home:
         torch.manual_seed(sft_spec.seed)
         model = Qwen3ForCausalLM(sft_spec.size.config(tok, spec.max_context))
         train = sft(model, teacher_demos if role == "teacher" else demos, sft_spec, evaluate_fn=success_of if role == "teacher" else None,
-                    progress=progress, name=role, device=device)  # fmt: skip
+                    format_check=eval_of if role == "student" else None, progress=progress, name=role, device=device)  # fmt: skip
         model.eval()
-        train["success"] = success_of(model) if train["success"] is None or role == "student" else train["success"]
+        if "format_gate" not in train and (train["success"] is None or role == "student"):
+            train["success"] = success_of(model)
         train["parameters"] = sum(p.numel() for p in model.parameters())
         if spec.mistakes > 0:  # held-out success when the episode starts with a recoverable mistake already made
             recovered = recovery_eval(model, tok, env_name, env_kwargs=env_kwargs, num_tasks=spec.eval_tasks,

@@ -66,7 +66,7 @@ class RunProgress:
         if self._bootstrap_task is None:
             self._bootstrap_task = self._bars.add_task(desc, total=100)
         self._bars.update(self._bootstrap_task, description=desc, completed=int(fraction * 100))
-        if phase == "student" and fraction >= 1.0:
+        if phase.startswith("student") and fraction >= 1.0:
             self._bars.remove_task(self._bootstrap_task)
             self._bootstrap_task = None
 

@@ -74,3 +74,40 @@ def test_an_env_that_is_not_installed_is_named():
     that is not installed says so."""
     with pytest.raises(ValueError, match="unknown env 'no_such_env'; installed: "):
         bootstrap("no_such_env")
+
+
+def test_the_students_format_gate_trains_on_until_the_format_is_learnt(tmp_path):
+    """The student is checked for the format after its SFT steps (issue 54: a plugin env's student at 27% malformed
+    calls was distilled from there, 1% -> 20%): under the gate it stops at max_steps, the model the spec alone gives;
+    at or over it, eval_every more steps at a time up to format_gate_steps, each check in the report."""
+    from agentopd.bootstrap import BootstrapSpec
+
+    assert BootstrapSpec().student.format_gate == 0.1 and BootstrapSpec().student.format_gate_steps == 300
+    plain = bootstrap("calculator", spec=FAST, home=tmp_path / "plain").report["student"]
+    assert "format_gate" not in plain and plain["steps"] == FAST.student.max_steps
+
+    open_gate = replace(FAST, student=replace(FAST.student, format_gate=1.01, format_gate_steps=4, eval_every=2))
+    passed = bootstrap("calculator", spec=open_gate, home=tmp_path / "open").report["student"]
+    assert passed["steps"] == FAST.student.max_steps and passed["success"] == plain["success"]
+    assert passed["format_gate"]["passed"] and [c["step"] for c in passed["format_gate"]["checks"]] == [2]
+
+    # a gate no model passes (no malformed calls at all is not under 0): it trains to its cap, checked every 2 steps
+    shut = replace(FAST, student=replace(FAST.student, format_gate=0.0, format_gate_steps=5, eval_every=2))
+    capped = bootstrap("calculator", spec=shut, home=tmp_path / "shut").report["student"]
+    assert capped["steps"] == 2 + 5 and not capped["format_gate"]["passed"]
+    checks = capped["format_gate"]["checks"]
+    assert [c["step"] for c in checks] == [2, 4, 6, 7]
+    assert all(0.0 <= c["parse_error_rate"] <= 1.0 and 0.0 <= c["success"] <= 1.0 for c in checks)
+    assert capped["success"] == checks[-1]["success"]
+
+
+def test_a_cache_built_before_a_spec_field_existed_is_kept():
+    """A field added to SFTSpec (format_gate) at its default rebuilds no cache: the gpu size compares whole specs."""
+    from dataclasses import asdict
+
+    from agentopd.bootstrap import GPU_STUDENT, GPU_TEACHER, BootstrapSpec, _with_new_fields
+
+    spec = json.loads(json.dumps(asdict(replace(BootstrapSpec(), teacher=GPU_TEACHER, student=GPU_STUDENT))))
+    old = {**spec, **{r: {k: v for k, v in spec[r].items() if not k.startswith("format_gate")} for r in ("teacher", "student")}}
+    assert old != spec and _with_new_fields(old) == spec
+    assert _with_new_fields(None) is None
