@@ -82,7 +82,8 @@ def test_the_students_format_gate_trains_on_until_the_format_is_learnt(tmp_path)
     at or over it, eval_every more steps at a time up to format_gate_steps, each check in the report."""
     from agentopd.bootstrap import BootstrapSpec
 
-    assert BootstrapSpec().student.format_gate == 0.1 and BootstrapSpec().student.format_gate_steps == 300
+    student = BootstrapSpec().student
+    assert (student.format_gate, student.format_gate_steps, student.eval_every) == (0.1, 300, 10)
     plain = bootstrap("calculator", spec=FAST, home=tmp_path / "plain").report["student"]
     assert "format_gate" not in plain and plain["steps"] == FAST.student.max_steps
 
