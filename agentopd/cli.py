@@ -411,10 +411,13 @@ def bootstrap_command(
     models = bootstrap(env, force=force, progress=progress.bootstrap_callback, size=cfg.embedded.size, device=pick_device(cfg.run.device)[0])
     progress.close()
     r = models.report
-    table = _table(f"built-in models for {env}, size {cfg.embedded.size} (cache: {agentopd_home()})", "model", "parameters", "held-out success", "SFT steps", "seconds", "folder")
+    table = _table(f"built-in models for {env}, size {cfg.embedded.size} (cache: {agentopd_home()})", "model", "parameters", "held-out success",
+                   "malformed calls / turn", "SFT steps", "seconds", "folder")  # fmt: skip
     for role, folder in (("teacher", models.teacher_dir), ("student", models.student_dir)):
         m = r[role]
-        table.add_row(role, f"{m['parameters']:,}", f"{m['success']:.1%}", str(m["steps"]), str(m["seconds"]), str(folder))
+        gate = m.get("format_gate")  # the student's format check (agentopd.bootstrap); absent in caches built before it
+        malformed = f"{gate['checks'][-1]['parse_error_rate']:.1%}" + ("" if gate["passed"] else " (gate not passed)") if gate else "-"
+        table.add_row(role, f"{m['parameters']:,}", f"{m['success']:.1%}", malformed, str(m["steps"]), str(m["seconds"]), str(folder))
     console.print(table)
 
 
