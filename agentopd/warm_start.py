@@ -14,8 +14,10 @@ plugin env a 1% student under an 86% teacher stayed at 0-1% for 75 of 150 steps;
 the teacher's episodes 0.388 in the published cold-start comparison), and the SFT warm start is the remedy recipes.md
 gives for a student that does not know the format. But low success alone does not make it stall: calculator's
 student solves 1% of held-out tasks under an 89% teacher with no parse errors, and plain OPD took it to 61% (68% of
-the gap), the warm start to 54% on the same pair. Whether issue 54's student lacked the format was not recorded; no
-env measured so far has a student this rule calls cold.
+the gap), the warm start to 54% on the same pair. The one student this rule called cold (stock_shelves, 1% of an 86%
+teacher, 27% malformed turns) reached 20% with the warm start; what it lacked was the format, which the bootstrap
+now checks before it hands a student over (agentopd.bootstrap, `SFTSpec.format_gate`): that env's checked student
+went 1% -> 91% under plain OPD, so a fresh bootstrap no longer yields this rule's cold case, and it stays off by default.
 
 Where it applies: the embedded student on one env, objective=opd, no recipe where the teacher plays already, a teacher
 that can play (no server, no cross-tokenizer loss, no privileged prompt), not async, the teacher evaluated at step 0
