@@ -403,6 +403,7 @@ def sft(
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     success = None
+
     def train_step(step: int) -> dict[str, float]:
         metrics = trainer.train_step(rng.sample(samples, min(spec.batch_size, len(samples))))
         if progress and step <= spec.max_steps:

@@ -2,7 +2,7 @@
 reuses its cache, rebuilds on --force or when the preset's env changes, and refuses non-built-in envs."""
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -104,8 +104,6 @@ def test_the_students_format_gate_trains_on_until_the_format_is_learnt(tmp_path)
 
 def test_a_cache_built_before_a_spec_field_existed_is_kept():
     """A field added to SFTSpec (format_gate) at its default rebuilds no cache: the gpu size compares whole specs."""
-    from dataclasses import asdict
-
     from agentopd.bootstrap import GPU_STUDENT, GPU_TEACHER, BootstrapSpec, _with_new_fields
 
     spec = json.loads(json.dumps(asdict(replace(BootstrapSpec(), teacher=GPU_TEACHER, student=GPU_STUDENT))))
