@@ -104,9 +104,9 @@ def test_the_students_format_gate_trains_on_until_the_format_is_learnt(tmp_path)
 
 def test_a_cache_built_before_a_spec_field_existed_is_kept():
     """A field added to SFTSpec (format_gate) at its default rebuilds no cache: the gpu size compares whole specs."""
-    from agentopd.bootstrap import GPU_STUDENT, GPU_TEACHER, BootstrapSpec, _with_new_fields
+    import agentopd.bootstrap as b
 
-    spec = json.loads(json.dumps(asdict(replace(BootstrapSpec(), teacher=GPU_TEACHER, student=GPU_STUDENT))))
+    spec = json.loads(json.dumps(asdict(replace(b.BootstrapSpec(), teacher=b.GPU_TEACHER, student=b.GPU_STUDENT))))
     old = {**spec, **{r: {k: v for k, v in spec[r].items() if not k.startswith("format_gate")} for r in ("teacher", "student")}}
-    assert old != spec and _with_new_fields(old) == spec
-    assert _with_new_fields(None) is None
+    assert old != spec and b._with_new_fields(old) == spec
+    assert b._with_new_fields(None) is None
