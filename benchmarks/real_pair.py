@@ -3,7 +3,8 @@
     # seconds per step of each arm first (2 steps each, 2-task evals): the budget is planned from these
     python benchmarks/real_pair.py --measure --env calculator --out ~/real_pair
     # the arms x seeds, one run at a time, each under `flock /tmp/agentopd-bigmem.lock` (the host's memory lock);
-    # run it again after a stop: finished runs are skipped, unfinished ones continue from their checkpoint (--resume)
+    # run it again after a stop: finished runs are skipped, unfinished ones continue from their checkpoint (--resume);
+    # on a new machine (no ~/real_pair) the finished runs kept in benchmarks/results/real_pair.json are restored first
     nohup python benchmarks/real_pair.py --env calculator --arms sft,opd --seeds 0,1 --steps 20 --eval-every 10 \
         --out ~/real_pair > ~/real_pair/study.log 2>&1 &
     # the report of what is there: benchmarks/results/real_pair.md + .json (+ .png where matplotlib is installed); the
@@ -333,8 +334,41 @@ def _s3(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def _without_run_dir(command: list[str]) -> list[str]:
+    i = command.index("--run-dir") if "--run-dir" in command else len(command)
+    return command[:i] + command[i + 2 :]
+
+
+def restore(bundle: Path, env: str, out: Path, specs: list[dict] | None = None) -> list[str]:
+    """The finished runs the committed report keeps (`bundle`, real_pair.json) written back as result files where `out`
+    has none: on a new machine the study's folder is gone, and its finished runs are not run again. With `specs` (a
+    study), only a run whose recorded command is its spec's, the run folder aside (a changed arm runs anew); without
+    (a report), every one. The names restored."""
+    if not bundle.exists():
+        return []
+    data = json.loads(bundle.read_text())
+    if data.get("env") != env:
+        return []
+    wanted = {s["name"]: _without_run_dir(s["command"]) for s in specs or []}
+    restored = []
+    for kind, entries in (("measure", data.get("measure", [])), (".", data.get("runs", []))):
+        for entry in entries:
+            command = entry["command"].split()
+            name = Path(command[command.index("--run-dir") + 1]).name
+            target = out / kind / "results" / f"{name}.json"
+            if target.exists() or (specs is not None and wanted.get(name) != _without_run_dir(command)):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(entry, indent=1))
+            restored.append(name)
+    return restored
+
+
 def report(args: argparse.Namespace) -> None:
     import torch
+
+    if restored := restore(args.report.with_suffix(".json"), args.env, args.out):
+        print(f"restored from {args.report.with_suffix('.json')}: {', '.join(restored)}")
 
     load = lambda folder: [json.loads(p.read_text()) for p in sorted((folder / "results").glob(f"{args.env}-*.json"))]
     measured, results = load(args.out / "measure"), [r for r in load(args.out) if r["arm"] in args.arms]
@@ -397,6 +431,8 @@ def main() -> None:
     if args.dry_run:
         print("\n".join(" ".join(s["command"]) for s in specs))
         return
+    if restored := restore(RESULTS / "real_pair.json", args.env, args.out, specs):
+        print(f"finished runs restored from {RESULTS / 'real_pair.json'} (not run again): {', '.join(restored)}", flush=True)
     t0 = time.monotonic()
     done = [r for s in specs if (r := play(s, args.keep_weights)) is not None]
     print(f"{len(done)} of {len(specs)} runs finished in {time.monotonic() - t0:.0f} s", flush=True)

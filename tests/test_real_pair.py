@@ -142,3 +142,28 @@ def test_the_peak_is_the_largest_phase_where_time_saw_only_the_last(rp):
     assert real_pair.peak_gb([19_162_684], records) == pytest.approx(19.43 * 2**30 / 1e9)
     assert real_pair.peak_gb([23_000_000], records) == 23.0
     assert real_pair.peak_gb([], []) is None
+
+
+def test_a_new_machine_restores_the_finished_runs_the_report_keeps(rp, tmp_path):
+    """The study's folder lives outside the repo and a new machine starts without it: the finished runs kept in the
+    committed json come back as result files, so play() reads them instead of running them again; a run whose arm
+    changed since (another command) is not restored; the report restores every one it kept."""
+    args = _args(rp, tmp_path, arms=["sft", "opd"], seeds=[0], steps=20)
+    sft, opd = rp.plan(args)
+    elsewhere = lambda spec: " ".join(spec["command"]).replace(str(args.out), "/root/real_pair")  # run there, not here
+    kept = {"sft": {"arm": "sft", "curve": [{"step": 20, "success": 0.6}], "command": elsewhere(sft)},
+            "opd": {"arm": "opd", "curve": [{"step": 20, "success": 0.3}], "command": elsewhere(opd) + " trainer.lr=1e-3"}}
+    measured = {"arm": "opd", "curve": [], "command": elsewhere(rp.plan(_args(rp, tmp_path, arms=["opd"], measure=True))[0])}
+    bundle = tmp_path / "real_pair.json"
+    bundle.write_text(json.dumps({"env": "calculator", "zero_shot": [], "measure": [measured], "runs": list(kept.values())}))
+
+    assert rp.restore(bundle, "math", args.out, [sft, opd]) == []  # another env's report
+    assert rp.restore(bundle, "calculator", args.out, [sft, opd]) == [Path(sft["run_dir"]).name]
+    assert rp.play(sft, keep_weights=False) == kept["sft"]  # read back, not run (no `agentopd run` here would finish)
+    assert not Path(opd["result"]).exists()  # its command differs: it runs anew
+    assert rp.restore(bundle, "calculator", args.out, [sft, opd]) == []  # once there, kept as is
+
+    restored = rp.restore(bundle, "calculator", args.out)  # the report: everything it kept
+    assert sorted(restored) == sorted([Path(opd["run_dir"]).name, "calculator-opd-s0-2steps"])
+    assert json.loads(Path(opd["result"]).read_text()) == kept["opd"]
+    assert (args.out / "measure" / "results" / "calculator-opd-s0-2steps.json").exists()
