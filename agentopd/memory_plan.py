@@ -382,7 +382,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     changes = tuple(renamed.get(k, k) for k in MemoryPlanError.KEYS if k not in in_effect)
     plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload,
                       notes=notes, changes=changes)  # fmt: skip
-    need = s.kv_bytes_per_token() * min(cfg.rollout.max_context, 1 << 20)
+    need = s.kv_bytes_per_token(1 if cfg.engine.kv_cache_dtype == "fp8" else 2) * min(cfg.rollout.max_context, 1 << 20)
     if _gib(need) > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "
                           f"({_gib(need):.2f} GiB): raise engine.kv_cache_gib")  # fmt: skip

@@ -85,8 +85,8 @@ class ModelShape:
         return self.params if self.tied else self.params - self.vocab * self.hidden
 
     # ---- memory (agentopd.memory_plan) ----
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv * 2  # K and V, bf16 (KVPool.bytes_per_token)
+    def kv_bytes_per_token(self, element_bytes: int = 2) -> int:
+        return 2 * self.layers * self.kv * element_bytes  # K and V, bf16 (fp8: 1 byte; KVPool.bytes_per_token)
 
     def layer_activation_bytes(self, residual_bytes: int) -> int:
         """a (agentopd.memory_plan's docstring): what backward keeps per token of one decoder layer."""

@@ -726,3 +726,78 @@ def teacher_forced_cuda(model, ids, positions):
     logprobs_TV = torch.log_softmax(logits_TV, -1).cpu()
     pos = torch.tensor(positions)
     return logprobs_TV[pos - 1, torch.tensor(ids)[pos]].tolist()
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_pool_kernels_match_the_reference_over_the_same_pool():
+    """engine.kv_cache_dtype=fp8: the fused q/k/v kernel writes what the torch path stores (kv_cache.to_pool: clamped,
+    rounded), and the decode and prefill kernels read an fp8 pool as the reference does (up to the queries' dtype)."""
+    from agentopd.engines.fast import triton_attention as ta
+    from agentopd.engines.fast.attention import AttnBatch, reference_attention
+    from agentopd.engines.fast.kv_cache import FP8, KVPool, to_pool
+    from agentopd.engines.fast.model import ModelRunner
+
+    torch.manual_seed(0)
+    hq, hkv, d = 16, 8, 128
+    k = to_pool(torch.randn(64 * PAGE, hkv, d, device="cuda") * 4, FP8)
+    v = to_pool(torch.randn(64 * PAGE, hkv, d, device="cuda") * 4, FP8)
+    rows = [(300, 1), (45, 1), (170, 37), (64, 64)]
+    table = torch.zeros(len(rows), 20, dtype=torch.int32, device="cuda")
+    perm, used = (torch.randperm(63) + 1).int().cuda(), 0
+    for r, (c, _) in enumerate(rows):
+        p = -(-c // PAGE)
+        table[r, :p] = perm[used : used + p]
+        used += p
+    starts = [sum(n for _, n in rows[:r]) for r in range(len(rows))]
+    q = torch.randn(sum(n for _, n in rows), hq, d, device="cuda", dtype=torch.bfloat16)
+    ctx = torch.tensor([c for c, _ in rows], dtype=torch.int32, device="cuda")
+    batch = AttnBatch(None, None, table, ctx, torch.tensor(starts, dtype=torch.int32, device="cuda"),
+                      [n for _, n in rows], starts, [c for c, _ in rows], decode_rows=2)
+    ref = reference_attention(q.float(), k, v, batch, 0.1)
+    got = ta.prefill_attention(q, k, v, AttnBatch(**{**batch.__dict__, "memo": {}}), 0.1)
+    assert (got.float() - ref).abs().max() < 0.05, (got.float() - ref).abs().max()
+    dec = AttnBatch(None, None, table[:2], ctx[:2], torch.arange(2, dtype=torch.int32, device="cuda"), [1, 1], [0, 1],
+                    [300, 45], decode=True)
+    ref_d = reference_attention(q[:2].float(), k, v, dec, 0.1)
+    for splits in (1, 4):
+        got_d = ta.decode_attention(q[:2], k, v, table[:2], ctx[:2], 0.1, splits)
+        assert (got_d.float() - ref_d).abs().max() < 0.05, (splits, (got_d.float() - ref_d).abs().max())
+    runner = ModelRunner.from_hf(tiny_model(), device="cuda", dtype=torch.bfloat16, max_len=64)
+    pool = KVPool(2, 2, 16, 8, "cuda", FP8)
+    runner.attach_cache(pool.k, pool.v)
+    lens, starts = [5, 20], [0, 5]
+    tab = torch.tensor([[1, 0], [2, 3]], dtype=torch.int32, device="cuda")
+    slots = [int(tab[r, p // PAGE]) * PAGE + p % PAGE for r, n in enumerate(lens) for p in range(n)]
+
+    def run(fused):
+        pool.kv.view(torch.uint8).zero_()
+        runner.fused = fused
+        b = AttnBatch(torch.tensor([p for n in lens for p in range(n)], device="cuda"), torch.tensor(slots, device="cuda"),
+                      tab, torch.tensor(lens, dtype=torch.int32, device="cuda"),
+                      torch.tensor(starts, dtype=torch.int32, device="cuda"), lens, starts, lens)
+        return runner.forward(torch.arange(25, device="cuda") % VOCAB, b, torch.tensor([4, 24], device="cuda")), pool.kv.float()
+
+    (logits_ref, kv_ref), (logits, kv) = run(False), run(True)
+    assert not kv.isnan().any() and kv.abs().max() > 0
+    # the same K/V up to one fp8 step where the fused and eager bf16 rounding of a value differ
+    assert (kv - kv_ref).abs().max() <= 0.07 * kv_ref.abs().max() and (logits - logits_ref).abs().max() < 0.5
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_pool_holds_twice_the_tokens_and_samples_near_teacher_forcing():
+    model = tiny_model().to("cuda", torch.bfloat16)
+    ps = prompts(24, seed=12)
+    reqs = [GenerateRequest(p, SamplingParams(temperature=1.0, max_tokens=32, seed=i), f"f{i}") for i, p in enumerate(ps)]
+    exact = FastEngine(model, max_batch_size=8, kv_cache_gb=0.01)
+    engine = FastEngine(model, max_batch_size=8, kv_cache_gb=0.01, kv_cache_dtype="fp8")
+    assert engine.num_pages == 2 * exact.num_pages and engine.kv_pool.kv.dtype == torch.float8_e4m3fn
+    run_all(exact, [])
+    results = run_all(engine, reqs)
+    ref_model = model.float()
+    diffs = []
+    for p, r in zip(ps, results):
+        ref = teacher_forced_cuda(ref_model, p + r.token_ids, list(range(len(p), len(p) + len(r.token_ids))))
+        diffs += [abs(a - b) for a, b in zip(r.logprobs, ref)]
+    mean = sum(diffs) / len(diffs)
+    print(f"\nGPU FastEngine fp8 pool: |engine - fp32 teacher-forced| mean {mean:.3f} max {max(diffs):.3f}")
+    assert mean < 0.25 and engine.timings["mixed_graph_steps"] > 0  # the CPU test's bound (tests/test_kv_fp8.py)

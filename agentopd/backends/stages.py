@@ -104,6 +104,11 @@ def vllm_options(cfg: Config) -> dict[str, Any]:
             "gpu_memory_utilization": share}
 
 
+def kv_dtype_option(cfg: Config) -> dict[str, Any]:
+    """`engine.kv_cache_dtype` as the fast and vLLM engines take it (nothing when "auto": each engine's own default)."""
+    return {} if cfg.engine.kv_cache_dtype == "auto" else {"kv_cache_dtype": cfg.engine.kv_cache_dtype}
+
+
 def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_size: int | None = -1,
                  share: bool = False) -> Engine:  # fmt: skip
     """The rollout engine (`engine.kind`) over a model: a reference (folder, hub id) or, for the
@@ -121,7 +126,7 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_siz
         if not isinstance(model, torch.nn.Module) or kind not in (EngineKind.FAST, EngineKind.HF):
             raise ValueError(f"sharing weights needs a loaded module and engine.kind fast or hf, not {kind}")
         dtype = next(model.parameters()).dtype
-        extra = {"share_weights": True, "kv_cache_gb": ctx.kv_cache_gib} if kind == EngineKind.FAST else {}
+        extra = {"share_weights": True, "kv_cache_gb": ctx.kv_cache_gib, **kv_dtype_option(ctx.cfg)} if kind == EngineKind.FAST else {}
         return make_engine(kind, model, device=ctx.device, dtype=dtype, **kwargs,
                            **{k: v for k, v in extra.items() if v is not None})  # fmt: skip
     dtype = ctx.inference_dtype(ctx.student_ref if isinstance(model, torch.nn.Module) else model)
@@ -140,10 +145,11 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_siz
         raise TypeError(f"engine.kind={kind} loads its model from a reference (a folder or hub id), not a module")
     if kind == EngineKind.VLLM:
 
-        kwargs.update(vllm_options(ctx.cfg))
+        kwargs.update(vllm_options(ctx.cfg), **kv_dtype_option(ctx.cfg))
     else:  # the fast engine (an unsupported architecture falls back to hf: no pool to size, no stream to choose)
         if ctx.kv_cache_gib is not None:
             kwargs["kv_cache_gb"] = ctx.kv_cache_gib
+        kwargs.update(kv_dtype_option(ctx.cfg))
         if ctx.cfg.teacher.overlap and kind == EngineKind.FAST:  # the decode first, the teacher's scoring beside it
             kwargs["priority_stream"] = True
     return make_engine(kind, str(model), device=ctx.device, dtype=dtype, **kwargs)

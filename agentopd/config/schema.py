@@ -238,6 +238,11 @@ class EngineConfig(Section):
         None, gt=0, le=1, description="GPU, fast engine: the KV pool as this share of the memory the plan leaves free "
         "on the engine's GPU at its peak (agentopd.memory_plan); exclusive with engine.kv_cache_gib",
     )
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto", description="the KV cache's element type: auto = the model's; fp8 = float8 e4m3 (fast and vllm engines): "
+        "half the bytes a token, so the same GiB hold twice the tokens and a decode step reads half the K/V; the "
+        "sampled tokens come from attention over K/V rounded to 3 mantissa bits (the trainer's forward is unchanged)",
+    )
     sleep: Literal["auto"] | bool = Field(
         "auto", description="run.backend=local, fast/hf engine: free the KV pool while the teacher scores and the trainer "
         "steps (woken for the next rollout); auto = on when the memory plan does not fit without it (on CPU: off)",
@@ -249,6 +254,9 @@ class EngineConfig(Section):
     def _one_pool_size(self) -> EngineConfig:
         if self.kv_cache_gib is not None and self.kv_cache_fraction is not None:
             raise ValueError("engine.kv_cache_gib and engine.kv_cache_fraction both set: give one")
+        if self.kv_cache_dtype != "auto" and self.kind == "hf":
+            raise ValueError(f"engine.kv_cache_dtype={self.kv_cache_dtype} needs engine.kind fast or vllm: the transformers "
+                             "engine keeps its K/V in the model's dtype")
         return self
 
 

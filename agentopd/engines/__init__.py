@@ -60,7 +60,8 @@ def _fast_or_fallback(model: Any, kwargs: dict[str, Any]) -> Engine:
         return FastEngine(model, **kwargs)
     from agentopd.engines.hf import HFEngine
 
-    log.warning("engine.kind=fast does not support this model (%s): using the transformers engine", why)
+    dropped = "; its K/V stay in the model's dtype (kv_cache_dtype dropped)" if kwargs.get("kv_cache_dtype", "auto") != "auto" else ""
+    log.warning("engine.kind=fast does not support this model (%s): using the transformers engine%s", why, dropped)
     accepted = inspect.signature(HFEngine.__init__).parameters
     return HFEngine(model, **{k: v for k, v in kwargs.items() if k in accepted})
 

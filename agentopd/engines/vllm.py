@@ -12,7 +12,7 @@ imported inside the class: without it, building one raises a one-line ImportErro
 
 Options: the engine takes the constructor names every engine of ours takes (`device`, `dtype`,
 `max_batch_size`, `max_model_len`, `seed`) plus a few of vLLM's own (`gpu_memory_utilization`,
-`enable_prefix_caching`, `enable_sleep_mode`, `tensor_parallel_size`, `kv_cache_gib`, `compile`,
+`enable_prefix_caching`, `enable_sleep_mode`, `tensor_parallel_size`, `kv_cache_gib`, `kv_cache_dtype`, `compile`,
 `worker_process`) and maps them explicitly to `AsyncEngineArgs` (`vllm_engine_kwargs`):
 max_batch_size -> max_num_seqs, dtype None -> "auto", device -> checked against vLLM's platform (vLLM
 picks its device itself). Any other keyword is refused with a ValueError that names it. A run sets
@@ -119,6 +119,7 @@ def vllm_engine_kwargs(
     model_max_len: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     compile: bool | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> dict[str, Any]:
     """`AsyncEngineArgs` keywords for our engine options on a vLLM whose platform device is `platform`
     (`model_max_len`: the model's own context length, used on CPU when `max_model_len` is None;
@@ -144,6 +145,7 @@ def vllm_engine_kwargs(
         "max_model_len": max_model_len,
         "seed": 0 if seed is None else seed,
         "enable_prefix_caching": enable_prefix_caching,
+        "kv_cache_dtype": kv_cache_dtype,
         "enable_sleep_mode": enable_sleep_mode,
         "tensor_parallel_size": tensor_parallel_size,
         "skip_tokenizer_init": True,
@@ -353,6 +355,7 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         weight_chunk_bytes: int = 512 << 20,
         kv_cache_gib: float | None = None,
+        kv_cache_dtype: str = "auto",
         compile: bool | None = None,
         worker_process: bool = False,
         vocab_size: int | None = None,
@@ -361,7 +364,8 @@ class VLLMEngine:
         if unknown:
             raise ValueError(f"VLLMEngine: unknown option(s) {sorted(unknown)}; it takes device, dtype, "
                              "max_batch_size, max_model_len, seed, gpu_memory_utilization, enable_prefix_caching, "
-                             "enable_sleep_mode, tensor_parallel_size, weight_chunk_bytes, kv_cache_gib, compile, vocab_size, "
+                             "enable_sleep_mode, tensor_parallel_size, weight_chunk_bytes, kv_cache_gib, kv_cache_dtype, compile, "
+                             "vocab_size, "
                              "worker_process")
         try:
             import vllm
@@ -398,7 +402,7 @@ class VLLMEngine:
             max_batch_size=max_batch_size, max_model_len=max_model_len, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
             enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size,
-            kv_cache_memory_bytes=kv_bytes, compile=compile)
+            kv_cache_memory_bytes=kv_bytes, compile=compile, kv_cache_dtype=kv_cache_dtype)
         self._version = vllm.__version__
         with environ_defaults(environ):  # read by vLLM's CPU platform while it builds its config (module docstring)
             self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))

@@ -8,7 +8,8 @@ step's K/V are written, the row's context holds `ctx_len[r]` tokens laid out in 
 
 `paged_attention(q, k_cache, v_cache, batch, scale)` dispatches: the Triton kernels
 (`triton_attention.py`) on CUDA, `reference_attention` (torch SDPA over gathered pages) on CPU
-and wherever Triton is missing. The reference is the definition the kernels are tested against.
+and wherever Triton is missing. The reference is the definition the kernels are tested against. A pool in
+fp8 (`kv_cache.kv_dtype`) is read up to the queries' dtype before the products, by the reference and the kernels alike.
 
 Legend: N flat tokens, R rows, P pages per row (table width), T context tokens, Hq / Hkv query /
 kv heads, D head dim.
@@ -47,8 +48,10 @@ def slot_table(page_table_RP: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """cache[slots] for any index shape (index_select: 2-7x faster than advanced indexing on CPU)."""
-    return cache.index_select(0, slots.reshape(-1)).view(*slots.shape, *cache.shape[1:])
+    """cache[slots] for any index shape (index_select: 2-7x faster than advanced indexing on CPU). An fp8 pool is
+    gathered as bytes (CPU torch has no fp8 index_select) and returned as fp8."""
+    src = cache.view(torch.uint8) if cache.dtype.is_floating_point and cache.element_size() == 1 else cache
+    return src.index_select(0, slots.reshape(-1)).view(cache.dtype).view(*slots.shape, *cache.shape[1:])
 
 
 def reference_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
@@ -59,8 +62,8 @@ def reference_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     dec, rest = batch.memo["ref"]
     if dec is not None:  # one-query rows together, contexts padded to the longest
         tok_R, slots_RT, valid_RT = dec
-        k = gather(k_cache, slots_RT).transpose(1, 2)  # [R, Hkv, T, D]
-        v = gather(v_cache, slots_RT).transpose(1, 2)
+        k = gather(k_cache, slots_RT).transpose(1, 2).to(q_NHD.dtype)  # [R, Hkv, T, D] (an fp8 pool read up)
+        v = gather(v_cache, slots_RT).transpose(1, 2).to(q_NHD.dtype)
         q = (q_NHD if batch.decode else q_NHD[tok_R])[:, :, None]  # [R, Hq, 1, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid_RT, scale=scale, enable_gqa=True)
         if batch.decode:  # row r is token r: nothing to scatter
@@ -69,8 +72,8 @@ def reference_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if dec is not None:
         out_NHD[tok_R] = o[:, :, 0]
     for start, n, slots_T, mask_nT in rest:
-        k = gather(k_cache, slots_T).transpose(0, 1)[None]  # [1, Hkv, T, D]
-        v = gather(v_cache, slots_T).transpose(0, 1)[None]
+        k = gather(k_cache, slots_T).transpose(0, 1)[None].to(q_NHD.dtype)  # [1, Hkv, T, D]
+        v = gather(v_cache, slots_T).transpose(0, 1)[None].to(q_NHD.dtype)
         q = q_NHD[start : start + n].transpose(0, 1)[None]  # [1, Hq, n, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_nT, scale=scale, enable_gqa=True)
         out_NHD[start : start + n] = o[0].transpose(0, 1)

@@ -22,7 +22,9 @@ first half is shared step in 15.4 ms against 21.5 ms with a copy each).
 
 Knobs beyond the shared ones (device, dtype, max_batch_size, seed, vocab_size): `max_model_len`,
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
-max_batch_size full contexts of up to 2048 tokens on CPU, at least one of max_model_len), `token_budget` (new tokens per step),
+max_batch_size full contexts of up to 2048 tokens on CPU, at least one of max_model_len), `kv_cache_dtype` ("auto": the
+model's; "fp8": float8_e4m3fn, half the bytes a token of bf16, so a pool of the same GiB holds twice the tokens and a
+decode step reads half the K/V; the sampled tokens then come from attention over rounded K/V), `token_budget` (new tokens per step),
 `cuda_graphs`, `overlap` (plan and queue the next step before reading this one's sampled tokens, so the host's
 work hides behind the GPU's; default: on a GPU), `share_weights` (serve a loaded model on its own weights instead of
 a copy: the model keeps working on the same memory, e.g. a teacher's scorer beside its play engine).
@@ -54,7 +56,7 @@ import torch
 
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult, sampled_vocab
 from agentopd.engines.fast.attention import PAGE, AttnBatch
-from agentopd.engines.fast.kv_cache import KVPool, PageAllocator
+from agentopd.engines.fast.kv_cache import KVPool, PageAllocator, kv_dtype
 from agentopd.engines.fast.model import ModelRunner
 from agentopd.engines.fast.sampler import sample_on_device
 from agentopd.engines.fast.scheduler import Scheduler, Seq
@@ -117,6 +119,7 @@ class FastEngine(LoopEngine):
         max_model_len: int | None = None,
         num_pages: int | None = None,
         kv_cache_gb: float = 16.0,
+        kv_cache_dtype: str | torch.dtype | None = None,
         token_budget: int | None = None,
         cuda_graphs: bool = True,
         overlap: bool | None = None,
@@ -143,10 +146,11 @@ class FastEngine(LoopEngine):
                                           share=share_weights)
         self.vocab_size = sampled_vocab(vocab_size, self.runner.lm_head.shape[0])  # engines/base.py: padding rows unsampled
         s = self.runner.shape
+        self.kv_dtype = kv_dtype(kv_cache_dtype, self.runner.dtype)
         need = -(-self.max_model_len // PAGE) + 1
         if num_pages is None:
             if on_gpu:
-                per_page = KVPool.bytes_per_token(s.layers, s.kv_heads, s.head_dim, self.runner.dtype) * PAGE
+                per_page = KVPool.bytes_per_token(s.layers, s.kv_heads, s.head_dim, self.kv_dtype) * PAGE
                 num_pages = int(kv_cache_gb * 2**30) // per_page
             else:  # and never less than one whole context (a real model's 32,768 positions with a small batch)
                 num_pages = max(max_batch_size * -(-min(self.max_model_len, 2048) // PAGE) + 1, need)
@@ -423,7 +427,7 @@ class FastEngine(LoopEngine):
         if self.kv_pool is not None:
             return
         s = self.runner.shape
-        self.kv_pool = KVPool(s.layers, s.kv_heads, s.head_dim, self.num_pages, self.device, self.runner.dtype)
+        self.kv_pool = KVPool(s.layers, s.kv_heads, s.head_dim, self.num_pages, self.device, self.kv_dtype)
         self.runner.attach_cache(self.kv_pool.k, self.kv_pool.v)
         self.graphs = self.mixed = None
         if self._cuda_graphs:

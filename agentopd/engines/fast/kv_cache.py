@@ -29,8 +29,39 @@ Chain = tuple[int, int]  # (hash key, page) of the last settled page of a sequen
 ROOT: Chain = (0, -1)
 
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # its largest finite value: a K/V element beyond it is stored as +-448, not as NaN
+
+
+def kv_dtype(name: str | torch.dtype | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's element type for `engine.kv_cache_dtype`: "auto" (or None) the model's, "fp8" float8_e4m3fn
+    (half the bytes of bf16 a token: a decode step that reads K/V at the memory bound reads half as much; each element
+    keeps 3 mantissa bits, scale 1, as vLLM's uncalibrated `kv_cache_dtype=fp8`)."""
+    if name in (None, "auto"):
+        return model_dtype
+    if name in ("fp8", "fp8_e4m3", FP8):
+        return FP8
+    raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {name!r}")
+
+
+def to_pool(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K or V values as the pool stores them (fp8: clamped to its finite range first; a plain cast gives NaN)."""
+    if dtype == x.dtype:
+        return x
+    return x.clamp(-FP8_MAX, FP8_MAX).to(dtype) if dtype == FP8 else x.to(dtype)
+
+
+def store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """cache[slots] = x as the pool stores it (`to_pool`); an fp8 pool is written as bytes (CPU torch has no fp8
+    index_copy_)."""
+    if cache.dtype == FP8:
+        cache.view(torch.uint8).index_copy_(0, slots, to_pool(x, FP8).view(torch.uint8))
+    else:
+        cache.index_copy_(0, slots, to_pool(x, cache.dtype))
+
+
 class KVPool:
-    """K and V tensors of every layer: [slots = pages * PAGE, Hkv, D] each."""
+    """K and V tensors of every layer: [slots = pages * PAGE, Hkv, D] each, in the model's dtype or fp8 (`kv_dtype`)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_pages: int, device, dtype) -> None:
         self.num_pages = num_pages

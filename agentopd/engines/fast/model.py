@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from agentopd.engines.fast.attention import AttnBatch, paged_attention
+from agentopd.engines.fast.kv_cache import store
 
 ARCHITECTURES = ("qwen3", "qwen2", "llama")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load time
@@ -213,8 +214,8 @@ class ModelRunner:
                 k_NHD = rms_norm(k_NHD, w["k_norm"], s.eps)
             q_NHD = rotate(q_NHD, cos_ND, sin_ND)
             k_NHD = rotate(k_NHD, cos_ND, sin_ND)
-            self.k_cache[i].index_copy_(0, batch.slots_N, k_NHD)
-            self.v_cache[i].index_copy_(0, batch.slots_N, v_NHD)
+            store(self.k_cache[i], batch.slots_N, k_NHD)
+            store(self.v_cache[i], batch.slots_N, v_NHD)
             o_NHD = paged_attention(q_NHD, self.k_cache[i], self.v_cache[i], batch, self.scale)
             h_NE = h_NE + F.linear(o_NHD.reshape(n, q_dim), w["o"], w.get("o_bias"))
             x_NE = rms_norm(h_NE, w["ln2"], s.eps)

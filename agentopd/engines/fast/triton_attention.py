@@ -13,7 +13,8 @@ it under `TRITON_INTERPRET=1`, and its GPU tests check the engine built on them 
   any lengths), and keeps an online softmax in fp32. Splitting the context (split-KV) keeps the GPU
   busy when rows x kv heads is small; a second small kernel merges the splits by their log-sum-exp.
   Grid and split count depend only on the row count, not on lengths. On an H100 it reads K/V at
-  79-95% of the copy bandwidth at 256 rows (benchmarks/results/engine_gpu.md).
+  79-95% of the copy bandwidth at 256 rows (benchmarks/results/engine_gpu.md). An fp8 pool's blocks are read
+  up to the queries' dtype as they load: half the bytes a token, the same products.
 - Prefill (a chunk of new tokens per row): one program per (block of queries of one row, kv head) holding
   the queries of the group's query heads together (tile row = token x head), so each K/V block is loaded once
   per group; flash-attention style with `tl.dot`, causal by position over the paged context.
@@ -69,14 +70,14 @@ if triton is not None:
             page = tl.load(PT + r * stride_pr + offs_t // PAGE_SIZE, mask=tmask, other=0)
             slot = page.to(tl.int64) * PAGE_SIZE + offs_t % PAGE_SIZE
             kv_off = slot[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
-            k = tl.load(K + kv_off, mask=tmask[:, None], other=0.0)
+            k = tl.load(K + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
             qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             qk = tl.where(tmask[None, :], qk, float("-inf"))
             m_new = tl.maximum(m, tl.max(qk, axis=1))
             alpha = tl.exp(m - m_new)
             p = tl.exp(qk - m_new[:, None])
             l = l * alpha + tl.sum(p, axis=1)
-            v = tl.load(V + kv_off, mask=tmask[:, None], other=0.0)
+            v = tl.load(V + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m = m_new
         has = l > 0
@@ -146,7 +147,7 @@ if triton is not None:
             page = tl.load(PT + r * stride_pr + offs_n // PAGE_SIZE, mask=nmask, other=0)
             slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
             kv_off = slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
-            k = tl.load(K + kv_off, mask=nmask[:, None], other=0.0)
+            k = tl.load(K + kv_off, mask=nmask[:, None], other=0.0).to(q.dtype)
             qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             causal = (offs_n[None, :] <= qpos[:, None]) & nmask[None, :]
             qk = tl.where(causal, qk, float("-inf"))
@@ -154,7 +155,7 @@ if triton is not None:
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(V + kv_off, mask=nmask[:, None], other=0.0)
+            v = tl.load(V + kv_off, mask=nmask[:, None], other=0.0).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

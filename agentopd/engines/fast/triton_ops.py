@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from agentopd.engines.fast.kv_cache import FP8
+
 try:
     import triton
     import triton.language as tl
@@ -36,6 +38,14 @@ if triton is not None:
     def _rnd(x, DT: tl.constexpr):
         """x rounded to the model dtype and back to fp32 (what an eager op in that dtype stores)."""
         return x.to(DT).to(tl.float32)
+
+    @triton.jit
+    def _to_pool(x, DT: tl.constexpr, FP8: tl.constexpr, PT: tl.constexpr):
+        """A K or V value (fp32, holding a DT value) as the pool stores it: in DT, or for an fp8 pool clamped to its
+        finite range first (kv_cache.to_pool, the torch path's rule)."""
+        if FP8:
+            return tl.minimum(tl.maximum(_rnd(x, DT), -448.0), 448.0).to(PT)
+        return x.to(PT)
 
     @triton.jit
     def _norm_kernel(X, R, W, Y, H, E, eps, stride_x, stride_r, stride_y, stride_h,
@@ -56,7 +66,7 @@ if triton is not None:
     def _qkv_kernel(QKV, QW, KW, COS, SIN, POS, SLOT, QO, KC, VC, eps, N, stride_qkv, stride_qo_n, stride_qo_h,
                     stride_cos, stride_kc, stride_kh,
                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
-                    BLOCK_T: tl.constexpr):
+                    BLOCK_T: tl.constexpr, KV_FP8: tl.constexpr):
         # BLOCK_T tokens x one head (0..HQ-1 query heads, then HKV key heads, then HKV value heads)
         h = tl.program_id(1)
         HALF: tl.constexpr = D // 2
@@ -70,8 +80,8 @@ if triton is not None:
         slot = tl.load(SLOT + offs_t, mask=tmask, other=0)
         if h >= HQ + HKV:  # a value head: straight into the pool
             dst = VC + slot[:, None] * stride_kc + (h - HQ - HKV) * stride_kh + offs[None, :]
-            tl.store(dst, x1.to(DT), mask=tmask[:, None])
-            tl.store(dst + HALF, x2.to(DT), mask=tmask[:, None])
+            tl.store(dst, _to_pool(x1, DT, KV_FP8, VC.dtype.element_ty), mask=tmask[:, None])
+            tl.store(dst + HALF, _to_pool(x2, DT, KV_FP8, VC.dtype.element_ty), mask=tmask[:, None])
         else:
             if HAS_NORM:
                 rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)
@@ -91,10 +101,12 @@ if triton is not None:
             o2 = _rnd(_rnd(x2 * c, DT) + _rnd(x1 * s, DT), DT)
             if h < HQ:
                 dst = QO + offs_t[:, None].to(tl.int64) * stride_qo_n + h * stride_qo_h + offs[None, :]
+                tl.store(dst, o1.to(DT), mask=tmask[:, None])
+                tl.store(dst + HALF, o2.to(DT), mask=tmask[:, None])
             else:
                 dst = KC + slot[:, None] * stride_kc + (h - HQ) * stride_kh + offs[None, :]
-            tl.store(dst, o1.to(DT), mask=tmask[:, None])
-            tl.store(dst + HALF, o2.to(DT), mask=tmask[:, None])
+                tl.store(dst, _to_pool(o1, DT, KV_FP8, KC.dtype.element_ty), mask=tmask[:, None])
+                tl.store(dst + HALF, _to_pool(o2, DT, KV_FP8, KC.dtype.element_ty), mask=tmask[:, None])
 
     @triton.jit
     def _silu_mul_kernel(GU, OUT, I, stride_gu, stride_o, BLOCK: tl.constexpr):
@@ -144,7 +156,7 @@ def qk_norm_rope_store(qkv_NF, q_norm, k_norm, cos_LD, sin_LD, positions_N, slot
         qkv_NF, q_norm if has_norm else qkv_NF, k_norm if has_norm else qkv_NF, cos_LD, sin_LD, positions_N, slots_N,
         q_NHD, k_cache, v_cache, eps, n, qkv_NF.stride(0), q_NHD.stride(0), q_NHD.stride(1), cos_LD.stride(0),
         k_cache.stride(0), k_cache.stride(1), HQ=q_heads, HKV=kv_heads, D=d, HAS_NORM=has_norm, BLOCK_T=block_t,
-        num_warps=warps,
+        KV_FP8=k_cache.dtype == FP8, num_warps=warps,
     )
     return q_NHD
 
