@@ -79,9 +79,9 @@ if triton is not None:
         x2 = tl.load(base + HALF, mask=tmask[:, None], other=0.0).to(tl.float32)
         slot = tl.load(SLOT + offs_t, mask=tmask, other=0)
         if h >= HQ + HKV:  # a value head: straight into the pool
-            dst = VC + slot[:, None] * stride_kc + (h - HQ - HKV) * stride_kh + offs[None, :]
-            tl.store(dst, _to_pool(x1, DT, KV_FP8, VC.dtype.element_ty), mask=tmask[:, None])
-            tl.store(dst + HALF, _to_pool(x2, DT, KV_FP8, VC.dtype.element_ty), mask=tmask[:, None])
+            v_dst = VC + slot[:, None] * stride_kc + (h - HQ - HKV) * stride_kh + offs[None, :]
+            tl.store(v_dst, _to_pool(x1, DT, KV_FP8, VC.dtype.element_ty), mask=tmask[:, None])
+            tl.store(v_dst + HALF, _to_pool(x2, DT, KV_FP8, VC.dtype.element_ty), mask=tmask[:, None])
         else:
             if HAS_NORM:
                 rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)
@@ -100,13 +100,13 @@ if triton is not None:
             o1 = _rnd(_rnd(x1 * c, DT) + _rnd(-x2 * s, DT), DT)
             o2 = _rnd(_rnd(x2 * c, DT) + _rnd(x1 * s, DT), DT)
             if h < HQ:
-                dst = QO + offs_t[:, None].to(tl.int64) * stride_qo_n + h * stride_qo_h + offs[None, :]
-                tl.store(dst, o1.to(DT), mask=tmask[:, None])
-                tl.store(dst + HALF, o2.to(DT), mask=tmask[:, None])
-            else:
-                dst = KC + slot[:, None] * stride_kc + (h - HQ) * stride_kh + offs[None, :]
-                tl.store(dst, _to_pool(o1, DT, KV_FP8, KC.dtype.element_ty), mask=tmask[:, None])
-                tl.store(dst + HALF, _to_pool(o2, DT, KV_FP8, KC.dtype.element_ty), mask=tmask[:, None])
+                q_dst = QO + offs_t[:, None].to(tl.int64) * stride_qo_n + h * stride_qo_h + offs[None, :]
+                tl.store(q_dst, o1.to(DT), mask=tmask[:, None])
+                tl.store(q_dst + HALF, o2.to(DT), mask=tmask[:, None])
+            else:  # (its own name: an fp8 pool's pointer type differs from the query's)
+                k_dst = KC + slot[:, None] * stride_kc + (h - HQ) * stride_kh + offs[None, :]
+                tl.store(k_dst, _to_pool(o1, DT, KV_FP8, KC.dtype.element_ty), mask=tmask[:, None])
+                tl.store(k_dst + HALF, _to_pool(o2, DT, KV_FP8, KC.dtype.element_ty), mask=tmask[:, None])
 
     @triton.jit
     def _silu_mul_kernel(GU, OUT, I, stride_gu, stride_o, BLOCK: tl.constexpr):
