@@ -104,6 +104,7 @@ def test_our_engine_options_map_to_vllm_names():
     assert "enforce_eager" not in gpu and vllm_engine_kwargs("m", platform="cuda", compile=False)["enforce_eager"] is True
     assert "kv_cache_memory_bytes" not in kw
     assert vllm_engine_kwargs("m", platform="cpu", kv_cache_memory_bytes=1 << 20)["kv_cache_memory_bytes"] == 1 << 20
+    assert kw["kv_cache_dtype"] == "auto" and vllm_engine_kwargs("m", platform="cuda", kv_cache_dtype="fp8")["kv_cache_dtype"] == "fp8"
     with pytest.raises(ValueError, match="runs on 'cpu'"):
         vllm_engine_kwargs("m", platform="cpu", device="cuda")
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
