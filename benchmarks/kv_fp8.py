@@ -29,10 +29,10 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_gpu import multi_turn, replay  # noqa: E402
+from engine_gpu import multi_turn, replay
 
-from agentopd.engines.fast import FastEngine  # noqa: E402
-from agentopd.engines.fast.attention import PAGE  # noqa: E402
+from agentopd.engines.fast import FastEngine
+from agentopd.engines.fast.attention import PAGE
 
 VOCAB = 151936
 POOL_GIB = 32.0
@@ -108,19 +108,19 @@ def main() -> None:
     for kv in ("auto", "fp8"):
         results[kv]["logprob_gap_mean"], results[kv]["logprob_gap_max"] = logprob_gap(model_fp32, streams[kv])
     b, f = results["auto"], results["fp8"]
-    lines = [f"# KV pool bf16 vs fp8 (`benchmarks/kv_fp8.py`), {torch.cuda.get_device_name()}, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+    lines = [(f"# KV pool bf16 vs fp8 (`benchmarks/kv_fp8.py`), {torch.cuda.get_device_name()}, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"), "",
              f"Pools of {POOL_GIB:g} GiB: bf16 {b['pages'] * PAGE:,} tokens, fp8 {f['pages'] * PAGE:,}.", "",
              "| decode step (rows x context) | bf16 ms | fp8 ms | fp8 speed-up |", "|---|---|---|---|"]
     for key, sb in b["decode_s"].items():
         if key in f["decode_s"]:
             lines.append(f"| {key} | {sb * 1e3:.2f} | {f['decode_s'][key] * 1e3:.2f} | {sb / f['decode_s'][key]:.2f}x |")
     lines += ["", "| 256 episodes, 1 turn of 1,024 +- 512 tokens | bf16 | fp8 | ratio |", "|---|---|---|---|",
-              f"| generated tok/s | {b['rollout_tok_s']:,.0f} | {f['rollout_tok_s']:,.0f} | "
-              f"{f['rollout_tok_s'] / b['rollout_tok_s']:.2f}x |",
+              (f"| generated tok/s | {b['rollout_tok_s']:,.0f} | {f['rollout_tok_s']:,.0f} | "
+              f"{f['rollout_tok_s'] / b['rollout_tok_s']:.2f}x |"),
               f"| seconds | {b['rollout_s']:.1f} | {f['rollout_s']:.1f} | |",
-              f"| mean \\|logprob - fp32 teacher-forced\\| (8 episodes) | {b['logprob_gap_mean']:.4f} | "
-              f"{f['logprob_gap_mean']:.4f} | |",
+              (f"| mean \\|logprob - fp32 teacher-forced\\| (8 episodes) | {b['logprob_gap_mean']:.4f} | "
+              f"{f['logprob_gap_mean']:.4f} | |"),
               f"| max | {b['logprob_gap_max']:.3f} | {f['logprob_gap_max']:.3f} | |"]
     (args.out / "kv_fp8.md").write_text("\n".join(lines) + "\n")
     (args.out / "kv_fp8.json").write_text(json.dumps(results, indent=1))

@@ -19,7 +19,14 @@ from agentopd.config import load_config
 from agentopd.engines import GenerateRequest, SamplingParams
 from agentopd.engines.fast import FastEngine
 from agentopd.engines.fast.attention import PAGE, AttnBatch, gather, reference_attention
-from agentopd.engines.fast.kv_cache import FP8, FP8_MAX, KVPool, kv_dtype, store, to_pool
+from agentopd.engines.fast.kv_cache import (
+    FP8,
+    FP8_MAX,
+    KVPool,
+    kv_dtype,
+    store,
+    to_pool,
+)
 
 
 def test_the_pool_stores_fp8_clamped_to_its_range_and_gathers_it_back():
