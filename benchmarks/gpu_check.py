@@ -49,6 +49,17 @@ aside) in another commit's tree as well, right before this tree's, in the same c
 those; the recorded baseline stays in the row. Make DIR with `git archive REF | tar -x -C DIR` and carry it (both
 trees use this checkout's installed entry points; a part whose script or output changed between the commits cannot
 be compared so).
+
+That same-call comparison is the default for the host-bound parts (engine, opd, loop): where git is,
+
+    python benchmarks/gpu_check.py --prepare-against          # .gpu_check/against: the last commit they passed at
+    python benchmarks/gpu_check.py --prepare-against 0a7c87f  # or a commit of your choice
+
+writes that commit's tree to `.gpu_check/against` (git-ignored: name it in the device call's carry); a check run without
+`--against` finds it there and runs those parts in it as well, right before this tree's. The other parts (trainer,
+loss, realsize: GPU-bound) stay judged against their recorded baselines. Without the folder the host-bound rows are
+judged against the recorded baselines, and the check says so. The last commit each part passed at, per card, is
+`last_pass` in gpu_baseline.json: `--record` writes it for every part of a passing check.
 """
 
 from __future__ import annotations
@@ -69,6 +80,8 @@ from _measured import commit_measured
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "benchmarks" / "results" / "gpu_baseline.json"
 PARTS = ("engine", "trainer", "loss", "opd", "loop", "realsize", "tests")
+HOST_BOUND = ("engine", "opd", "loop")  # figures the host's CPU moves 10-20% between machines: judged in the same call
+AGAINST = ROOT / ".gpu_check" / "against"  # --prepare-against writes it; a check without --against reads it
 TOLERANCE = 0.10
 LOSS_SHAPE = "x151936x2048x4096"  # N x V x H_s x H_t: the 1.7B student's head against an 8B-wide teacher
 
@@ -226,6 +239,57 @@ def _lower(name: str) -> bool:
     return name.endswith(("_s", "_gib")) and not name.endswith("tok_s")
 
 
+def last_passing(last_pass: dict) -> str:
+    """The newest commit (by date) at which a host-bound part passed on any card (gpu_baseline.json's `last_pass`)."""
+    passes = [entry for part in HOST_BOUND for entry in last_pass.get(part, {}).values()]
+    if not passes:
+        raise SystemExit("--prepare-against: gpu_baseline.json records no passing check of engine, opd or loop; "
+                         "name a commit: --prepare-against REF")
+    return max(passes, key=lambda e: e["date"])["commit"]
+
+
+def prepare_against(ref: str, dest: Path = AGAINST, repo: Path = ROOT) -> str:
+    """Write `ref`'s tree (git archive) to `dest`, its short commit in dest/COMMIT; the commit."""
+    import shutil
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", f"{ref}^{{commit}}"], cwd=repo, capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as e:
+        said = (getattr(e, "stderr", None) or str(e)).strip().splitlines()
+        raise SystemExit(f"--prepare-against {ref}: not a commit of this checkout ({said[0] if said else 'git failed'})") from None
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", commit], cwd=repo, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    (dest / "COMMIT").write_text(commit + "\n")
+    return commit
+
+
+def default_against(dest: Path = AGAINST) -> tuple[Path | None, str]:
+    """The tree --prepare-against left (and its commit), or (None, "") when there is none."""
+    if (dest / "benchmarks" / "gpu_check.py").exists():
+        commit = (dest / "COMMIT").read_text().strip() if (dest / "COMMIT").exists() else str(dest)
+        return dest, commit
+    return None, ""
+
+
+def runs_against(part: str, against: Path | None, default: bool) -> bool:
+    """Whether `part` also runs in the --against tree: every part but the GPU tests when it was given, the host-bound
+    ones when it is the default one."""
+    return against is not None and part != "tests" and (not default or part in HOST_BOUND)
+
+
+def passed(last_pass: dict, parts: list[str], card: str, commit: str, ok: bool) -> dict:
+    """`last_pass` with this check's parts at `commit` on `card` when the check passed (else unchanged)."""
+    new = {part: dict(cards) for part, cards in last_pass.items()}
+    if ok:
+        for part in parts:
+            if part != "tests":
+                new.setdefault(part, {})[card] = {"commit": commit, "date": datetime.date.today().isoformat()}
+    return new
+
+
 def recorded(figures: dict[str, float], baseline: dict, card: str, commit: str) -> dict:
     """The baseline with this run's figures added where it has none on this card (never moving one it has)."""
     new = {name: dict(cards) for name, cards in baseline.items()}
@@ -243,7 +307,7 @@ def recorded(figures: dict[str, float], baseline: dict, card: str, commit: str) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="logs, each part's raw results, check.md, check.json")
+    ap.add_argument("--out", type=Path, help="logs, each part's raw results, check.md, check.json (required to check)")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma list of parts: {', '.join(PARTS)}")
     ap.add_argument("--baseline", type=Path, default=BASELINE)
     ap.add_argument("--commit", default=None,
@@ -254,7 +318,17 @@ def main() -> None:
                          "before this tree's, and its figures are the baseline (same host, same call)")
     ap.add_argument("--against-commit", default="", help="the commit --against holds (for the table)")
     ap.add_argument("--tokenizer", type=Path, help="the realsize part's real-vocabulary tokenizer folder (agentopd make-tokenizer qwen3 DIR)")
+    ap.add_argument("--prepare-against", nargs="?", const="", metavar="REF",
+                    help=f"write REF's tree (default: the last commit the host-bound parts passed at) to {AGAINST.relative_to(ROOT)}, "
+                         "the default --against of a later check; needs git, no GPU")
     args = ap.parse_args()
+    if args.prepare_against is not None:
+        doc = json.loads(args.baseline.read_text()) if args.baseline.exists() else {}
+        ref = args.prepare_against or last_passing(doc.get("last_pass", {}))
+        print(f"{AGAINST.relative_to(ROOT)}: the tree of {prepare_against(ref)} (carry it with the device call)")
+        return
+    if args.out is None:
+        ap.error("--out is required to check")
     args.commit = args.commit or commit_measured()
     args.out = args.out.resolve()  # the parts of --against run in its tree: a relative path would land there
     import torch
@@ -270,17 +344,29 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "gpu_check_log.txt"
     log.write_text("")
-    recorded_all = json.loads(args.baseline.read_text())["figures"] if args.baseline.exists() else {}
+    doc = json.loads(args.baseline.read_text()) if args.baseline.exists() else {}
+    recorded_all = doc.get("figures", {})
     figures: dict[str, float] = {}
     against: dict[str, float] = {}
     if args.against is not None and not (args.against / "benchmarks" / "gpu_check.py").exists():
         raise SystemExit(f"--against {args.against}: not a tree of agentopd (no benchmarks/gpu_check.py in it)")
+    default = args.against is None
+    if default:
+        args.against, args.against_commit = default_against()
+        host_bound = [p for p in parts if p in HOST_BOUND]
+        if args.against is not None and host_bound:
+            print(f"host-bound parts ({', '.join(host_bound)}) also run in {args.against} ({args.against_commit}): "
+                  "the same call's baseline", flush=True)
+        elif host_bound:
+            print(f"host-bound parts ({', '.join(host_bound)}) are judged against recorded baselines of other calls "
+                  "(hosts move them 10-20%): `python benchmarks/gpu_check.py --prepare-against` where git is, and "
+                  "carry .gpu_check", flush=True)
     global TREE, TOKENIZER
     TOKENIZER = args.tokenizer.resolve() if args.tokenizer is not None else None
     t0 = time.perf_counter()
     for part in PARTS:
         if part in parts:
-            if args.against is not None and part != "tests":  # its tests are its own commit's business
+            if runs_against(part, args.against, default):  # its tests are its own commit's business
                 print(f"## {part} (against: {args.against})", flush=True)
                 TREE = args.against.resolve()
                 (args.out / "against").mkdir(exist_ok=True)
@@ -300,8 +386,9 @@ def main() -> None:
                                                      "figures": figures, "ok": ok, "against": against,
                                                      "against_commit": args.against_commit}, indent=1))
     if args.record:
-        new = recorded(figures, recorded_all, card, args.commit)
-        (args.out / "gpu_baseline.json").write_text(json.dumps({"figures": new}, indent=1, sort_keys=True) + "\n")
+        new = {"figures": recorded(figures, recorded_all, card, args.commit),
+               "last_pass": passed(doc.get("last_pass", {}), parts, card, args.commit, ok)}
+        (args.out / "gpu_baseline.json").write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
     sys.exit(0 if ok else 1)
 
 

@@ -1,8 +1,12 @@
 """benchmarks/gpu_check.py's verdicts, on the CPU (the check itself needs a GPU): a figure against its recorded
 baseline, and against the same parts run in another commit's tree in the same call (`--against`)."""
 
+import json
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -48,3 +52,40 @@ def test_the_same_call_baseline_judges_a_figure_the_host_moved():
     rows, ok = gpu_check.compare(now, baseline, "H100", against={"opd/rollout_s": 0.70, "opd/rollout_tok_s": 15100.0},
                                  against_commit="ea9f3b9")  # fmt: skip
     assert not ok and _row(rows, "opd/rollout_s").endswith("| FAIL |")
+
+
+def test_the_host_bound_parts_run_in_the_default_against_tree_and_the_rest_against_their_records():
+    tree = Path("/some/tree")
+    assert [p for p in gpu_check.PARTS if gpu_check.runs_against(p, tree, default=True)] == ["engine", "opd", "loop"]
+    assert [p for p in gpu_check.PARTS if gpu_check.runs_against(p, tree, default=False)] == [
+        "engine", "trainer", "loss", "opd", "loop", "realsize"]  # an explicit --against: every part but the tests
+    assert not any(gpu_check.runs_against(p, None, default=True) for p in gpu_check.PARTS)
+
+
+def test_the_last_passing_commit_is_recorded_by_a_passing_check_and_is_the_default_to_prepare():
+    last = {"opd": {"H200": {"commit": "aaa1111", "date": "2026-11-29"}},
+            "trainer": {"H200": {"commit": "fff9999", "date": "2026-12-01"}}}  # not host-bound: not the default
+    assert gpu_check.last_passing(last) == "aaa1111"
+    failed = gpu_check.passed(last, ["opd", "loop", "tests"], "H100", "bbb2222", ok=False)
+    assert failed == last
+    now = gpu_check.passed(last, ["opd", "loop", "tests"], "H100", "bbb2222", ok=True)
+    assert now["opd"]["H100"]["commit"] == now["loop"]["H100"]["commit"] == "bbb2222" and "tests" not in now
+    assert now["opd"]["H200"] == last["opd"]["H200"]  # another card's record stays
+    now["opd"]["H100"]["date"] = "2026-12-02"
+    assert gpu_check.last_passing(now) == "bbb2222"
+    with pytest.raises(SystemExit, match="records no passing check of engine, opd or loop"):
+        gpu_check.last_passing({"trainer": last["trainer"]})
+    recorded = json.loads((Path(gpu_check.BASELINE)).read_text())["last_pass"]
+    assert gpu_check.last_passing(recorded)  # the repository's file names one
+
+
+@pytest.mark.skipif(subprocess.run(["git", "-C", str(gpu_check.ROOT), "rev-parse", "HEAD"], capture_output=True, check=False).returncode,
+                    reason="not a git checkout")
+def test_prepare_against_writes_a_commits_tree_that_a_later_check_finds(tmp_path):
+    dest = tmp_path / "against"
+    commit = gpu_check.prepare_against("HEAD", dest)
+    assert (dest / "benchmarks" / "gpu_check.py").exists() and (dest / "agentopd" / "runner.py").exists()
+    assert gpu_check.default_against(dest) == (dest, commit)
+    assert gpu_check.default_against(tmp_path / "nothing") == (None, "")
+    with pytest.raises(SystemExit, match="--prepare-against nosuchref: not a commit of this checkout"):
+        gpu_check.prepare_against("nosuchref", dest)
