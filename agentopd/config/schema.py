@@ -240,8 +240,9 @@ class EngineConfig(Section):
     )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         "auto", description="the KV cache's element type: auto = the model's; fp8 = float8 e4m3 (fast and vllm engines): "
-        "half the bytes a token, so the same GiB hold twice the tokens and a decode step reads half the K/V; the "
-        "sampled tokens come from attention over K/V rounded to 3 mantissa bits (the trainer's forward is unchanged)",
+        "half the bytes a token, so the same GiB hold twice the tokens; room, not speed: the fast engine's decode step "
+        "measured 6-12% slower than bf16's on an H200, and the sampled tokens come from attention over K/V rounded to 3 "
+        "mantissa bits (benchmarks/results/kv_fp8.md; the trainer's forward is unchanged)",
     )
     sleep: Literal["auto"] | bool = Field(
         "auto", description="run.backend=local, fast/hf engine: free the KV pool while the teacher scores and the trainer "

@@ -23,8 +23,9 @@ first half is shared step in 15.4 ms against 21.5 ms with a copy each).
 Knobs beyond the shared ones (device, dtype, max_batch_size, seed, vocab_size): `max_model_len`,
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
 max_batch_size full contexts of up to 2048 tokens on CPU, at least one of max_model_len), `kv_cache_dtype` ("auto": the
-model's; "fp8": float8_e4m3fn, half the bytes a token of bf16, so a pool of the same GiB holds twice the tokens and a
-decode step reads half the K/V; the sampled tokens then come from attention over rounded K/V), `token_budget` (new tokens per step),
+model's; "fp8": float8_e4m3fn, half the bytes a token of bf16, so a pool of the same GiB holds twice the tokens; its
+decode step reads half the K/V but measured 6-12% slower on an H200, the kernels' conversions costing more than the
+bytes saved; the sampled tokens then come from attention over rounded K/V), `token_budget` (new tokens per step),
 `cuda_graphs`, `overlap` (plan and queue the next step before reading this one's sampled tokens, so the host's
 work hides behind the GPU's; default: on a GPU), `share_weights` (serve a loaded model on its own weights instead of
 a copy: the model keeps working on the same memory, e.g. a teacher's scorer beside its play engine).
