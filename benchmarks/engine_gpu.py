@@ -46,8 +46,9 @@ from agentopd.engines.hf import HFEngine
 VOCAB = 151936
 
 
-def model_bf16() -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+def model_bf16(hidden: int = 1024, intermediate: int = 3072) -> Qwen3ForCausalLM:
+    """A random Qwen3 of 28 layers, 16 q / 8 kv heads of 128 (0.6B's shape by default; 2048 / 6144: 1.7B's) in bf16."""
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=28,
                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                       tie_word_embeddings=True)
     torch.manual_seed(0)
@@ -68,6 +69,17 @@ def copy_bandwidth() -> float:
     bw = 10 * 2 * x.numel() / (time.perf_counter() - t)
     del x, y
     return bw
+
+
+def decode_batch(rows: int, ctx: int) -> tuple[torch.Tensor, ...]:
+    """A decode step's inputs: `rows` rows each at position ctx - 1 over its own pages 1.. (ids, positions, slots,
+    page table, context lengths), random tokens."""
+    pages = ctx // PAGE
+    table = torch.arange(1, 1 + rows * pages, dtype=torch.int32, device="cuda").view(rows, pages)
+    ids = torch.randint(0, VOCAB, (rows,), device="cuda")
+    pos = torch.full((rows,), ctx - 1, dtype=torch.long, device="cuda")
+    slots = table[:, -1].long() * PAGE + PAGE - 1
+    return ids, pos, slots, table, torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
 
 
 def replay(engine: FastEngine, ids, pos, slots, table_RP, ctx_lens, n: int = 20) -> tuple[float, torch.Tensor]:
@@ -91,11 +103,7 @@ def fixed_batch(engine: FastEngine, bw: float, weight_bytes: int) -> list[str]:
     for rows in (64, 128, 256):
         for ctx in (512, 1024, 2048):
             pages = ctx // PAGE
-            table = torch.arange(1, 1 + rows * pages, dtype=torch.int32, device="cuda").view(rows, pages)
-            ids = torch.randint(0, VOCAB, (rows,), device="cuda")
-            pos = torch.full((rows,), ctx - 1, dtype=torch.long, device="cuda")
-            slots = table[:, -1].long() * PAGE + PAGE - 1
-            ctx_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
+            ids, pos, slots, table, ctx_lens = decode_batch(rows, ctx)
             step, logits = replay(engine, ids, pos, slots, table, ctx_lens)
             t = time.perf_counter()
             for i in range(5):

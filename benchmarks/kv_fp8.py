@@ -26,41 +26,24 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_gpu import multi_turn, replay
+from engine_gpu import decode_batch, model_bf16, multi_turn, replay
 
 from agentopd.engines.fast import FastEngine
 from agentopd.engines.fast.attention import PAGE
 
-VOCAB = 151936
 POOL_GIB = 32.0
-
-
-def model_1p7b() -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                      tie_word_embeddings=True)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg)
-    return model.to(torch.bfloat16).eval()
 
 
 def decode_steps(engine: FastEngine) -> dict[str, float]:
     out = {}
     for rows in (128, 256):
         for ctx in (512, 1024, 2048):
-            pages = ctx // PAGE
-            if rows * pages + 1 > engine.num_pages:
+            if rows * (ctx // PAGE) + 1 > engine.num_pages:
                 continue
-            table = torch.arange(1, 1 + rows * pages, dtype=torch.int32, device="cuda").view(rows, pages)
-            ids = torch.randint(0, VOCAB, (rows,), device="cuda")
-            pos = torch.full((rows,), ctx - 1, dtype=torch.long, device="cuda")
-            slots = table[:, -1].long() * PAGE + PAGE - 1
-            ctx_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
-            step, _ = replay(engine, ids, pos, slots, table, ctx_lens)
+            step, _ = replay(engine, *decode_batch(rows, ctx))
             out[f"{rows}x{ctx}"] = step
             print(f"  decode {rows} rows x {ctx}: {step * 1e3:.2f} ms", flush=True)
     return out
@@ -100,7 +83,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model = model_1p7b()
+    model = model_bf16(hidden=2048, intermediate=6144)  # the 1.7B shape
     results, streams = {}, {}
     for kv in ("auto", "fp8"):
         results[kv], streams[kv] = arm(model, kv)
