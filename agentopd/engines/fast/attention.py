@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 PAGE = 16  # tokens per KV page
+FP8 = torch.float8_e4m3fn  # a pool's fp8 element type (engine.kv_cache_dtype=fp8: kv_cache.kv_dtype)
 
 
 @dataclass
@@ -50,7 +51,7 @@ def slot_table(page_table_RP: torch.Tensor, width: int) -> torch.Tensor:
 def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """cache[slots] for any index shape (index_select: 2-7x faster than advanced indexing on CPU). An fp8 pool is
     gathered as bytes (CPU torch has no fp8 index_select) and returned as fp8."""
-    src = cache.view(torch.uint8) if cache.dtype.is_floating_point and cache.element_size() == 1 else cache
+    src = cache.view(torch.uint8) if cache.dtype == FP8 else cache
     return src.index_select(0, slots.reshape(-1)).view(cache.dtype).view(*slots.shape, *cache.shape[1:])
 
 

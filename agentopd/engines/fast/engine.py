@@ -120,7 +120,7 @@ class FastEngine(LoopEngine):
         max_model_len: int | None = None,
         num_pages: int | None = None,
         kv_cache_gb: float = 16.0,
-        kv_cache_dtype: str | torch.dtype | None = None,
+        kv_cache_dtype: str | None = None,
         token_budget: int | None = None,
         cuda_graphs: bool = True,
         overlap: bool | None = None,

@@ -22,24 +22,23 @@ from collections import OrderedDict, deque
 
 import torch
 
-from agentopd.engines.fast.attention import PAGE
+from agentopd.engines.fast.attention import FP8, PAGE
 
 
 Chain = tuple[int, int]  # (hash key, page) of the last settled page of a sequence
 ROOT: Chain = (0, -1)
 
 
-FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # its largest finite value: a K/V element beyond it is stored as +-448, not as NaN
 
 
-def kv_dtype(name: str | torch.dtype | None, model_dtype: torch.dtype) -> torch.dtype:
+def kv_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
     """The pool's element type for `engine.kv_cache_dtype`: "auto" (or None) the model's, "fp8" float8_e4m3fn
     (half the bytes of bf16 a token: a decode step that reads K/V at the memory bound reads half as much; each element
     keeps 3 mantissa bits, scale 1, as vLLM's uncalibrated `kv_cache_dtype=fp8`)."""
     if name in (None, "auto"):
         return model_dtype
-    if name in ("fp8", "fp8_e4m3", FP8):
+    if name == "fp8":
         return FP8
     raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {name!r}")
 

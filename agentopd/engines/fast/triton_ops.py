@@ -40,10 +40,10 @@ if triton is not None:
         return x.to(DT).to(tl.float32)
 
     @triton.jit
-    def _to_pool(x, DT: tl.constexpr, FP8: tl.constexpr, PT: tl.constexpr):
+    def _to_pool(x, DT: tl.constexpr, IS_FP8: tl.constexpr, PT: tl.constexpr):
         """A K or V value (fp32, holding a DT value) as the pool stores it: in DT, or for an fp8 pool clamped to its
         finite range first (kv_cache.to_pool, the torch path's rule)."""
-        if FP8:
+        if IS_FP8:
             return tl.minimum(tl.maximum(_rnd(x, DT), -448.0), 448.0).to(PT)
         return x.to(PT)
 
