@@ -27,6 +27,7 @@ from contextlib import contextmanager
 import torch
 
 VARLEN = "agentopd_varlen"
+KEY_INDEX = "agentopd_key_index"  # keyword argument: the row positions each segment's keys come from (varlen_kwargs)
 
 
 @functools.cache
@@ -65,13 +66,17 @@ def _varlen_forward(module, query, key, value, attention_mask, dropout: float = 
     cu = kwargs["cu_seq_lens_q"]
     longest = kwargs["max_length_q"]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    keys = kwargs.get(KEY_INDEX)
+    if keys is not None:  # segments that continue a shared prefix: each one's keys are the prefix's, then its own
+        k, v = k.index_select(0, keys), v.index_select(0, keys)
     if q.dtype not in (torch.bfloat16, torch.float16):  # fp32 weights under autocast: RoPE left q, k in fp32
         dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if k.shape[1] != q.shape[1]:  # GQA: the kernel wants as many K/V heads as Q heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    out = _VARLEN_ATTN(q, k, v, cu, cu, longest, longest, **_call_kwargs(scaling, q.shape[-1]))
+    cu_k = kwargs.get("cu_seq_lens_k", cu)
+    out = _VARLEN_ATTN(q, k, v, cu, cu_k, longest, kwargs.get("max_length_k", longest), **_call_kwargs(scaling, q.shape[-1]))
     return out[None], None
 
 
@@ -87,13 +92,39 @@ def register() -> None:
     AttentionInterface.register(VARLEN, _varlen_forward)
 
 
-def varlen_kwargs(seq_lens: list[int], device: torch.device | str) -> dict:
-    """The keyword arguments a packed row's forward passes down to the attention calls."""
-    cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(seq_lens, dtype=torch.int32).cumsum(0)
-    cu = cu.to(device, non_blocking=True)
+def _cumulative(lens: list[int], device) -> torch.Tensor:
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
+    return cu.to(device, non_blocking=True)
+
+
+def varlen_kwargs(seq_lens: list[int], device: torch.device | str, continues: list[int] | None = None) -> dict:
+    """The keyword arguments a packed row's forward passes down to the attention calls: one causal sequence per
+    entry of `seq_lens`. With `continues` (`agentopd.prefix.pack_row`), segment i whose `continues[i]` is j >= 0
+    attends to all of segment j (a shared prefix, itself continuing none) before its own tokens: its keys are
+    gathered as [segment j, segment i] (KEY_INDEX) and the kernel's causal mask, aligned to the keys' end as flash
+    attention aligns it when a sequence has more keys than queries, lets query t see the prefix and its own 0..t."""
+    cu = _cumulative(seq_lens, device)
     longest = max(seq_lens)
-    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    out = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    if continues is None or all(c < 0 for c in continues):
+        return out
+    if len(continues) != len(seq_lens):
+        raise ValueError(f"continues has {len(continues)} entries for {len(seq_lens)} segments")
+    starts = [0]
+    for n in seq_lens[:-1]:
+        starts.append(starts[-1] + n)
+    keys, key_lens = [], []
+    for i, (start, n, c) in enumerate(zip(starts, seq_lens, continues)):
+        if c >= 0:
+            if c >= i or continues[c] >= 0:
+                raise ValueError(f"segment {i} continues segment {c}, which must come before it and continue none")
+            keys.append(torch.arange(starts[c], starts[c] + seq_lens[c]))
+        keys.append(torch.arange(start, start + n))
+        key_lens.append(n + (seq_lens[c] if c >= 0 else 0))
+    out |= {"cu_seq_lens_k": _cumulative(key_lens, device), "max_length_k": max(key_lens),
+            KEY_INDEX: torch.cat(keys).to(device, non_blocking=True)}  # fmt: skip
+    return out
 
 
 def set_varlen(model) -> str:

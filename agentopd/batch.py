@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentopd.prefix import MIN_SHARED_PREFIX, shared_prefix_len
+from agentopd.prefix import MIN_SHARED_PREFIX, pack_row, packed_items, packed_len, shared_prefix_len
 from agentopd.types import TokenStream
 
 
@@ -159,6 +159,9 @@ class MicroBatch:
     # the tokens every row's sample starts with (collate's share_prefix): run once before the rows, whose
     # tokens, positions and lengths then start after it
     prefix_ids_1P: torch.Tensor | None = None
+    # one packed row whose samples of one task share their prompt (collate's varlen_prefix, agentopd.prefix.pack_row):
+    # per segment of seq_lens[0], the segment whose keys it attends to before its own (-1: none)
+    seq_continues: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -224,11 +227,43 @@ def _group_rows(samples: list[TrainSample], rows: list[list[int]], max_tokens: i
     return groups
 
 
+def _row_layout(samples: list[TrainSample], row: list[int], shared: int) -> tuple[list[int], ...]:
+    """ids, positions, loss mask, targets and sequence lengths of one row, every sample from token `shared` on."""
+    ids, pos, lmask, tgt, lens = [], [], [], [], []
+    for i in row:
+        s = samples[i]
+        L, P = s.num_tokens, s.prompt_len
+        ids.extend(s.token_ids[shared:])
+        pos.extend(range(shared, L))
+        tgt.extend((s.token_ids[1:] + [0])[shared:])
+        lmask.extend(([False] * (P - 1) + [bool(m) for m in s.response_mask] + [False])[shared:])
+        lens.append(L - shared)
+    return ids, pos, lmask, tgt, lens
+
+
+def _shared_row_layout(samples: list[TrainSample], row: list[int]) -> tuple[list[int], ...]:
+    """`_row_layout` of a packed row whose samples of one task have their prompt in it once (pack_row); also the
+    segments' `continues`."""
+    layout = pack_row([samples[i] for i in row])
+    lmask, tgt = [False] * len(layout.ids), [0] * len(layout.ids)
+    for j, i in enumerate(row):
+        s = samples[i]
+        full_mask = [False] * (s.prompt_len - 1) + [bool(m) for m in s.response_mask] + [False]
+        full_tgt = s.token_ids[1:] + [0]
+        start = layout.shared[j]
+        at = layout.rows(j, start, s.num_tokens)
+        lmask[at.start : at.stop] = full_mask[start:]
+        tgt[at.start : at.stop] = full_tgt[start:]
+    return layout.ids, layout.positions, lmask, tgt, layout.seq_lens, layout.continues
+
+
 def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bool = False,
-            share_prefix: bool = False) -> MicroBatch:
+            share_prefix: bool = False, varlen_prefix: bool = False) -> MicroBatch:
     """One micro-batch of `micro_batch_rows`' layout: `rows` of sample indices (`pin_memory`: its teacher hidden states
     page-locked). `share_prefix`, where every row holds one sample: the tokens all of them start with (at least
-    MIN_SHARED_PREFIX, agentopd.prefix) become `prefix_ids_1P`, run once; the rows hold what follows it."""
+    MIN_SHARED_PREFIX, agentopd.prefix) become `prefix_ids_1P`, run once; the rows hold what follows it.
+    `varlen_prefix`, for one packed row (flash varlen only: its segments do not restart at position 0): the samples
+    of one task have their shared prompt in the row once (`agentopd.prefix.pack_row`, `seq_continues`)."""
     parts = [samples[i] for row in rows for i in row]
     has_tlp = all(s.teacher_logprobs is not None for s in parts)
     has_topk = all(s.teacher_topk_ids is not None for s in parts)
@@ -240,16 +275,14 @@ def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bo
     width = max(sum(samples[i].num_tokens for i in row) for row in rows) - shared
     ids_rows, pos_rows, mask_rows, tgt_rows, seq_lens = [], [], [], [], []
     old, tlp, w, adv, sidx, topk_ids, topk_lp, hidden_rows = [], [], [], [], [], [], [], []  # hidden: (sample, picked)
+    continues = None
+    if varlen_prefix and len(rows) == 1:
+        *layout, continues = _shared_row_layout(samples, rows[0])
+        width = len(layout[0])
     for row in rows:
-        ids, pos, lmask, tgt, lens = [], [], [], [], []
-        for i in row:
+        ids, pos, lmask, tgt, lens = layout if continues is not None else _row_layout(samples, row, shared)
+        for i in row:  # loss rows in row order: each sample's follow its own tokens, in the order of `row`
             s = samples[i]
-            L, P = s.num_tokens, s.prompt_len
-            ids.extend(s.token_ids[shared:])
-            pos.extend(range(shared, L))
-            tgt.extend((s.token_ids[1:] + [0])[shared:])
-            lmask.extend(([False] * (P - 1) + [bool(m) for m in s.response_mask] + [False])[shared:])
-            lens.append(L - shared)
             picked = [r for r, m in enumerate(s.response_mask) if m]
             old.extend(s.old_logprobs[r] for r in picked)
             w.extend([s.weight] * len(picked) if s.token_weights is None else [s.weight * s.token_weights[r] for r in picked])
@@ -292,6 +325,7 @@ def collate(samples: list[TrainSample], rows: list[list[int]], *, pin_memory: bo
         teacher_hidden_NH=_gather_hidden(hidden_rows, pin_memory) if has_hidden else None,
         loss_index_N=loss_mask_BT.flatten().nonzero()[:, 0],
         prefix_ids_1P=torch.tensor([parts[0].token_ids[:shared]], dtype=torch.long) if shared else None,
+        seq_continues=continues,
     )
 
 
@@ -318,10 +352,27 @@ def pack(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None 
     return [collate(samples, g) for g in micro_batch_rows(samples, max_tokens, row_tokens=row_tokens)]
 
 
-def micro_batch_rows(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None) -> list[list[list[int]]]:
+def _shared_rows(samples: list[TrainSample], max_tokens: int) -> list[list[int]]:
+    """One packed row per micro-batch, the samples of one task together (agentopd.prefix.packed_items), rows filled
+    in order up to `max_tokens` computed tokens (each task's prompt counted once)."""
+    rows: list[list[int]] = []
+    used = 0
+    for cost, members in packed_items(samples, max_tokens):
+        if rows and used + cost <= max_tokens:
+            rows[-1] += members
+            used += cost
+        else:
+            rows.append(list(members))
+            used = cost
+    return rows
+
+
+def micro_batch_rows(samples: list[TrainSample], max_tokens: int, *, row_tokens: int | None = None,
+                     varlen_prefix: bool = False) -> list[list[list[int]]]:  # fmt: skip
     """`pack`'s layout without building the tensors: per micro-batch, its rows of sample indices. The trainer
     collates each (`collate`) while the GPU still runs the one before. Samples of different `teacher_index`
-    never share a micro-batch."""
+    never share a micro-batch. `varlen_prefix` (with row_tokens=None): the samples of one task in one row, their
+    shared prompt counted once against `max_tokens` (collate's varlen_prefix computes it once)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if row_tokens is not None and row_tokens < 1:
@@ -333,15 +384,20 @@ def micro_batch_rows(samples: list[TrainSample], max_tokens: int, *, row_tokens:
         groups = []
         for t in teachers:
             index = [i for i, s in enumerate(samples) if s.teacher_index == t]
-            mine = micro_batch_rows([samples[i] for i in index], max_tokens, row_tokens=row_tokens)
+            mine = micro_batch_rows([samples[i] for i in index], max_tokens, row_tokens=row_tokens, varlen_prefix=varlen_prefix)
             groups += [[[index[i] for i in row] for row in g] for g in mine]
         return groups
+    if row_tokens is None and varlen_prefix:
+        return [[row] for row in _shared_rows(samples, max_tokens)]
     rows = _rows(samples, row_tokens, max_tokens)
     return [[row] for row in rows] if row_tokens is None else _group_rows(samples, rows, max_tokens)
 
 
-def micro_batch_slots(samples: list[TrainSample], group: list[list[int]]) -> int:
-    """B x T of the micro-batch `collate` builds for `group` (padding included)."""
+def micro_batch_slots(samples: list[TrainSample], group: list[list[int]], *, varlen_prefix: bool = False) -> int:
+    """B x T of the micro-batch `collate` builds for `group` (padding included; with `varlen_prefix` and one row,
+    each task's prompt once)."""
+    if varlen_prefix and len(group) == 1:
+        return packed_len([samples[i] for i in group[0]])
     return len(group) * max(sum(samples[i].num_tokens for i in row) for row in group)
 
 

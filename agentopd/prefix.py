@@ -9,6 +9,11 @@ causal attention, so the same hidden states up to float rounding, at a fraction 
     if p >= MIN_SHARED_PREFIX:
         kwargs = run_prefix(decoder, torch.tensor([streams[0].token_ids[:p]]), rows=len(streams))
         hidden = decoder(input_ids=rest_BT, **kwargs).last_hidden_state   # rest_BT: each stream's tokens from p on
+
+That is the padded layout (sdpa/eager). In a packed row (flash varlen, CUDA) there is no cache to repeat: `pack_row`
+puts each family's prefix in the row once, as a segment of its own, and every member's tokens after it in a segment
+that attends to the prefix's keys and values as well as its own (`agentopd.attention.varlen_kwargs(..., continues)`);
+`packed_items` keeps a family together when a packer splits a batch into rows.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -54,3 +60,102 @@ def run_prefix(decoder, prefix_ids_1P: torch.Tensor, rows: int) -> dict[str, Any
     decoder(input_ids=prefix_ids_1P, position_ids=positions_1P, **kwargs)
     kwargs[name].batch_repeat_interleave(rows)
     return kwargs
+
+
+# ---- packed rows (flash varlen): a family's shared prefix once in the row, every member's own tokens after it ----
+
+
+def families(streams: Sequence[_Stream]) -> list[list[int]]:
+    """Indices of the streams that share their first prompt (every token but the one whose hidden state predicts
+    the first response token: the samples of one task), grouped in first-seen order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(streams):
+        groups.setdefault(tuple(s.token_ids[: max(s.prompt_len - 1, 0)]), []).append(i)
+    return list(groups.values())
+
+
+def packed_items(streams: Sequence[_Stream], max_tokens: int) -> list[tuple[int, list[int]]]:
+    """Units a packer places whole: (tokens computed, stream indices). The members of a family whose shared prefix is
+    at least MIN_SHARED_PREFIX long go together, at most `max_tokens` computed tokens per unit (the prefix once, then
+    each member's tokens after it); every other stream is a unit of its own."""
+    items: list[tuple[int, list[int]]] = []
+    for family in families(streams):
+        p = shared_prefix_len([streams[i] for i in family]) if len(family) > 1 else 0
+        if p < MIN_SHARED_PREFIX:
+            items += [(len(streams[i].token_ids), [i]) for i in family]
+            continue
+        cost, members = p, []
+        for i in family:
+            rest = len(streams[i].token_ids) - p
+            if members and cost + rest > max_tokens:
+                items.append((cost if len(members) > 1 else len(streams[members[0]].token_ids), members))
+                cost, members = p, []
+            cost += rest
+            members.append(i)
+        items.append((cost if len(members) > 1 else len(streams[members[0]].token_ids), members))
+    return items
+
+
+@dataclass
+class PackedRow:
+    """One packed row of streams in which each family's shared prefix is computed once.
+
+    The row's tokens (`ids`, `positions`) are split in query segments (`seq_lens`); segment i attends to its own
+    tokens causally and, where `continues[i] >= 0`, to all of segment `continues[i]` before them (the family's
+    prefix: `agentopd.attention.varlen_kwargs`). Stream j's first `shared[j]` tokens are its family's prefix; its
+    token at position t >= shared[j] sits at row index `base[j] + t`."""
+
+    ids: list[int]
+    positions: list[int]
+    seq_lens: list[int]
+    continues: list[int]
+    base: list[int]
+    shared: list[int]
+
+    def rows(self, j: int, start: int, end: int) -> range:
+        """Row indices of stream j's positions start..end-1 (start >= shared[j])."""
+        return range(self.base[j] + start, self.base[j] + end)
+
+
+def _runs(streams: Sequence[_Stream], share: bool):
+    """(first, past-the-last, shared length) of each run of consecutive streams of one family that share a prefix of
+    at least MIN_SHARED_PREFIX tokens; every other stream is a run of its own with 0."""
+    i = 0
+    while i < len(streams):
+        j = i + 1
+        if share:
+            key = streams[i].token_ids[: max(streams[i].prompt_len - 1, 0)]
+            while j < len(streams) and streams[j].token_ids[: max(streams[j].prompt_len - 1, 0)] == key:
+                j += 1
+        p = shared_prefix_len(streams[i:j]) if j - i > 1 else 0
+        if p < MIN_SHARED_PREFIX:
+            p, j = 0, i + 1
+        yield i, j, p
+        i = j
+
+
+def packed_len(streams: Sequence[_Stream], *, share: bool = True) -> int:
+    """Tokens `pack_row(streams, share=share)` computes, without building it."""
+    return sum(p + sum(len(s.token_ids) - p for s in streams[i:j]) for i, j, p in _runs(streams, share))
+
+
+def pack_row(streams: Sequence[_Stream], *, share: bool = True) -> PackedRow:
+    """`streams` back to back in one row; with `share`, each run of consecutive streams of one family (see
+    `packed_items`) has its shared prefix once, as a segment the members' segments continue."""
+    row = PackedRow([], [], [], [], [0] * len(streams), [0] * len(streams))
+    for i, j, p in _runs(streams, share):
+        prefix_segment = -1
+        if p:
+            prefix_segment = len(row.seq_lens)
+            row.ids += streams[i].token_ids[:p]
+            row.positions += range(p)
+            row.seq_lens.append(p)
+            row.continues.append(-1)
+        for k in range(i, j):
+            s = streams[k]
+            row.base[k], row.shared[k] = len(row.ids) - p, p
+            row.ids += s.token_ids[p:]
+            row.positions += range(p, len(s.token_ids))
+            row.seq_lens.append(len(s.token_ids) - p)
+            row.continues.append(prefix_segment)
+    return row

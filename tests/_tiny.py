@@ -107,3 +107,22 @@ def real_vocab_model(rows: int = 151_936, seed: int = 0, hidden: int = 32, max_p
         with torch.no_grad():
             model.get_output_embeddings().weight[padding_from:] *= padding_boost
     return model
+
+
+def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+    """torch's varlen_attn computed one sequence at a time: (T, H, D) in, (T, H, D) out. A stand-in for the CUDA
+    flash kernel, so that the packed paths run on CPU (the real kernel is checked on GPUs by
+    benchmarks/trainer_gpu.py --check and the GPU-marked tests). Causal as flash attention aligns it: a sequence with
+    more keys than queries (a segment continuing a shared prefix, agentopd.prefix.pack_row) lets query t see keys up
+    to t + (keys - queries)."""
+    out = torch.empty_like(query)
+    causal = tuple(window_size) == (-1, 0)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    for s in range(len(cu_seq_q) - 1):
+        a, b, c, d = int(cu_seq_q[s]), int(cu_seq_q[s + 1]), int(cu_seq_k[s]), int(cu_seq_k[s + 1])
+        q, k, v = query[a:b].transpose(0, 1), key[c:d].transpose(0, 1), value[c:d].transpose(0, 1)
+        mask = None
+        if causal:
+            mask = torch.arange(d - c)[None, :] <= torch.arange(b - a)[:, None] + ((d - c) - (b - a))
+        out[a:b] = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(0, 1)
+    return out

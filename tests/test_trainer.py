@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist_worker import STEPS, batch, scenario
-from _tiny import VOCAB, make_samples, one_thread, tiny_model  # noqa: F401  (one_thread: autouse fixture)
+from _tiny import VOCAB, make_samples, one_thread, reference_varlen_attn, tiny_model  # noqa: F401  (one_thread: autouse fixture)
 
 from agentopd.batch import TrainSample
 from agentopd.trainer import (
@@ -451,18 +451,6 @@ def test_a_shared_prefix_trains_like_full_rows(kind):
     assert sum(b * t for b, t in shared_seen) < sum(b * t for b, t in full_seen)
 
 
-def _reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
-    """torch's varlen_attn computed with sdpa one sequence at a time: (T, H, D) in, (T, H, D) out. A stand-in for
-    the CUDA flash kernel, so that the trainer's packed path runs on CPU (the real kernel is checked against sdpa on
-    GPUs by benchmarks/trainer_gpu.py --check and the GPU-marked tests)."""
-    out = torch.empty_like(query)
-    causal = window_size == (-1, 0)
-    for a, b in zip(cu_seq_q[:-1].tolist(), cu_seq_q[1:].tolist()):
-        q, k, v = (x[a:b].transpose(0, 1) for x in (query, key, value))
-        out[a:b] = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).transpose(0, 1)
-    return out
-
-
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_a_training_forward_builds_no_kv_cache(monkeypatch, packed):
     """A training forward must never build a transformers KV cache: under torch.compile the cache's guards recompile
@@ -481,7 +469,7 @@ def test_a_training_forward_builds_no_kv_cache(monkeypatch, packed):
         attention.register.cache_clear()
         for name in ("_VARLEN_ATTN", "_CAUSAL", "_HAS_SCALE"):
             monkeypatch.setattr(attention, name, getattr(attention, name))  # restored after the test
-        monkeypatch.setattr(attention, "_varlen_fn", lambda: _reference_varlen_attn)
+        monkeypatch.setattr(attention, "_varlen_fn", lambda: reference_varlen_attn)
         monkeypatch.setattr(attention, "available", lambda device: True)
         extra = {"mixed_precision": "bf16"}
     try:

@@ -86,7 +86,7 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     checkpoint_every: int = 1  # with activation_checkpointing: recompute every k-th decoder layer only (selective)
     compile: bool = False  # torch.compile each decoder layer's forward (CUDA: fuses norms, RoPE, SiLU-mul)
-    share_prefix: bool = True  # padded rows (CPU, fp32): the common prefix of a micro-batch's samples runs once (agentopd.prefix)
+    share_prefix: bool = True  # a prefix the samples share runs once (agentopd.prefix): padded rows (CPU) or packed varlen rows (CUDA)
     varlen_attention: bool = True  # CUDA + bf16: one packed row per micro-batch, flash varlen attention (agentopd/attention.py)
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer state on CPU)
     mixed_precision: Precision = Precision.AUTO

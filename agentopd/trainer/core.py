@@ -27,6 +27,10 @@ FSDP collectives line up.
 Speed: under FSDP2 the micro-batches before the last accumulate unsharded gradients (in the fp32
 reduce dtype) with parameters kept gathered (`set_requires_gradient_sync(False)`,
 `set_reshard_after_backward(False)`), so a step reduce-scatters once, not once per micro-batch.
+With `cfg.share_prefix` on the packed (varlen) path, a step whose samples of one task share their prompt takes a
+layout that computes it once per micro-batch (`agentopd.prefix.pack_row`) where that needs fewer micro-batches than
+whole streams: the README's GPU example 20.7 -> 17.9 s a train phase, but at a 0.6B student's 2 micro-batches a
+step the same count of micro-batches ran ~10% slower shared (benchmarks/results/prefix_share_gpu.md).
 `cfg.compile` compiles each decoder layer's forward (afresh in each process: `_fresh_inductor_cache`);
 `cfg.checkpoint_every` = k recomputes only
 every k-th layer under activation checkpointing; AdamW is fused on CUDA. The full-vocabulary
@@ -85,7 +89,7 @@ class StudentLoss(nn.Module):
         # under torch.compile and keeps every layer's K/V (0.6B on an H200: 45k tok/s and 46.8 GiB, not 77k and 36)
         extra = {"use_cache": False}
         if varlen:
-            extra |= attention.varlen_kwargs(mb.seq_lens[0], mb.input_ids_BT.device)
+            extra |= attention.varlen_kwargs(mb.seq_lens[0], mb.input_ids_BT.device, mb.seq_continues)
         with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             if mb.prefix_ids_1P is not None:  # the rows' shared prefix once; its K/V (with their graph) serve every row
                 extra = run_prefix(self.hf.model, mb.prefix_ids_1P, mb.input_ids_BT.shape[0])
@@ -316,11 +320,16 @@ class Trainer:
         samples = self._episode_terms(samples, cfg)
         share = self._shares_prefix(samples)
         groups = micro_batch_rows(samples, cfg.micro_batch_tokens, row_tokens=1 if share else self._row_tokens(samples))
+        varlen_prefix = False
+        if cfg.share_prefix and self.varlen:  # one packed row per micro-batch: each task's prompt once in it, where
+            shared = micro_batch_rows(samples, cfg.micro_batch_tokens, varlen_prefix=True)  # that saves micro-batches
+            varlen_prefix = len(shared) < len(groups)
+            groups = shared if varlen_prefix else groups
         counts = torch.tensor(
             [
                 sum(s.num_student_tokens for s in samples),
                 sum(s.num_tokens for s in samples),
-                sum(micro_batch_slots(samples, g) for g in groups),
+                sum(micro_batch_slots(samples, g, varlen_prefix=varlen_prefix) for g in groups),
             ],
             dtype=torch.float64,
         )
@@ -337,7 +346,10 @@ class Trainer:
         pin = self.device.type == "cuda"
 
         def micro_batch(i: int) -> MicroBatch:
-            mb = collate(samples, groups[i], pin_memory=pin, share_prefix=share) if i < len(groups) else dummy_micro_batch()
+            if i >= len(groups):
+                return dummy_micro_batch().to(self.device)
+            mb = collate(samples, groups[i], pin_memory=pin, share_prefix=share, varlen_prefix=varlen_prefix)
+            return mb.to(self.device)
             return mb.to(self.device)
 
         following = micro_batch(0)
@@ -373,7 +385,8 @@ class Trainer:
             "train/student_tokens": n_student,
             "train/tokens": n_tokens,
             "train/micro_batches": float(n_micro),
-            "train/padding_ratio": 1.0 - n_tokens / max(n_slots, 1.0),
+            # a packed row has no padding (with varlen_prefix it computes fewer slots than the samples have tokens)
+            "train/padding_ratio": 0.0 if varlen_prefix else 1.0 - n_tokens / max(n_slots, 1.0),
             "perf/train_step_s": elapsed,
             "perf/train_tokens_per_s": n_tokens / elapsed,
         }
