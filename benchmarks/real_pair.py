@@ -305,13 +305,16 @@ def arms_table(results: list[dict], arms: list[str]) -> list[str]:
         lines.append(f"| {a} | {','.join(str(r['seed']) for r in rs)} | " + " | ".join(cells) + f" | {statistics.fmean(r['student_tokens'] for r in rs):,.0f} | "
                      f"{quality._flops([quality.final_flops(r, 'teacher_flops') for r in rs])} | "
                      f"{_s(statistics.fmean(r['step_s'] for r in rs if r['step_s']) if any(r['step_s'] for r in rs) else None)} | {statistics.fmean(walls):.0f} |")  # fmt: skip
-    budget = quality.teacher_budget([r for rs in by.values() for r in rs])
-    if budget:
-        lines += ["", f"At equal teacher FLOPs (B = {budget:.2e}, the smallest final teacher spend; each curve read linearly between "
-                      "its eval points):", "", "| arm | " + " | ".join(f"{s:g} B" for s in quality.SHARES) + " |",
+    for pair, members in (("the same-tokenizer pair", [a for a in by if a not in XTOK_ARMS]),
+                          ("the cross-tokenizer pair (XPAIR)", [a for a in by if a in XTOK_ARMS])):  # fmt: skip
+        budget = quality.teacher_budget([r for a in members for r in by[a]])  # each pair's own: its teacher's spend
+        if not budget:
+            continue
+        lines += ["", f"At equal teacher FLOPs, {pair} (B = {budget:.2e}, the smallest final teacher spend of its arms; each "
+                      "curve read linearly between its eval points):", "", "| arm | " + " | ".join(f"{s:g} B" for s in quality.SHARES) + " |",
                   "|---|" + "---|" * len(quality.SHARES)]  # fmt: skip
-        for a, rs in by.items():
-            lines.append(f"| {a} | " + " | ".join(_pm([quality.success_at(r["curve"], "teacher_flops", s * budget) for r in rs])
+        for a in members:
+            lines.append(f"| {a} | " + " | ".join(_pm([quality.success_at(r["curve"], "teacher_flops", s * budget) for r in by[a]])
                                                   for s in quality.SHARES) + " |")  # fmt: skip
     return lines
 

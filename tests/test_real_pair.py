@@ -167,3 +167,19 @@ def test_a_new_machine_restores_the_finished_runs_the_report_keeps(rp, tmp_path)
     assert sorted(restored) == sorted([Path(opd["run_dir"]).name, "calculator-opd-s0-2steps"])
     assert json.loads(Path(opd["result"]).read_text()) == kept["opd"]
     assert (args.out / "measure" / "results" / "calculator-opd-s0-2steps.json").exists()
+
+
+def test_each_pair_is_read_at_equal_teacher_flops_against_its_own_teachers_spend(rp):
+    """The cross-tokenizer arms spend another teacher's FLOPs on another student: the same-tokenizer arms are read at
+    their own budget (here 4e12), not at the smallest spend of every arm (the xtok arm's 1e12)."""
+    def run(arm, flops, success):
+        curve = [{"step": 0, "tokens": 0, "teacher_flops": 0.0, "success": 0.0},
+                 {"step": 20, "tokens": 100, "teacher_flops": flops, "success": success}]
+        return {"arm": arm, "seed": 0, "curve": curve, "student_tokens": 100, "step_s": 1.0, "step_walls": {"1": 60.0}}
+
+    lines = rp.arms_table([run("sft", 4e12, 0.6), run("opd", 8e12, 0.4), run("xtok_sft", 1e12, 0.1)], ["sft", "opd", "xtok_sft"])
+    text = "\n".join(lines)
+    assert "the same-tokenizer pair (B = 4.00e+12" in text and "the cross-tokenizer pair (XPAIR) (B = 1.00e+12" in text
+    same = lines[lines.index(next(x for x in lines if "same-tokenizer" in x)) :]
+    assert next(x for x in same if x.startswith("| sft |")).endswith("60% |")  # sft at 1 B = its own final figure
+    assert next(x for x in same if x.startswith("| opd |")).endswith("20% |")  # opd at half its spend: 20%
