@@ -419,6 +419,9 @@ def main() -> None:
     ap.add_argument("--zero-shot", type=Path, default=RESULTS / "real_pair_zero_shot.jsonl")
     ap.add_argument("--keep-weights", action="store_true", help="keep a finished run's checkpoints and final/")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--no-restore", action="store_true", help="run what --out has not finished even where the committed "
+                    "report keeps a run of the same command (the code changed, not the command: the cross-tokenizer "
+                    "arms' second round after 77bc226's tool block)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides for every run (after the script's own)")
     args = ap.parse_args()
     args.arms = [a for a in args.arms.split(",") if a]
@@ -434,7 +437,7 @@ def main() -> None:
     if args.dry_run:
         print("\n".join(" ".join(s["command"]) for s in specs))
         return
-    if restored := restore(RESULTS / "real_pair.json", args.env, args.out, specs):
+    if not args.no_restore and (restored := restore(RESULTS / "real_pair.json", args.env, args.out, specs)):
         print(f"finished runs restored from {RESULTS / 'real_pair.json'} (not run again): {', '.join(restored)}", flush=True)
     t0 = time.monotonic()
     done = [r for s in specs if (r := play(s, args.keep_weights)) is not None]
