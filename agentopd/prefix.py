@@ -65,12 +65,17 @@ def run_prefix(decoder, prefix_ids_1P: torch.Tensor, rows: int) -> dict[str, Any
 # ---- packed rows (flash varlen): a family's shared prefix once in the row, every member's own tokens after it ----
 
 
+def _family_key(s: _Stream) -> list[int]:
+    """A stream's first prompt, every token but the one whose hidden state predicts the first response token: what the
+    samples of one task share."""
+    return s.token_ids[: max(s.prompt_len - 1, 0)]
+
+
 def families(streams: Sequence[_Stream]) -> list[list[int]]:
-    """Indices of the streams that share their first prompt (every token but the one whose hidden state predicts
-    the first response token: the samples of one task), grouped in first-seen order."""
+    """Indices of the streams of one family (the same `_family_key`), grouped in first-seen order."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, s in enumerate(streams):
-        groups.setdefault(tuple(s.token_ids[: max(s.prompt_len - 1, 0)]), []).append(i)
+        groups.setdefault(tuple(_family_key(s)), []).append(i)
     return list(groups.values())
 
 
@@ -84,15 +89,16 @@ def packed_items(streams: Sequence[_Stream], max_tokens: int) -> list[tuple[int,
         if p < MIN_SHARED_PREFIX:
             items += [(len(streams[i].token_ids), [i]) for i in family]
             continue
-        cost, members = p, []
+        chunks: list[list[int]] = [[]]
+        cost = p
         for i in family:
             rest = len(streams[i].token_ids) - p
-            if members and cost + rest > max_tokens:
-                items.append((cost if len(members) > 1 else len(streams[members[0]].token_ids), members))
-                cost, members = p, []
+            if chunks[-1] and cost + rest > max_tokens:
+                chunks.append([])
+                cost = p
             cost += rest
-            members.append(i)
-        items.append((cost if len(members) > 1 else len(streams[members[0]].token_ids), members))
+            chunks[-1].append(i)
+        items += [(packed_len([streams[i] for i in chunk]), chunk) for chunk in chunks]  # a lone member: shares nothing
     return items
 
 
@@ -124,8 +130,8 @@ def _runs(streams: Sequence[_Stream], share: bool):
     while i < len(streams):
         j = i + 1
         if share:
-            key = streams[i].token_ids[: max(streams[i].prompt_len - 1, 0)]
-            while j < len(streams) and streams[j].token_ids[: max(streams[j].prompt_len - 1, 0)] == key:
+            key = _family_key(streams[i])
+            while j < len(streams) and _family_key(streams[j]) == key:
                 j += 1
         p = shared_prefix_len(streams[i:j]) if j - i > 1 else 0
         if p < MIN_SHARED_PREFIX:

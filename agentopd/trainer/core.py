@@ -350,7 +350,6 @@ class Trainer:
                 return dummy_micro_batch().to(self.device)
             mb = collate(samples, groups[i], pin_memory=pin, share_prefix=share, varlen_prefix=varlen_prefix)
             return mb.to(self.device)
-            return mb.to(self.device)
 
         following = micro_batch(0)
         for i in range(n_micro):
