@@ -20,6 +20,8 @@ def test_a_rollouts_share_of_the_timings():
                                "rollout/engine_decode_steps": 40.0, "rollout/engine_rows_per_decode": 30.0,
                                "rollout/engine_preemptions": 4.0})
     assert engine_metrics({}, {}) == {}  # an engine without timings (transformers, vLLM)
+    shared = engine_metrics({**before, "shared_prompt_rows": 100}, {**after, "shared_prompt_rows": 400})
+    assert shared["rollout/engine_shared_prompt_share"] == pytest.approx(300 / 1200)  # of the rollout's decode rows
     assert "rollout/engine_rows_per_decode" not in engine_metrics(before, before)  # no decode step: no mean
 
 

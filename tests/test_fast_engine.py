@@ -583,6 +583,33 @@ KERNEL_CHECK = textwrap.dedent("""
         for splits in (1, 3):
             err = (ta.decode_attention(qd, k, v, table[dec], ctx[dec], 0.3, splits) - refd).abs().max().item()
             assert err < 1e-5, ("decode", hq, hkv, d, splits, err)
+        # rows whose leading pages are the same (a task's samples): the shared prompt read once a tile
+        from agentopd.engines.fast.shared_prefix import tiles
+        fam = [(5, [90, 100, 120]), (4, [70, 66, 100]), (0, [30]), (1, [40, 35])]  # (shared pages, row contexts)
+        table = torch.zeros(9, 8, dtype=torch.int32); ctxs = []; used = 0; r = 0
+        for shared, lens in fam:
+            common = perm[used:used + shared]; used += shared
+            for c in lens:
+                own = -(-c // PAGE) - shared
+                table[r, :shared] = common; table[r, shared:shared + own] = perm[used:used + own]; used += own
+                ctxs.append(c); r += 1
+        order = [3, 0, 7, 4, 1, 6, 8, 2, 5]  # families not side by side
+        table, ctxc = table[order], torch.tensor([ctxs[i] for i in order], dtype=torch.int32)
+        rows_k = ta.prefix_tile(hq // hkv)[0]
+        start, trows, tlen = tiles(table.numpy(), ctxc.tolist(), rows_k)
+        assert sorted(tlen.tolist()) == [64, 80], tlen  # family 3's one page is not worth a tile
+        qc = torch.randn(9, hq, d)
+        bc = AttnBatch(None, None, table, ctxc, torch.arange(9, dtype=torch.int32), [1] * 9, list(range(9)),
+                       ctxc.tolist(), decode=True)
+        refc = reference_attention(qc, k, v, bc, 0.3)
+        casc = tuple(torch.from_numpy(a) for a in (start, trows, tlen))
+        for splits in (1, 3):
+            err = (ta.decode_attention(qc, k, v, table, ctxc, 0.3, splits, cascade=casc) - refc).abs().max().item()
+            assert err < 1e-5, ("shared prompts", hq, hkv, d, splits, err)
+        spare = (torch.from_numpy(start), torch.cat([casc[1], torch.full((2, rows_k), -1, dtype=torch.int32)]),
+                 torch.cat([casc[2], torch.zeros(2, dtype=torch.int32)]))  # a captured graph's spare tiles: no tokens
+        err = (ta.decode_attention(qc, k, v, table, ctxc, 0.3, 1, cascade=spare) - refc).abs().max().item()
+        assert err < 1e-5, ("spare tiles", hq, hkv, d, err)
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from agentopd.engines.fast.kv_cache import KVPool
     from agentopd.engines.fast.model import ModelRunner
@@ -683,12 +710,12 @@ def test_gpu_priority_stream_samples_what_the_default_stream_does_and_loads_weig
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_rows_sharing_a_prompt_start_match_teacher_forcing(dtype):
-    """24 episodes x 2 turns whose prompts start with the same 48 tokens: 23 of them reuse the first one's pages (the
-    captured decode graphs read the same pages for every row), and every logprob matches an fp32 teacher-forced
-    forward."""
+    """24 episodes x 2 turns whose prompts start with the same 80 tokens: 23 of them reuse the first one's pages (the
+    captured decode graphs read the same pages for every row, and read them once for each tile of rows that share
+    them: shared_prefix.py), and every logprob matches an fp32 teacher-forced forward."""
     model = tiny_model().to("cuda", dtype)
     rng = random.Random(5)
-    system = [rng.randrange(VOCAB) for _ in range(48)]
+    system = [rng.randrange(VOCAB) for _ in range(80)]
     ps = [system + p for p in prompts(24, seed=13)]
     engine = FastEngine(model, max_batch_size=24)
 
@@ -706,7 +733,7 @@ def test_gpu_rows_sharing_a_prompt_start_match_teacher_forcing(dtype):
             await engine.close()
 
     done = asyncio.run(go())
-    assert sorted(first.info["prefix_hit_tokens"] for _, first, _, _ in done) == [0] + [48] * 23
+    assert sorted(first.info["prefix_hit_tokens"] for _, first, _, _ in done) == [0] + [80] * 23
     ref_model = model.float()
     worst = 0.0
     for p, first, ids, second in done:
@@ -718,6 +745,7 @@ def test_gpu_rows_sharing_a_prompt_start_match_teacher_forcing(dtype):
           f"({engine.timings['mixed_graph_steps']} captured mixed steps)")
     assert worst < (1e-3 if dtype == torch.float32 else 0.2)
     assert engine.timings["mixed_graph_steps"] > 0
+    assert engine.shared_prompts and engine.timings["shared_prompt_rows"] > 0  # the prompt read once a tile
 
 
 def teacher_forced_cuda(model, ids, positions):

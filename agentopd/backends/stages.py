@@ -296,7 +296,9 @@ def engine_metrics(before: dict[str, float], after: dict[str, float]) -> dict[st
     """A rollout's share of the fast engine's worker timings (FastEngine.timings: their change between `before` and
     `after`), as `rollout/engine_*`: seconds scheduling, preparing inputs, in steps (queuing the model and sampler and
     waiting for the sampled tokens: the device's time, where the host keeps up) and in bookkeeping; steps, decode steps,
-    preemptions (sequences recomputed because the KV pool ran out of pages) and the mean rows of a decode step. {} for an engine without timings (transformers, vLLM)."""
+    preemptions (sequences recomputed because the KV pool ran out of pages), the mean rows of a decode step and the share
+    of decode rows whose shared prompt was read once for their tile (shared_prefix.py). {} for an engine without
+    timings (transformers, vLLM)."""
     if not after:
         return {}
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
@@ -304,6 +306,8 @@ def engine_metrics(before: dict[str, float], after: dict[str, float]) -> dict[st
     out |= {f"rollout/engine_{k}": float(d[k]) for k in ("steps", "decode_steps", "preemptions") if k in d}
     if d.get("decode_steps"):
         out["rollout/engine_rows_per_decode"] = d.get("decode_rows", 0) / d["decode_steps"]
+    if d.get("decode_rows") and "shared_prompt_rows" in d:
+        out["rollout/engine_shared_prompt_share"] = d["shared_prompt_rows"] / d["decode_rows"]
     return out
 
 

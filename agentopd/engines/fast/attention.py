@@ -39,6 +39,7 @@ class AttnBatch:
     decode: bool = False  # every row has one query, row r = token r
     decode_rows: int = 0  # a mixed step: rows 0..decode_rows-1 have one query each (row r = token r)
     num_splits: int = 1  # split-KV factor of the decode kernel (fixed per captured graph)
+    cascade: tuple | None = None  # decode: (start_R, tile_rows_TK, tile_len_T), shared prompts read once (shared_prefix.py)
     memo: dict = field(default_factory=dict)  # per-step kernel metadata, built once for all layers
 
 
@@ -109,6 +110,7 @@ def paged_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         if triton_attention.available():
             if batch.decode:
                 return triton_attention.decode_attention(q_NHD, k_cache, v_cache, batch.page_table_RP,
-                                                         batch.ctx_lens_R, scale, batch.num_splits)
+                                                         batch.ctx_lens_R, scale, batch.num_splits,
+                                                         cascade=batch.cascade)
             return triton_attention.prefill_attention(q_NHD, k_cache, v_cache, batch, scale)
     return reference_attention(q_NHD, k_cache, v_cache, batch, scale)

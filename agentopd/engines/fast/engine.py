@@ -18,7 +18,10 @@ while the others keep running. Cancelled callers' rows are dropped at the next s
 Episodes that share a prompt start (a system prompt, tool schemas) share its pages: the scheduler
 computes it once (scheduler.py), the pool holds one copy, and a decode step's rows read it mostly
 from the GPU's L2 cache (benchmarks/results/engine_gpu.md, H100: 256 rows at context 2,048 whose
-first half is shared step in 15.4 ms against 21.5 ms with a copy each).
+first half is shared step in 15.4 ms against 21.5 ms with a copy each). With `shared_prompts` (default: wherever the
+Triton decode kernel runs) a decode step reads such pages once for each tile of up to 16 / group rows that share them
+(shared_prefix.py): a task's 8 samples of a 384-token prompt at ~1,024 tokens, 1.7B shape, 256 rows on an H200, 1.12x
+the generated tokens/s; 0.98x where nothing is shared (the merge; benchmarks/results/shared_prompt_gpu.md).
 
 Knobs beyond the shared ones (device, dtype, max_batch_size, seed, vocab_size): `max_model_len`,
 `num_pages` (pool size; default: the pool `kv_cache_gb` GiB holds on a GPU, room for
@@ -56,6 +59,7 @@ import numpy as np
 import torch
 
 from agentopd.engines.base import FinishReason, GenerateRequest, GenerateResult, sampled_vocab
+from agentopd.engines.fast import shared_prefix, triton_attention
 from agentopd.engines.fast.attention import PAGE, AttnBatch
 from agentopd.engines.fast.kv_cache import KVPool, PageAllocator, kv_dtype
 from agentopd.engines.fast.model import ModelRunner
@@ -127,6 +131,7 @@ class FastEngine(LoopEngine):
         vocab_size: int | None = None,
         share_weights: bool = False,
         priority_stream: bool = False,
+        shared_prompts: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -159,6 +164,14 @@ class FastEngine(LoopEngine):
             raise ValueError(f"num_pages={num_pages} cannot hold one context of max_model_len={self.max_model_len} "
                              f"tokens ({need} pages of {PAGE}): raise num_pages / kv_cache_gb or lower max_model_len")
         self.num_pages, self._pages_per_row, self._cuda_graphs = num_pages, need, on_gpu and cuda_graphs
+        # decode steps read a prompt that rows share (the samples of a task) once for them all: the Triton kernel's
+        # (shared_prefix.py); None = wherever that kernel runs
+        triton_decode = on_gpu and triton_attention.available()
+        if shared_prompts and not triton_decode:
+            raise ValueError("shared_prompts=True needs the Triton decode kernel: a CUDA device with triton installed")
+        self.shared_prompts = triton_decode if shared_prompts is None else shared_prompts
+        self._tile_k = triton_attention.prefix_tile(s.q_heads // s.kv_heads)[0] if self.shared_prompts else 0
+        self._tiles_key, self._tiles = None, None  # the last decode step's rows and their tiles
         self.overlap = on_gpu if overlap is None else overlap
         self.pages = PageAllocator(num_pages)
         self.max_batch_size = max_batch_size
@@ -180,7 +193,8 @@ class FastEngine(LoopEngine):
             torch.cuda.synchronize(self.device)  # what start-up queued on the default stream is done before the worker's stream reads it
         self._init_loop()
         self.timings = {"schedule": 0.0, "prepare": 0.0, "step": 0.0, "advance": 0.0, "steps": 0, "decode_steps": 0,
-                        "decode_rows": 0, "overlapped_steps": 0, "mixed_graph_steps": 0, "preemptions": 0}  # seconds, counts
+                        "decode_rows": 0, "overlapped_steps": 0, "mixed_graph_steps": 0, "preemptions": 0,
+                        "shared_prompt_rows": 0}  # seconds, counts
 
     # ---- the protocol -------------------------------------------------------------------
 
@@ -368,6 +382,16 @@ class FastEngine(LoopEngine):
         table_RW = self._table[table_rows, : max(len(seq.pages) for seq, _ in rows)]
         pending = (dst, src, prev.tokens) if dst else None
         step = _Launched(rows, samplers, decode)
+        shared = None
+        if decode and self.shared_prompts:
+            # a decode step's tiles stay what they were while the same sequences decode in the same rows (their shared
+            # pages are written and registered; a preempted one comes back with other pages): most steps reuse them
+            key = tuple((seq.serial, seq.preemptions) for seq, _ in rows)
+            if key != self._tiles_key:
+                self._tiles_key, self._tiles = key, shared_prefix.tiles(table_RW, ctx_lens, self._tile_k)
+            if len(self._tiles[2]):
+                shared = self._tiles
+                self.timings["shared_prompt_rows"] += int(np.count_nonzero(shared[0]))
         if decode and self.graphs is not None and len(rows) == len(samplers):
             if dst and len(dst) == len(prev.samplers) == num_tokens and dst == src:
                 pos_N, slots_N = torch.tensor([positions, slots], dtype=torch.long).to(dev, non_blocking=True)
@@ -377,7 +401,7 @@ class FastEngine(LoopEngine):
             ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
             self.timings["prepare"] += time.perf_counter() - t0
             logits_SV = self.graphs.run(ids_N, pos_N, slots_N, torch.from_numpy(table_RW).to(dev, non_blocking=True),
-                                        ctx_R)
+                                        ctx_R, shared)
         elif not decode and self.mixed is not None and self.mixed.fits(num_tokens, len(rows)):
             bucket = self.mixed.load(self._flat(ids, positions, slots, chunks), table_RW, ctx_lens, q_starts, q_lens,
                                      n_dec, sample_idx)
@@ -390,8 +414,9 @@ class FastEngine(LoopEngine):
             ctx_R = torch.tensor(ctx_lens, dtype=torch.int32).to(dev, non_blocking=True)
             table_RP = torch.from_numpy(table_RW).to(dev, non_blocking=True)
             starts_R = torch.tensor(q_starts, dtype=torch.int32).to(dev, non_blocking=True)
+            cascade = None if shared is None else tuple(torch.from_numpy(a).to(dev, non_blocking=True) for a in shared)
             batch = AttnBatch(pos_N, slots_N, table_RP, ctx_R, starts_R, q_lens, q_starts, ctx_lens, decode=decode,
-                              decode_rows=0 if decode else n_dec)
+                              decode_rows=0 if decode else n_dec, cascade=cascade)
             sample_S = torch.tensor(sample_idx, dtype=torch.long).to(dev, non_blocking=True)
             self.timings["prepare"] += time.perf_counter() - t0
             logits_SV = self.runner.forward(ids_N, batch, sample_S)
@@ -434,7 +459,7 @@ class FastEngine(LoopEngine):
         if self._cuda_graphs:
             from agentopd.engines.fast.graphs import MIXED_BUCKETS, DecodeGraphs, MixedGraphs
 
-            self.graphs = DecodeGraphs(self.runner, self.max_batch_size, self._pages_per_row)
+            self.graphs = DecodeGraphs(self.runner, self.max_batch_size, self._pages_per_row, self.shared_prompts)
             # steps of more tokens than the largest bucket run eagerly: the GPU's work dwarfs their launches
             self.mixed = MixedGraphs(self.runner, self.max_batch_size, self._pages_per_row,
                                      min(self.scheduler.token_budget, MIXED_BUCKETS[-1]))

@@ -21,7 +21,7 @@ import torch
 
 from agentopd.engines.fast.attention import AttnBatch
 from agentopd.engines.fast.model import ModelRunner
-from agentopd.engines.fast.triton_attention import decode_splits
+from agentopd.engines.fast.triton_attention import decode_splits, prefix_tile
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
@@ -41,7 +41,7 @@ def _capture(step, pool, dev) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner: ModelRunner, max_rows: int, max_pages: int) -> None:
+    def __init__(self, runner: ModelRunner, max_rows: int, max_pages: int, shared_prompts: bool = False) -> None:
         dev = runner.device
         self.buckets = [b for b in BUCKETS if b < max_rows] + [max_rows]
         self.ids = torch.zeros(max_rows, dtype=torch.long, device=dev)
@@ -51,14 +51,24 @@ class DecodeGraphs:
         self.ctx_lens = torch.ones(max_rows, dtype=torch.int32, device=dev)
         q_starts = torch.arange(max_rows, dtype=torch.int32, device=dev)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        # shared_prompts: each row's own part's start, and the tiles of rows that share a prompt's pages
+        # (shared_prefix.tiles; a bucket of b rows has room for b // 2 tiles of >= 2 rows), read once a tile
+        self.shared = shared_prompts
+        self.tile_k = prefix_tile(runner.shape.q_heads // runner.shape.kv_heads)[0]
+        tiles = max(1, max_rows // 2)
+        self.start = torch.zeros(max_rows, dtype=torch.int32, device=dev)
+        self.tile_len = torch.zeros(tiles, dtype=torch.int32, device=dev)
+        self.tile_rows = torch.full((tiles, self.tile_k), -1, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # views of one buffer: a step's logits are sampled before the next replay
         out = torch.empty(max_rows, runner.lm_head.shape[0], dtype=torch.float32, device=dev)
         self._inputs: list = []  # tensors the graphs read: they must outlive the capture
         pool = None
         for b in reversed(self.buckets):  # largest first: the smaller ones reuse its memory pool
+            nt = max(1, b // 2)
             batch = AttnBatch(self.positions[:b], self.slots[:b], self.page_table[:b], self.ctx_lens[:b], q_starts[:b],
-                              decode=True, num_splits=decode_splits(b, runner.shape.kv_heads, sms))
+                              decode=True, num_splits=decode_splits(b, runner.shape.kv_heads, sms),
+                              cascade=(self.start[:b], self.tile_rows[:nt], self.tile_len[:nt]) if shared_prompts else None)
             sample_idx = torch.arange(b, device=dev)
             self._inputs.append((batch, sample_idx))
             self.graphs[b], self.logits[b] = _capture(
@@ -70,9 +80,13 @@ class DecodeGraphs:
         return next(b for b in self.buckets if b >= rows)
 
     def run(self, ids_R: torch.Tensor, positions_R: torch.Tensor, slots_R: torch.Tensor, page_table_RP: torch.Tensor,
-            ctx_lens_R: torch.Tensor) -> torch.Tensor:
+            ctx_lens_R: torch.Tensor, shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> torch.Tensor:
+        """Replay the smallest bucket's graph for these rows; `shared` (graphs built with shared_prompts): the step's
+        `shared_prefix.tiles`, None for none."""
         r, p = page_table_RP.shape
         b = self.bucket(r)
+        if self.shared:
+            self._load_tiles(r, b, shared)
         self.ids[:r].copy_(ids_R, non_blocking=True)
         self.positions[:r].copy_(positions_R, non_blocking=True)
         self.slots[:r].copy_(slots_R, non_blocking=True)
@@ -86,6 +100,22 @@ class DecodeGraphs:
             self.ctx_lens[r:b] = 1
         self.graphs[b].replay()
         return self.logits[b][:r]
+
+    def _load_tiles(self, r: int, b: int, shared) -> None:
+        """The bucket's start / tile buffers from the step's tiles in one host-to-device copy; a bucket's spare tiles
+        have no tokens (their programs do nothing), its padding rows start at 0."""
+        nt = max(1, b // 2)
+        meta = np.zeros(b + nt + nt * self.tile_k, dtype=np.int32)
+        meta[b + nt :] = -1
+        if shared is not None:
+            start, rows, lens = shared
+            meta[:r] = start
+            meta[b : b + len(lens)] = lens
+            meta[b + nt : b + nt + rows.size] = rows.reshape(-1)
+        dev = torch.from_numpy(meta).to(self.start.device, non_blocking=True)
+        self.start[:b].copy_(dev[:b])
+        self.tile_len[:nt].copy_(dev[b : b + nt])
+        self.tile_rows[:nt].copy_(dev[b + nt :].view(nt, self.tile_k))
 
 
 MIXED_BUCKETS = (512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)

@@ -39,6 +39,8 @@ pool, read mostly from the GPU's L2 cache by a decode step's rows).
 
 from __future__ import annotations
 
+import itertools
+
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +48,9 @@ from typing import Any
 from agentopd.engines.base import FinishReason, GenerateRequest
 from agentopd.engines.fast.attention import PAGE
 from agentopd.engines.fast.kv_cache import PageAllocator
+
+
+_serials = itertools.count()
 
 
 @dataclass(eq=False)
@@ -71,6 +76,7 @@ class Seq:
     preemptions: int = 0
     row: int = -1  # the engine's page-table row while it has one (engine.py)
     table_len: int = 0  # how many of `pages` that row mirrors; reset whenever `pages` is replaced
+    serial: int = field(default_factory=_serials.__next__)  # unique in the process (the engine's shared-prompt tiles)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -46,15 +46,20 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _decode_program(Q, K, V, PT, CTX, O, OP, LSE, scale, r, h, s,
+    def _decode_program(Q, K, V, PT, CTX, O, OP, LSE, START, scale, r, h, s,
                         stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
                         stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
                         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
-        # row r (its one query is token r) x kv head h x split s of the row's context
+                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+                        CASCADE: tl.constexpr):
+        # row r (its one query is token r) x kv head h x split s of the row's context; with CASCADE, of the part
+        # after START[r] (the shared prompt before it is the prefix programs' slot SPLITS of the partials)
         ctx = tl.load(CTX + r)
-        per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), SPLITS) * BLOCK_N
-        t0 = s * per_split
+        first = 0
+        if CASCADE:
+            first = tl.load(START + r)
+        per_split = tl.cdiv(tl.cdiv(ctx - first, BLOCK_N), SPLITS) * BLOCK_N
+        t0 = first + s * per_split
         t1 = tl.minimum(t0 + per_split, ctx)
         offs_g = tl.arange(0, G_PAD)
         offs_d = tl.arange(0, D)
@@ -82,7 +87,7 @@ if triton is not None:
             m = m_new
         has = l > 0
         out = acc / tl.where(has, l, 1.0)[:, None]
-        if SPLITS == 1:
+        if SPLITS == 1 and not CASCADE:
             tl.store(O + r * stride_on + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                      mask=gmask[:, None])
         else:
@@ -90,17 +95,77 @@ if triton is not None:
             tl.store(OP + r * stride_pr_ + heads[:, None] * stride_ph + s * stride_ps + offs_d[None, :], out,
                      mask=gmask[:, None])
             tl.store(LSE + r * stride_lr + heads * stride_lh + s, lse, mask=gmask)
+            if CASCADE:
+                if s == 0:
+                    if first == 0:  # no shared prompt: the prefix slot weighs nothing in the merge
+                        tl.store(LSE + r * stride_lr + heads * stride_lh + SPLITS,
+                                 tl.full([G_PAD], float("-inf"), tl.float32), mask=gmask)
 
     @triton.jit
-    def _decode_kernel(Q, K, V, PT, CTX, O, OP, LSE, scale,
+    def _prefix_program(Q, K, V, PT, TROWS, TLEN, OP, LSE, scale, t, h,
+                        stride_qn, stride_qh, stride_kt, stride_kh, stride_pr,
+                        stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
+                        G: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        SPLITS: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr):
+        # tile t: up to ROWS rows whose first TLEN[t] context tokens are the same pages, x kv head h. Tile row i is
+        # (row TROWS[t, i // G], query head h * G + i % G): every K/V block of the shared prompt is loaded once for
+        # all of them, and each (row, head) gets its partial over the prompt in slot SPLITS
+        n = tl.load(TLEN + t)
+        if n > 0:
+            offs_i = tl.arange(0, M)
+            rr = tl.load(TROWS + t * ROWS + offs_i // G, mask=offs_i < ROWS * G, other=-1)
+            valid = rr >= 0
+            rr = tl.maximum(rr, 0)
+            heads = h * G + offs_i % G
+            offs_d = tl.arange(0, D)
+            q = tl.load(Q + rr[:, None] * stride_qn + heads[:, None] * stride_qh + offs_d[None, :],
+                        mask=valid[:, None], other=0.0)
+            r0 = tl.load(TROWS + t * ROWS)  # the pages are the same in every row of the tile: the first row's
+            m = tl.full([M], float("-inf"), tl.float32)
+            l = tl.zeros([M], tl.float32)
+            acc = tl.zeros([M, D], tl.float32)
+            for start in range(0, n, BLOCK_N):
+                offs_t = start + tl.arange(0, BLOCK_N)
+                tmask = offs_t < n
+                page = tl.load(PT + r0 * stride_pr + offs_t // PAGE_SIZE, mask=tmask, other=0)
+                slot = page.to(tl.int64) * PAGE_SIZE + offs_t % PAGE_SIZE
+                kv_off = slot[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
+                k = tl.load(K + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
+                qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+                qk = tl.where(tmask[None, :], qk, float("-inf"))
+                m_new = tl.maximum(m, tl.max(qk, axis=1))
+                alpha = tl.exp(m - m_new)
+                p = tl.exp(qk - m_new[:, None])
+                l = l * alpha + tl.sum(p, axis=1)
+                v = tl.load(V + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+                m = m_new
+            out = acc / l[:, None]
+            tl.store(OP + rr[:, None] * stride_pr_ + heads[:, None] * stride_ph + SPLITS * stride_ps + offs_d[None, :],
+                     out, mask=valid[:, None])
+            tl.store(LSE + rr * stride_lr + heads * stride_lh + SPLITS, m + tl.log(l), mask=valid)
+
+    @triton.jit
+    def _decode_kernel(Q, K, V, PT, CTX, O, OP, LSE, START, TROWS, TLEN, scale, n_rows,
                        stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
                        stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
                        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
-        _decode_program(Q, K, V, PT, CTX, O, OP, LSE, scale, tl.program_id(0), tl.program_id(1), tl.program_id(2),
-                        stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
-                        stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
-                        G, G_PAD, D, PAGE_SIZE, BLOCK_N, SPLITS, PRECISION)
+                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+                       CASCADE: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr):
+        # programs 0..n_rows-1 along axis 0: (row, kv head, split); with CASCADE the next ones (split 0 only) are the
+        # shared-prompt tiles, in the same launch so that both kinds fill the GPU together
+        pid = tl.program_id(0)
+        if pid < n_rows:
+            _decode_program(Q, K, V, PT, CTX, O, OP, LSE, START, scale, pid, tl.program_id(1), tl.program_id(2),
+                            stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
+                            stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
+                            G, G_PAD, D, PAGE_SIZE, BLOCK_N, SPLITS, PRECISION, CASCADE)
+        elif CASCADE:
+            if tl.program_id(2) == 0:
+                _prefix_program(Q, K, V, PT, TROWS, TLEN, OP, LSE, scale, pid - n_rows, tl.program_id(1),
+                                stride_qn, stride_qh, stride_kt, stride_kh, stride_pr,
+                                stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
+                                G, D, PAGE_SIZE, BLOCK_N, SPLITS, PRECISION, ROWS, M)
 
     @triton.jit
     def _combine_kernel(OP, LSE, O, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_on, stride_oh,
@@ -113,7 +178,7 @@ if triton is not None:
         lse = tl.load(LSE + r * stride_lr + h * stride_lh + offs_s, mask=smask, other=float("-inf"))
         w = tl.exp(lse - tl.max(lse, 0))
         part = tl.load(OP + r * stride_pr + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                       mask=smask[:, None], other=0.0)
+                       mask=(smask & (w > 0))[:, None], other=0.0)  # a slot of weight 0 may hold anything
         out = tl.sum(w[:, None] * part, 0) / tl.sum(w, 0)
         tl.store(O + r * stride_on + h * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
@@ -177,9 +242,9 @@ if triton is not None:
         n_dec = tl.load(COUNTS)
         if pid < n_dec:
             if j < n_kv:
-                _decode_program(Q, K, V, PT, CTX, O, O, O, scale, pid, j, 0,
+                _decode_program(Q, K, V, PT, CTX, O, O, O, CTX, scale, pid, j, 0,
                                 stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
-                                0, 0, 0, 0, 0, G, G_PAD, D, PAGE_SIZE, DEC_BLOCK_N, 1, PRECISION)
+                                0, 0, 0, 0, 0, G, G_PAD, D, PAGE_SIZE, DEC_BLOCK_N, 1, PRECISION, False)
         elif pid - n_dec < tl.load(COUNTS + 1):
             _prefill_program(Q, K, V, O, PT, BLK_ROW, BLK_START, Q_END, CTX, scale, pid - n_dec,
                              j * HEADS, stride_qn, stride_qh, stride_kt, stride_kh, stride_on, stride_oh, stride_pr,
@@ -196,32 +261,53 @@ def _group_pad(group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
+def prefix_tile(group: int) -> tuple[int, int]:
+    """(rows, tile rows) of a shared-prompt program: rows x the group's query heads in one `tl.dot` tile of >= 16."""
+    rows = max(2, 16 // group)
+    return rows, max(16, triton.next_power_of_2(rows * group)) if triton is not None else 16
+
+
 def decode_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table_RP: torch.Tensor,
-                     ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1, block_n: int = 64) -> torch.Tensor:
-    """One query per row (row r = token r): [R, Hq, D] attention output, split-KV, merged by log-sum-exp."""
+                     ctx_lens_R: torch.Tensor, scale: float, num_splits: int = 1, block_n: int = 64,
+                     cascade: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """One query per row (row r = token r): [R, Hq, D] attention output, split-KV, merged by log-sum-exp.
+
+    `cascade` = (start_R, tile_rows_TK, tile_len_T) (`shared_prefix.tiles`): row r attends to its own context from
+    start_R[r] on, and the first tile_len_T[t] tokens of the rows tile_rows_TK[t] (-1: none), the same pages in each,
+    are read once per tile for all of them (a task's prompt its samples share); both parts merge as splits do."""
     R, Hq, D = q_NHD.shape
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
     o_NHD = torch.empty_like(q_NHD)
-    if num_splits > 1:
-        part_RHSD = torch.empty(R, Hq, num_splits, D, device=q_NHD.device, dtype=torch.float32)
-        lse_RHS = torch.empty(R, Hq, num_splits, device=q_NHD.device, dtype=torch.float32)
+    slots = num_splits + (cascade is not None)
+    if slots > 1:
+        part_RHSD = torch.empty(R, Hq, slots, D, device=q_NHD.device, dtype=torch.float32)
+        lse_RHS = torch.empty(R, Hq, slots, device=q_NHD.device, dtype=torch.float32)
     else:
         part_RHSD = lse_RHS = o_NHD.new_empty(1, 1, 1, 1)
+    rows, tile_m = prefix_tile(G)
+    if cascade is not None:
+        start_R, tiles_TK, tile_len_T = cascade
+        if tiles_TK.shape[1] != rows:
+            raise ValueError(f"decode_attention: shared-prompt tiles of {tiles_TK.shape[1]} rows, the kernel's are {rows}")
+        extra = tile_len_T.shape[0]
+    else:
+        start_R = tiles_TK = tile_len_T = ctx_lens_R
+        extra = 0
     precision = "ieee" if q_NHD.dtype == torch.float32 else "tf32"
-    _decode_kernel[(R, Hkv, num_splits)](
-        q_NHD, k_cache, v_cache, page_table_RP, ctx_lens_R, o_NHD, part_RHSD, lse_RHS, scale,
-        q_NHD.stride(0), q_NHD.stride(1), k_cache.stride(0), k_cache.stride(1), page_table_RP.stride(0),
+    _decode_kernel[(R + extra, Hkv, num_splits)](
+        q_NHD, k_cache, v_cache, page_table_RP, ctx_lens_R, o_NHD, part_RHSD, lse_RHS, start_R, tiles_TK, tile_len_T,
+        scale, R, q_NHD.stride(0), q_NHD.stride(1), k_cache.stride(0), k_cache.stride(1), page_table_RP.stride(0),
         o_NHD.stride(0), o_NHD.stride(1), part_RHSD.stride(0), part_RHSD.stride(1), part_RHSD.stride(2),
         lse_RHS.stride(0), lse_RHS.stride(1),
         G=G, G_PAD=_group_pad(G), D=D, PAGE_SIZE=PAGE, BLOCK_N=block_n, SPLITS=num_splits, PRECISION=precision,
-        num_warps=4, num_stages=2,
+        CASCADE=cascade is not None, ROWS=rows, M=tile_m, num_warps=4, num_stages=2,
     )
-    if num_splits > 1:
+    if slots > 1:
         _combine_kernel[(R, Hq)](
             part_RHSD, lse_RHS, o_NHD, part_RHSD.stride(0), part_RHSD.stride(1), part_RHSD.stride(2),
             lse_RHS.stride(0), lse_RHS.stride(1), o_NHD.stride(0), o_NHD.stride(1),
-            D=D, SPLITS=num_splits, S_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            D=D, SPLITS=slots, S_PAD=triton.next_power_of_2(slots), num_warps=4,
         )
     return o_NHD
 
