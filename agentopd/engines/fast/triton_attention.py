@@ -46,6 +46,34 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
+    def _attend(q, K, V, PT, prow, t0, t1, h, scale, stride_kt, stride_kh, stride_pr,
+                ROWS_Q: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                PRECISION: tl.constexpr):
+        # the query tile q [ROWS_Q, D] over context tokens t0..t1-1 of page-table row prow, kv head h, BLOCK_N tokens
+        # at a time, online softmax in fp32: (running max, running sum, unnormalised output)
+        offs_d = tl.arange(0, D)
+        m = tl.full([ROWS_Q], float("-inf"), tl.float32)
+        l = tl.zeros([ROWS_Q], tl.float32)
+        acc = tl.zeros([ROWS_Q, D], tl.float32)
+        for start in range(t0, t1, BLOCK_N):
+            offs_t = start + tl.arange(0, BLOCK_N)
+            tmask = offs_t < t1
+            page = tl.load(PT + prow * stride_pr + offs_t // PAGE_SIZE, mask=tmask, other=0)
+            slot = page.to(tl.int64) * PAGE_SIZE + offs_t % PAGE_SIZE
+            kv_off = slot[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
+            k = tl.load(K + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            qk = tl.where(tmask[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m, tl.max(qk, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(qk - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            v = tl.load(V + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m = m_new
+        return m, l, acc
+
+    @triton.jit
     def _decode_program(Q, K, V, PT, CTX, O, OP, LSE, START, scale, r, h, s,
                         stride_qn, stride_qh, stride_kt, stride_kh, stride_pr, stride_on, stride_oh,
                         stride_pr_, stride_ph, stride_ps, stride_lr, stride_lh,
@@ -66,25 +94,8 @@ if triton is not None:
         heads = h * G + offs_g
         gmask = offs_g < G
         q = tl.load(Q + r * stride_qn + heads[:, None] * stride_qh + offs_d[None, :], mask=gmask[:, None], other=0.0)
-        m = tl.full([G_PAD], float("-inf"), tl.float32)
-        l = tl.zeros([G_PAD], tl.float32)
-        acc = tl.zeros([G_PAD, D], tl.float32)
-        for start in range(t0, t1, BLOCK_N):
-            offs_t = start + tl.arange(0, BLOCK_N)
-            tmask = offs_t < t1
-            page = tl.load(PT + r * stride_pr + offs_t // PAGE_SIZE, mask=tmask, other=0)
-            slot = page.to(tl.int64) * PAGE_SIZE + offs_t % PAGE_SIZE
-            kv_off = slot[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
-            k = tl.load(K + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            qk = tl.where(tmask[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m, tl.max(qk, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(qk - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            v = tl.load(V + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m = m_new
+        m, l, acc = _attend(q, K, V, PT, r, t0, t1, h, scale, stride_kt, stride_kh, stride_pr,
+                            G_PAD, D, PAGE_SIZE, BLOCK_N, PRECISION)
         has = l > 0
         out = acc / tl.where(has, l, 1.0)[:, None]
         if SPLITS == 1 and not CASCADE:
@@ -121,25 +132,8 @@ if triton is not None:
             q = tl.load(Q + rr[:, None] * stride_qn + heads[:, None] * stride_qh + offs_d[None, :],
                         mask=valid[:, None], other=0.0)
             r0 = tl.load(TROWS + t * ROWS)  # the pages are the same in every row of the tile: the first row's
-            m = tl.full([M], float("-inf"), tl.float32)
-            l = tl.zeros([M], tl.float32)
-            acc = tl.zeros([M, D], tl.float32)
-            for start in range(0, n, BLOCK_N):
-                offs_t = start + tl.arange(0, BLOCK_N)
-                tmask = offs_t < n
-                page = tl.load(PT + r0 * stride_pr + offs_t // PAGE_SIZE, mask=tmask, other=0)
-                slot = page.to(tl.int64) * PAGE_SIZE + offs_t % PAGE_SIZE
-                kv_off = slot[:, None] * stride_kt + h * stride_kh + offs_d[None, :]
-                k = tl.load(K + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
-                qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-                qk = tl.where(tmask[None, :], qk, float("-inf"))
-                m_new = tl.maximum(m, tl.max(qk, axis=1))
-                alpha = tl.exp(m - m_new)
-                p = tl.exp(qk - m_new[:, None])
-                l = l * alpha + tl.sum(p, axis=1)
-                v = tl.load(V + kv_off, mask=tmask[:, None], other=0.0).to(q.dtype)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-                m = m_new
+            m, l, acc = _attend(q, K, V, PT, r0, 0, n, h, scale, stride_kt, stride_kh, stride_pr,
+                                M, D, PAGE_SIZE, BLOCK_N, PRECISION)
             out = acc / l[:, None]
             tl.store(OP + rr[:, None] * stride_pr_ + heads[:, None] * stride_ph + SPLITS * stride_ps + offs_d[None, :],
                      out, mask=valid[:, None])
