@@ -366,8 +366,11 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
             # one process per teacher replica on Ray; the local backend's one process holds every local teacher
             # while they stay resident (offloaded, one at a time); each counted at the largest's size
             n = te.count(g) if not local else 1 if teacher_offload else teachers
-            items += [Item("teacher", f"bf16 weights ({t.params / 1e9:.2f}B) x{n}", _gib(2 * t.params) * n, g, resident),
-                      Item("teacher", "scoring work (16k tokens)", _gib(_scoring_work(t)) * n, g, scoring)]  # fmt: skip
+            fp8 = cfg.teacher.linear_dtype == "fp8"
+            what = "fp8 projections + bf16 rest" if fp8 else "bf16 weights"
+            items += [Item("teacher", f"{what} ({t.params / 1e9:.2f}B) x{n}", _gib(teacher_weight_bytes(t, cfg.teacher.linear_dtype)) * n,
+                           g, resident),
+                      Item("teacher", "scoring work (16k tokens)", _gib(_scoring_work(t, fp8)) * n, g, scoring)]  # fmt: skip
     if runs_selftest(cfg):  # the driver's scorer of the student, on the run's device; the teacher's buffers are free by then
         items.append(Item("selftest", "student scorer, pre-flight: bf16 weights + work", _gib(2 * P + max(0.0, _scoring_work(s) - work)),
                           0, (Phase.TEACHER,)))  # fmt: skip
@@ -393,10 +396,21 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     return plan
 
 
-def _scoring_work(t: ModelShape) -> float:
-    """Bytes an HFTeacher of shape `t` allocates while it scores (the module docstring's formula)."""
+def _scoring_work(t: ModelShape, fp8: bool = False) -> float:
+    """Bytes an HFTeacher of shape `t` allocates while it scores (the module docstring's formula); `fp8`
+    (teacher.linear_dtype): + a projection's input scaled (bf16) and quantized (1 byte), at its widest (the MLP's)."""
     Tt = TEACHER_TOKENS
-    return 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab
+    work = 2 * Tt * (4 * t.hidden + 2 * t.q + 2 * t.kv + 3 * t.intermediate) + 2 * Tt * t.hidden + 12 * TEACHER_HEAD_CHUNK * t.vocab
+    return work + (3 * Tt * t.intermediate if fp8 else 0)
+
+
+def teacher_weight_bytes(t: ModelShape, linear_dtype: str = "auto") -> float:
+    """A local teacher's weights in bf16, or with its decoder projections in float8 (one byte; teacher.linear_dtype=fp8,
+    agentopd.teacher.fp8) and their per-row fp32 scales."""
+    if linear_dtype != "fp8":
+        return 2 * t.params
+    scales = 4 * t.layers * (t.q + 2 * t.kv + t.hidden + 2 * t.intermediate + t.hidden)  # one per output row
+    return 2 * t.params - t.linear_params + scales
 
 
 def _vllm(cfg: Config) -> bool:

@@ -111,6 +111,7 @@ def check_run(cfg: Config) -> None:
     if cfg.async_.enabled and cfg.run.backend == BackendKind.LOCAL:
         raise ValueError("async.enabled=true needs run.backend=ray (the local backend runs one stage at a time)")
     _check_overlap(cfg)
+    _check_fp8_teacher(cfg)
     _check_installed(cfg)
     _check_teacher_recipes(cfg)
     _check_groups(cfg)
@@ -128,6 +129,20 @@ def check_run(cfg: Config) -> None:
     servers = server_teachers(cfg)
     if servers:
         _check_server_teacher(cfg, servers[0], trainer)
+
+
+def _check_fp8_teacher(cfg: Config) -> None:
+    """teacher.linear_dtype=fp8 quantizes a teacher loaded here, for a GPU's fp8 tensor cores (the device itself is
+    judged when the teacher is built: backends.stages.check_fp8_device)."""
+    if cfg.teacher.linear_dtype != "fp8":
+        return
+    if cfg.run.device == "cpu":
+        raise ValueError("teacher.linear_dtype=fp8 with run.device=cpu: fp8 projections are for a GPU's fp8 tensor cores "
+                         "(H100/H200); on a CPU they are slower than the run's dtype: set teacher.linear_dtype=auto")  # fmt: skip
+    servers = server_teachers(cfg)
+    if servers:
+        raise ValueError(f"teacher.linear_dtype=fp8 with a teacher served at {servers[0]}: the precision of a served "
+                         "teacher is its server's (vLLM's --quantization fp8); set teacher.linear_dtype=auto")  # fmt: skip
 
 
 def _check_overlap(cfg: Config) -> None:

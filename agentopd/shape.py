@@ -79,6 +79,12 @@ class ModelShape:
         return self.layers * layer + h + self.vocab * h * (1 if self.tied else 2)
 
     @property
+    def linear_params(self) -> int:
+        """The decoder layers' projections (q, k, v, o; gate, up, down): what teacher.linear_dtype=fp8 holds in one byte."""
+        h = self.hidden
+        return self.layers * (2 * h * self.q + 2 * h * self.kv + 3 * h * self.intermediate)
+
+    @property
     def compute_params(self) -> int:
         """N of agentopd.flops: every parameter but the input embedding table, with the output head's V x H (its matmul
         runs at every position, tied to the embedding or not)."""

@@ -288,8 +288,24 @@ def build_teacher(ctx: RunContext, name: str, model: torch.nn.Module | None = No
     # a cross-tokenizer teacher scores its own stream (agentopd.crosstok) over its own vocabulary
     vocab_size = None if ctx.trainer_cfg.loss.is_cross_tokenizer else ctx.vocab_size
     sizes = {k: v for k, v in (("max_tokens_per_batch", ctx.teacher_tokens), ("head_chunk", ctx.teacher_head_chunk)) if v}
+    linear_dtype = ctx.cfg.teacher.linear_dtype
+    if linear_dtype == "fp8":
+        check_fp8_device(ctx.device)
     return HFTeacher(ref if model is None else model, device=ctx.device, dtype=ctx.inference_dtype(ref), temperature=temperature, top_k=ctx.cfg.teacher.top_k,
-                     vocab_size=vocab_size, offload_after_score=ctx.teacher_offload, compile=ctx.cfg.teacher.compile, **sizes)
+                     vocab_size=vocab_size, offload_after_score=ctx.teacher_offload, compile=ctx.cfg.teacher.compile,
+                     linear_dtype=linear_dtype, **sizes)
+
+
+def check_fp8_device(device: Any) -> None:
+    """teacher.linear_dtype=fp8 runs on a GPU with fp8 tensor cores: refused elsewhere, in one line."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"teacher.linear_dtype=fp8 needs a CUDA GPU with fp8 tensor cores (H100/H200); this run's device "
+                         f"is {device.type}, where it is slower than the run's dtype: set teacher.linear_dtype=auto")
+    cc = torch.cuda.get_device_capability(device)
+    if cc < (8, 9):
+        raise ValueError(f"teacher.linear_dtype=fp8 needs compute capability >= 8.9 (H100/H200, L40, RTX 4090); "
+                         f"{torch.cuda.get_device_name(device)} has {cc[0]}.{cc[1]}: set teacher.linear_dtype=auto")
 
 
 def engine_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -188,6 +188,12 @@ class TeacherConfig(Section):
         "and casts fused: issue 52's profile found ~10 s of eager elementwise work in the real-size teacher phase); "
         "compiles on its first scoring; ignored on a CPU",
     )
+    linear_dtype: Literal["auto", "fp8"] = Field(
+        "auto", description="a local teacher on a GPU: auto = its projections in the run's dtype; fp8 = the decoder "
+        "layers' projections in float8 e4m3 with per-row scales, inputs quantized per token (agentopd.teacher.fp8): half "
+        "their bytes and the fp8 tensor cores (compute capability >= 8.9: H100/H200); the teacher then scores as a "
+        "slightly different model (benchmarks/teacher_fp8.py measures how far on a real checkpoint)",
+    )
     overlap: bool = Field(
         False, description="the local backend: score each training episode as soon as it is played, on a thread (and a "
         "CUDA stream) of its own, while the rollout's stragglers still decode, instead of after the rollout (the teacher "

@@ -163,6 +163,7 @@ class HFTeacher:
         share_prefix: bool = True,
         vocab_size: int | None = None,
         compile: bool = False,
+        linear_dtype: str = "auto",
     ):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -186,6 +187,12 @@ class HFTeacher:
             raise ValueError("the teacher needs an lm_head without bias (logits = hidden @ W.T)")
         model.eval()
         model.requires_grad_(False)
+        if linear_dtype == "fp8":  # teacher.linear_dtype: the decoder's projections in float8 (agentopd.teacher.fp8)
+            from agentopd.teacher.fp8 import to_fp8
+
+            to_fp8(model)
+        elif linear_dtype != "auto":
+            raise ValueError(f"linear_dtype must be auto or fp8, got {linear_dtype!r}")
         self.model = model
         self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.max_tokens_per_batch = max_tokens_per_batch
