@@ -5,7 +5,7 @@ scores on a GPU.
     python benchmarks/teacher_fp8.py speed [--shape 8b] [--tasks 32] [--out DIR]          # a GPU with fp8 tensor cores
 
 fidelity (CPU or GPU): the teacher folder (a real checkpoint, e.g. Qwen2.5-Coder-1.5B-Instruct imported from its GGUF:
-agentopd.gguf_fetch) scores the response tokens of a run's stored episodes (the student's own streams, what an OPD
+agentopd.gguf_fetch) scores the response tokens of a run's last `--episodes` stored training episodes (the student's own streams, what an OPD
 teacher scores) twice, in bf16 and with its projections in float8 (agentopd.teacher.fp8): per response token the KL of
 the fp8 teacher's distribution from the bf16 one (full vocabulary, fp32), |delta log p| of the sampled token, and how
 often the two agree on the most likely token. For scale, the same figures between the bf16 teacher and the bf16 student
@@ -42,7 +42,7 @@ def fidelity(args) -> dict:
     from agentopd.store import Store
 
     store = Store(args.store, readonly=True)
-    episodes = [ep for _, (_, ep) in zip(range(args.episodes), store.iter_episodes(split="train")) if ep.tokens]
+    episodes = [ep for _, ep in store.iter_episodes(split="train") if ep.tokens][-args.episodes:]  # the latest steps'
     if not episodes:
         raise SystemExit(f"{args.store}: no episodes")
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -116,3 +116,24 @@ def test_the_plan_counts_an_fp8_teacher_at_about_half_its_bytes():
     from agentopd.memory_plan import Phase
 
     assert quant.peak(0, Phase.TEACHER) < plain.peak(0, Phase.TEACHER) - 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU with fp8 tensor cores (compute capability >= 8.9)")
+def test_gpu_an_fp8_teacher_packed_compiled_and_offloaded_scores_as_on_the_cpu():
+    """On the GPU (packed rows, prompts shared, compiled layers, offloaded and loaded again between scorings) the fp8
+    teacher gives what the same fp8 model gives on the CPU's torch._scaled_mm, and stays as near its bf16 self."""
+    streams = [TokenStream(list(range(10, 40)) + list(range(50 + i, 90 + i)), 30, [1] * 40, [0.0] * 40, [0] * 40)
+               for i in range(6)]  # fmt: skip
+    cpu = HFTeacher(_model(hidden=128, inter=256), device="cpu", offload_after_score=False, linear_dtype="fp8")
+    gpu = HFTeacher(_model(hidden=128, inter=256), device="cuda", compile=True, linear_dtype="fp8")
+    bf16 = HFTeacher(_model(hidden=128, inter=256), device="cuda")
+    ref, got = cpu.score(streams), gpu.score(streams)
+    again = gpu.score(streams)  # after an offload and a load
+    plain = bf16.score(streams)
+    for r, g, a in zip(ref, got, again):
+        assert max(abs(x - y) for x, y in zip(r.logprobs, g.logprobs)) < 0.05  # bf16 attention on the GPU
+        assert a.logprobs == g.logprobs
+    gap = sum(abs(x - y) for p, g in zip(plain, got) for x, y in zip(p.logprobs, g.logprobs)) / (6 * 40)
+    assert 0 < gap < 0.1, gap
