@@ -224,6 +224,8 @@ def main() -> None:
                      f"{r.get('perf/mfu', float('nan')):.1%} | {r.get('episodes', float('nan')):.0f} | {r.get('num_turns/mean', float('nan')):.2f} |")  # fmt: skip
     for r in steps:  # the rollout's decode batch, and with teacher.overlap what the teacher scored beside it
         lines.append(f"\nstep {r['step']}: {r.get('rollout/engine_rows_per_decode', float('nan')):.1f} rows a decode step"
+                     + (f", {r['rollout/engine_shared_prompt_share']:.0%} of them reading a shared prompt once a tile"
+                        if "rollout/engine_shared_prompt_share" in r else "")
                      + (f"; teacher.overlap: {r['teacher/overlap_s']:.1f} s of scoring beside the rollout, "
                         f"{r['teacher/overlap_share']:.0%} of the tokens scored by its end" if "teacher/overlap_s" in r else ""))  # fmt: skip
     lines.append(f"\ncheckpoint of step {args.steps}: {written / 2**30:.2f} GiB written in "
