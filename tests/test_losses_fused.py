@@ -119,7 +119,11 @@ def test_fused_masking_removes_exactly_the_masked_tokens(kind):
     g_sel = torch.autograd.grad(selected, (x["h"], x["w"]))
     assert abs(as_weights.item() - selected.item()) < 1e-5 * abs(selected.item())
     assert (g_weights[0][~mask] == 0).all()
-    assert _rel(g_weights[0], g_sel[0]) < 1e-6 and _rel(g_weights[1], g_sel[1]) < 1e-6
+    # the two sums run in other chunks: fp32 rounding of ~1e-7 absolute. JSD's gradients here are ~300x smaller than
+    # the KLs' (max ~0.008 against ~2-4), so the same rounding is ~1e-5 of their norm (triton 3.6's interpreter: 1.2e-5);
+    # a masked token leaking in would be of the order of the gradient itself
+    bound = 5e-5 if kind == "jsd" else 1e-6
+    assert _rel(g_weights[0], g_sel[0]) < bound and _rel(g_weights[1], g_sel[1]) < bound
 
 
 @in_process
