@@ -171,6 +171,8 @@ class HFTeacher:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         if head_chunk < 1:
             raise ValueError(f"head_chunk must be >= 1, got {head_chunk}")
+        if linear_dtype not in ("auto", "fp8"):
+            raise ValueError(f"linear_dtype must be auto or fp8, got {linear_dtype!r}")
         if isinstance(model, (str, Path)):
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or "auto")
         elif dtype is not None:  # the weights only (agentopd.weights_dtype: the rotary inv_freq stays fp32)
@@ -191,8 +193,6 @@ class HFTeacher:
             from agentopd.teacher.fp8 import to_fp8
 
             to_fp8(model)
-        elif linear_dtype != "auto":
-            raise ValueError(f"linear_dtype must be auto or fp8, got {linear_dtype!r}")
         self.model = model
         self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.max_tokens_per_batch = max_tokens_per_batch

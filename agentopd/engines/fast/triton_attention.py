@@ -258,7 +258,7 @@ def _group_pad(group: int) -> int:
 def prefix_tile(group: int) -> tuple[int, int]:
     """(rows, tile rows) of a shared-prompt program: rows x the group's query heads in one `tl.dot` tile of >= 16."""
     rows = max(2, 16 // group)
-    return rows, max(16, triton.next_power_of_2(rows * group)) if triton is not None else 16
+    return rows, max(16, 1 << (rows * group - 1).bit_length())
 
 
 def decode_attention(q_NHD: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table_RP: torch.Tensor,
