@@ -9,7 +9,7 @@ once per sample (benchmarks/results/realsize_profile.md). `FastEngine(shared_pro
 Triton kernel runs) reads the pages a tile of rows shares once for the tile (agentopd/engines/fast/shared_prefix.py).
 
 Arms, each on an engine of its own built in this process (random weights of the shape, bf16, a 256-row decode
-graph), `--reps` runs each, alternating on / off:
+graph), on first and then off, `--reps` runs of each arm:
 - tasks: `--tasks` x `--n` samples of a prompt of `--prompt` tokens (each task's own), `--tokens` tokens each (T=1,
   random weights: no stop, so a spread of +-25% keeps the rows from finishing at one step), all in flight at once;
 - unshared: the same number of episodes, every prompt its own (nothing to share: what the kernel's merge costs).
@@ -72,7 +72,6 @@ def main() -> None:
           f"{args.n}, {args.prompt}-token prompts, ~{args.tokens} tokens", flush=True)
     arms = {"tasks": (args.tasks, args.n), "unshared": (args.tasks * args.n, 1)}
     results: dict[str, dict[str, list[float]]] = {a: {"on": [], "off": []} for a in arms}
-    timings: dict[str, dict] = {}
     for shared in (True, False):
         key = "on" if shared else "off"
         engine = build(args.shape, shared)
@@ -82,7 +81,6 @@ def main() -> None:
                 wall, gen = asyncio.run(play(engine, tasks, n, args.prompt, args.tokens, seed=100 + rep))
                 results[arm][key].append(gen / wall)
                 d = {k: engine.timings[k] - before[k] for k in before}
-                timings[f"{arm}/{key}"] = d
                 share = d["shared_prompt_rows"] / max(d["decode_rows"], 1)
                 print(f"{arm:9s} shared_prompts={key:3s} run {rep + 1}: {gen / wall:8,.0f} tok/s ({gen:,} tokens in "
                       f"{wall:.1f} s; {d['decode_rows'] / max(d['decode_steps'], 1):.0f} rows a decode step, "

@@ -65,7 +65,7 @@ def fidelity(args) -> dict:
     kl, dlp, agree = [], [], []
     kl_st = []
     t0 = time.perf_counter()
-    for ep, ref, pos, tok, i in zip(episodes, refs, positions, sampled, range(len(refs))):
+    for i, (ep, ref, pos, tok) in enumerate(zip(episodes, refs, positions, sampled)):
         got = _log_probs(model, ep.tokens.token_ids)[pos].cpu()
         kl.append((ref.exp() * (ref - got)).sum(-1))
         dlp.append((ref.gather(1, tok[:, None]) - got.gather(1, tok[:, None])).abs()[:, 0])
