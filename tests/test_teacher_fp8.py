@@ -17,10 +17,10 @@ from agentopd.teacher.fp8 import FP8, Fp8Linear, to_fp8
 from agentopd.types import TokenStream
 
 
-def _model(seed=0, hidden=64, inter=128):
+def _model(seed=0, hidden=64, inter=128, init=0.1):
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=300, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1)
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=init)
     return Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
 
 
@@ -123,17 +123,24 @@ def test_the_plan_counts_an_fp8_teacher_at_about_half_its_bytes():
                     reason="needs a GPU with fp8 tensor cores (compute capability >= 8.9)")
 def test_gpu_an_fp8_teacher_packed_compiled_and_offloaded_scores_as_on_the_cpu():
     """On the GPU (packed rows, prompts shared, compiled layers, offloaded and loaded again between scorings) the fp8
-    teacher gives what the same fp8 model gives on the CPU's torch._scaled_mm, and stays as near its bf16 self."""
+    teacher is the CPU's fp8 model: as far from its bf16 self as the CPU's is, and nearer the CPU's fp8 scores than
+    that. Not a tight bound on GPU-vs-CPU: fp8 rounds each activation to 3 mantissa bits, so bf16's last-bit
+    differences between the two devices' kernels move values across fp8 steps (measured on an H200 at this init:
+    fp8 vs bf16 0.0086-0.0089 nats mean on both devices, GPU fp8 vs CPU fp8 0.005-0.008; a wrong scale is ~1)."""
     streams = [TokenStream(list(range(10, 40)) + list(range(50 + i, 90 + i)), 30, [1] * 40, [0.0] * 40, [0] * 40)
                for i in range(6)]  # fmt: skip
-    cpu = HFTeacher(_model(hidden=128, inter=256), device="cpu", offload_after_score=False, linear_dtype="fp8")
-    gpu = HFTeacher(_model(hidden=128, inter=256), device="cuda", compile=True, linear_dtype="fp8")
-    bf16 = HFTeacher(_model(hidden=128, inter=256), device="cuda")
-    ref, got = cpu.score(streams), gpu.score(streams)
-    again = gpu.score(streams)  # after an offload and a load
-    plain = bf16.score(streams)
-    for r, g, a in zip(ref, got, again):
-        assert max(abs(x - y) for x, y in zip(r.logprobs, g.logprobs)) < 0.05  # bf16 attention on the GPU
-        assert a.logprobs == g.logprobs
-    gap = sum(abs(x - y) for p, g in zip(plain, got) for x, y in zip(p.logprobs, g.logprobs)) / (6 * 40)
-    assert 0 < gap < 0.1, gap
+
+    def scores(**kw):
+        return [s.logprobs for s in HFTeacher(_model(hidden=128, inter=256, init=0.02), **kw).score(streams)]
+
+    def mean_gap(a, b):
+        return sum(abs(x - y) for p, q in zip(a, b) for x, y in zip(p, q)) / (6 * 40)
+
+    cpu, cpu_bf16 = scores(device="cpu", offload_after_score=False, linear_dtype="fp8"), scores(device="cpu")
+    teacher = HFTeacher(_model(hidden=128, inter=256, init=0.02), device="cuda", compile=True, linear_dtype="fp8")
+    got = [s.logprobs for s in teacher.score(streams)]
+    again = [s.logprobs for s in teacher.score(streams)]  # after an offload and a load
+    assert again == got
+    cpu_err, gpu_err = mean_gap(cpu, cpu_bf16), mean_gap(got, scores(device="cuda"))
+    assert 0 < cpu_err < 0.05 and 0.5 < gpu_err / cpu_err < 2, (cpu_err, gpu_err)
+    assert mean_gap(got, cpu) < 1.5 * cpu_err, (mean_gap(got, cpu), cpu_err)

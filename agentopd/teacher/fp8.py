@@ -5,7 +5,8 @@ H100/H200 the GEMMs on the fp8 tensor cores (twice bf16's peak).
 
 `Fp8Linear` keeps its weight as float8 e4m3 with one fp32 scale per output row (the row's largest magnitude / 448, the
 format's largest value) and, at each call, scales the input per token the same way (dynamic quantization: no
-calibration); `torch._scaled_mm` multiplies the two and applies both scales to its fp32 accumulator, with a bf16 output.
+calibration); `torch._scaled_mm` multiplies the two and applies both scales to its fp32 accumulator, with a bf16 output
+(on a CPU, where only our tests put it, the same product in fp32 matmuls).
 That is the per-row scheme torchao's `Float8DynamicActivationFloat8WeightConfig(PerRow())` and vLLM's dynamic fp8
 apply; torchao refuses to quantize where no fp8 GEMM hardware is (a CPU), and this one must run in our CPU tests and
 on our GPU machines without a new dependency, so it is ours (~30 lines).
@@ -29,8 +30,8 @@ FP8_MAX = float(torch.finfo(FP8).max)  # 448
 def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (float8 e4m3 [M, K], fp32 scales [M, 1]) with x ~ q * scale, each row's largest |x| at 448. One
     temporary of x's size and dtype (the memory plan counts it), not an fp32 copy."""
-    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    return (x / scale.to(x.dtype)).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
+    scale = (x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX).to(x.dtype)
+    return (x / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale.float()  # divided and multiplied by the same scale
 
 
 class Fp8Linear(nn.Module):
@@ -48,7 +49,11 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         q, scale = _quantize_rows(x.reshape(-1, shape[-1]))
-        y = torch._scaled_mm(q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=self.out_dtype)
+        if q.is_cuda:
+            y = torch._scaled_mm(q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=self.out_dtype)
+        else:  # the same product, accumulated in fp32, scaled after: CPU _scaled_mm takes per-row scales only from
+            # torch 2.13 on (2.11's refuses them), and a CPU fp8 teacher is our tests' alone (runs refuse it)
+            y = ((q.float() @ self.weight.float().t()) * scale * self.weight_scale).to(self.out_dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
