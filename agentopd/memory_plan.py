@@ -54,7 +54,8 @@ Roles and formulas (bytes):
   student's shape) beyond the teacher's on that GPU, in the teacher phase (of the first step: it loads after the
   teachers scored the pre-flight's probe and is dropped after it).
 - the teacher's eval (`eval.teacher`, before training): a second engine on the teacher (2P_t + its own KV
-  pool). Both backends close it after that eval (and the local student's engine sleeps through it when
+  pool: `engine.kv_cache_gib`, or less where that would not fit the eval phase, down to one context of
+  `rollout.max_context`; the eval then plays with fewer episodes' K/V at once). Both backends close it after that eval (and the local student's engine sleeps through it when
   `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it. Not counted for a
   cross-tokenizer loss (its eval.teacher is skipped).
 - a teacher that plays training episodes (`objective=sft`, `recipe.sft_steps`, `recipe.teacher_fraction`:
@@ -121,6 +122,7 @@ class MemoryPlan:
     kv_cache_gib: float
     engine_sleep: bool
     teacher_offload: bool = True
+    teacher_eval_kv_gib: float | None = None  # the teacher's eval engine's pool where smaller than kv_cache_gib
     notes: list[str] = field(default_factory=list)
     changes: tuple[str, ...] = ()  # the keys a refusal offers: MemoryPlanError.KEYS less what the run already has
 
@@ -302,6 +304,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     if max(tr + ro + te) >= len(gpus_gib):
         raise ValueError(f"the placement needs {max(tr + ro + te) + 1} GPUs (ray.gpus_per_*), {len(gpus_gib)} present")
     items: list[Item] = []
+    eval_pools: list[tuple[int, int]] = []  # (GPU, engines) of a teacher's eval engine whose pool is sized last
     world = len(tr)
     tc, P = cfg.trainer, s.params
     train_only = (Phase.TRAIN,)
@@ -354,9 +357,11 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
         if plays and t is not None:
             items.append(Item("engine", f"teacher's play engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers,
                               g))  # fmt: skip
-        elif (teacher_evals(cfg) or guide) and t is not None:  # closed after the teacher's eval unless it guides
-            items.append(Item("eval", f"teacher's engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers, g,
-                              ALL if guide else (Phase.EVAL,)))  # fmt: skip
+        elif guide and t is not None:  # the teacher's engine guides every rollout: kept, its pool as large
+            items.append(Item("eval", f"teacher's engine: bf16 weights + KV x{workers}", (_gib(2 * t.params) + kv) * workers, g))
+        elif teacher_evals(cfg) and t is not None:  # closed after the teacher's eval: its pool sized below
+            items.append(Item("eval", f"teacher's engine: bf16 weights x{workers}", _gib(2 * t.params) * workers, g, (Phase.EVAL,)))
+            eval_pools.append((g, workers))
     work = 0.0  # the teacher's scoring work on GPU 0
     if t is not None and loads_scorer(cfg):
         work = _scoring_work(t) if 0 in te else 0.0
@@ -378,13 +383,24 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     for g, n in procs.items():
         if n:
             items.append(Item("cuda", f"context + slack x{n}", CONTEXT_GIB * n, g))
+    kv_bytes = 1 if cfg.engine.kv_cache_dtype == "fp8" else 2
+    teacher_eval_kv = None
+    for g, workers in eval_pools:  # after every other item on its GPU: what the eval phase leaves, at most kv
+        room = (HEADROOM * gpus_gib[g] - sum(i.gib for i in items if i.gpu == g and Phase.EVAL in i.phases)) / workers
+        pool = min(kv, max(room, _gib(t.kv_bytes_per_token(kv_bytes) * min(cfg.rollout.max_context, 1 << 20))))
+        if pool < kv:
+            teacher_eval_kv = pool if teacher_eval_kv is None else min(teacher_eval_kv, pool)
+        items.append(Item("eval", f"teacher's engine: KV pool x{workers}", pool * workers, g, (Phase.EVAL,)))
+    if teacher_eval_kv is not None:
+        notes.append(f"the teacher's eval engine: a KV pool of {teacher_eval_kv:.1f} GiB (engine.kv_cache_gib's {kv:.1f} would "
+                     "not fit beside the eval phase's other holders)")  # fmt: skip
     in_effect = {key for on, key in ((tc.activation_checkpointing, "trainer.activation_checkpointing=true"), (engine_sleep, "engine.sleep=true"),
                                      (teacher_offload and t is not None, "teacher.offload=true"), (not cfg.eval.teacher, "eval.teacher=false"),
                                      (tc.cpu_offload, "trainer.cpu_offload=true (run.backend=ray)")) if on}  # fmt: skip
     renamed = {} if local else {"engine.sleep=true": "ray.engine_sleep=true"}  # the Ray backend's key for it
     changes = tuple(renamed.get(k, k) for k in MemoryPlanError.KEYS if k not in in_effect)
     plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload,
-                      notes=notes, changes=changes)  # fmt: skip
+                      teacher_eval_kv_gib=teacher_eval_kv, notes=notes, changes=changes)  # fmt: skip
     need = s.kv_bytes_per_token(1 if cfg.engine.kv_cache_dtype == "fp8" else 2) * min(cfg.rollout.max_context, 1 << 20)
     if _gib(need) > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "

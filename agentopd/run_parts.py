@@ -99,6 +99,7 @@ def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: T
         ctx.engine_max_batch = host_plan.engine_max_batch  # and the engines' batch, where it lowered it
     if memory_plan is not None:
         ctx.kv_cache_gib = memory_plan.kv_cache_gib
+        ctx.teacher_eval_kv_gib = memory_plan.teacher_eval_kv_gib
         ctx.engine_sleep = memory_plan.engine_sleep and sleeps
         ctx.teacher_offload = memory_plan.teacher_offload
     else:

@@ -108,8 +108,8 @@ def test_qwen3_gpu_example_with_1_7b_and_8b_shapes_fits_one_and_two_gpus():
     assert {i.role for i in two.items if i.gpu == 0} == {"trainer", "cuda", "selftest"}  # the driver's pre-flight scorer
     assert {"engine", "teacher"} <= {i.role for i in two.items if i.gpu == 1}
     # the teacher's eval engine (31 GiB for 8B) is closed after the step-0 eval on Ray too: only the eval phase holds it
-    (eval_engine,) = [i for i in two.items if i.role == "eval"]
-    assert eval_engine.gpu == 1 and tuple(eval_engine.phases) == (Phase.EVAL,)
+    eval_engine = [i for i in two.items if i.role == "eval"]  # its weights and its pool
+    assert len(eval_engine) == 2 and all(i.gpu == 1 and tuple(i.phases) == (Phase.EVAL,) for i in eval_engine)
     assert two.peak(1, Phase.TEACHER) < two.peak(1, Phase.EVAL) - 25
 
 
@@ -324,9 +324,12 @@ def test_teacher_offload_auto_keeps_a_teacher_resident_only_where_it_fits():
     assert any(n.startswith("teacher.offload=auto: on") for n in one.notes)
     resident = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=["teacher.offload=false"]),
                            {"student": q17, "teacher": q8}, [79.2])  # fmt: skip
+    # resident only with the engine asleep and the teacher's eval engine on a 5 GiB pool (what the eval phase leaves)
+    assert resident.fits and resident.engine_sleep and 4 < resident.teacher_eval_kv_gib < 6
+    tighter = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=[
+        "teacher.offload=false", "trainer.micro_batch_tokens=131072"]), {"student": q17, "teacher": q8}, [79.2])  # fmt: skip
     with pytest.raises(MemoryPlanError, match="teacher.offload=true"):
-        resident.check()
-    assert resident.engine_sleep  # engine.sleep=auto tried sleeping first, and still no room
+        tighter.check()
 
     two = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-2gpu.yaml"), {"student": q17, "teacher": q8}, [79.2] * 2)
     assert two.fits and not two.teacher_offload  # the teacher's GPU has room for it between scorings
@@ -494,6 +497,52 @@ def test_a_teacher_that_plays_is_counted_with_its_engine_and_pure_sft_loads_no_s
     # a cross-tokenizer run skips the teacher's eval: its engine is not counted
     cross = plan_memory(load_config("sql_db", overrides=["engine.kv_cache_gib=8", "trainer.loss=xtok_k1"]), shapes, [200.0])
     assert not [i for i in cross.items if i.what.startswith("teacher's engine")]
+
+
+def test_the_teachers_eval_engine_takes_the_pool_its_phase_leaves_and_the_run_builds_it_so():
+    """A 64 GiB pool for 512 episodes in flight fits an H200's rollout phase, but the teacher's eval engine took a pool
+    as large beside the student's (167 GiB): it now takes what the eval phase leaves, at most engine.kv_cache_gib and
+    at least one context of rollout.max_context, says so, and the run's teacher engine is built with it."""
+    from agentopd.backends.stages import Players, RunContext
+
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    keys = ["engine.kv_cache_gib=64", "rollout.concurrency=512", "engine.max_batch_size=512", "teacher.selftest=false"]
+    plan = plan_memory(load_config("sql_db", overrides=keys), shapes, [139.8])
+    pool = _item(plan, "teacher's engine: KV pool").gib
+    assert plan.fits and 0 < pool < 64 and plan.teacher_eval_kv_gib == pytest.approx(pool)
+    assert plan.peak(0, Phase.EVAL) == pytest.approx(0.95 * 139.8)  # exactly what the phase leaves
+    assert any("the teacher's eval engine: a KV pool of" in n for n in plan.notes)
+    # where the pool fits, it is the run's, and nothing is said
+    roomy = plan_memory(load_config("sql_db", overrides=keys), shapes, [400.0])
+    assert _item(roomy, "teacher's engine: KV pool").gib == 64 and roomy.teacher_eval_kv_gib is None
+    # no room at all: one context of the teacher's K/V, and the plan refuses the run
+    tight = plan_memory(load_config("sql_db", overrides=[*keys, "engine.sleep=false", "teacher.offload=false"]), shapes, [100.0])
+    one_context = shapes["teacher"].kv_bytes_per_token() * load_config("sql_db").rollout.max_context / GIB
+    assert not tight.fits and _item(tight, "teacher's engine: KV pool").gib == pytest.approx(one_context)
+
+    class Ctx:  # what Players reads of a RunContext
+        teacher_eval_kv_gib, own_tokenizer = 12.5, frozenset()
+
+        def model_ref(self, who):
+            return f"/models/{who}"
+
+    built = {}
+    import agentopd.backends.stages as stages
+
+    def fake_build(ctx, model, vocab_size=-1, share=False, kv_cache_gib=None):  # a fast engine's pool needs CUDA: recorded
+        built[model] = kv_cache_gib
+        return object()
+
+    real, stages.build_engine = stages.build_engine, fake_build
+    try:
+        players = Players.__new__(Players)
+        players.ctx, players.module_of, players.engines = Ctx(), None, {}
+        players.engine("teacher")
+        players.engine("student")
+    finally:
+        stages.build_engine = real
+    assert built == {"/models/teacher": 12.5, "/models/student": None}
+    assert RunContext.__dataclass_fields__["teacher_eval_kv_gib"].default is None
 
 
 def test_the_plan_says_when_rollout_concurrency_leaves_the_engines_batch_unfilled():

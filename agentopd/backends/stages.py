@@ -59,6 +59,7 @@ class RunContext:
     env_vars: dict[str, str] = field(default_factory=dict)  # set in every actor before it builds anything (AGENTOPD_HOME)
     vocab_size: int | None = None  # len(tokenizer): engines sample, teachers and the trainer normalise over these ids
     kv_cache_gib: float | None = None  # the fast engine's KV pool on a GPU (agentopd.memory_plan); None = its default
+    teacher_eval_kv_gib: float | None = None  # a teacher's eval engine's smaller pool, where the plan sized one
     engine_max_batch: int | None = None  # engine.max_batch_size where the host plan lowered it (agentopd.memory_host)
     engine_sleep: bool = False  # local backend: the student's engine frees its KV pool while the teacher and trainer run
     teacher_offload: bool = True  # a local teacher leaves its GPU after each scoring (agentopd.memory_plan decides)
@@ -110,23 +111,25 @@ def kv_dtype_option(cfg: Config) -> dict[str, Any]:
 
 
 def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_size: int | None = -1,
-                 share: bool = False) -> Engine:  # fmt: skip
+                 share: bool = False, kv_cache_gib: float | None = None) -> Engine:  # fmt: skip
     """The rollout engine (`engine.kind`) over a model: a reference (folder, hub id) or, for the
     transformers engine, a module (copied, so a trainer holding it is never written to). Every engine
     takes the same options under our names (device, dtype, max_batch_size, seed) and maps them to its own.
     It samples the run's tokenizer ids (`vocab_size` -1), or another tokenizer's (a teacher that plays with its own).
     With `share`, a loaded module (a teacher's, agentopd.backends.teacher_weights) is served on its own weights: the
-    fast engine takes them over, the transformers engine runs the module itself; nothing is copied."""
+    fast engine takes them over, the transformers engine runs the module itself; nothing is copied. `kv_cache_gib`:
+    the fast engine's pool where not the run's (a teacher's eval engine the memory plan sized smaller)."""
     from agentopd.engines import EngineKind, make_engine, resolve_kind
 
     kind = resolve_kind(ctx.cfg.engine.kind, ctx.device)
+    kv_cache_gib = kv_cache_gib if kv_cache_gib is not None else ctx.kv_cache_gib
     kwargs: dict[str, Any] = {"max_batch_size": ctx.engine_max_batch or ctx.cfg.engine.max_batch_size, "seed": ctx.cfg.run.seed,
                               "vocab_size": ctx.vocab_size if vocab_size == -1 else vocab_size}
     if share:
         if not isinstance(model, torch.nn.Module) or kind not in (EngineKind.FAST, EngineKind.HF):
             raise ValueError(f"sharing weights needs a loaded module and engine.kind fast or hf, not {kind}")
         dtype = next(model.parameters()).dtype
-        extra = {"share_weights": True, "kv_cache_gb": ctx.kv_cache_gib, **kv_dtype_option(ctx.cfg)} if kind == EngineKind.FAST else {}
+        extra = {"share_weights": True, "kv_cache_gb": kv_cache_gib, **kv_dtype_option(ctx.cfg)} if kind == EngineKind.FAST else {}
         return make_engine(kind, model, device=ctx.device, dtype=dtype, **kwargs,
                            **{k: v for k, v in extra.items() if v is not None})  # fmt: skip
     dtype = ctx.inference_dtype(ctx.student_ref if isinstance(model, torch.nn.Module) else model)
@@ -147,8 +150,8 @@ def build_engine(ctx: RunContext, model: torch.nn.Module | Path | str, vocab_siz
 
         kwargs.update(vllm_options(ctx.cfg), **kv_dtype_option(ctx.cfg))
     else:  # the fast engine (an unsupported architecture falls back to hf: no pool to size, no stream to choose)
-        if ctx.kv_cache_gib is not None:
-            kwargs["kv_cache_gb"] = ctx.kv_cache_gib
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_gb"] = kv_cache_gib
         kwargs.update(kv_dtype_option(ctx.cfg))
         if ctx.cfg.teacher.overlap and kind == EngineKind.FAST:  # the decode first, the teacher's scoring beside it
             kwargs["priority_stream"] = True
@@ -175,10 +178,11 @@ class Players:
         if who not in self.engines:
             own = len(self.tokenizer_of(who)) if who in self.ctx.own_tokenizer else -1
             module = self.module_of(who) if self.module_of is not None and who != STUDENT else None
+            kv = self.ctx.teacher_eval_kv_gib if who != STUDENT else None  # set only for a teacher that only evals
             if module is not None:  # one copy of the teacher's weights for this engine and its scorer
-                self.engines[who] = build_engine(self.ctx, module, vocab_size=own, share=True)
+                self.engines[who] = build_engine(self.ctx, module, vocab_size=own, share=True, kv_cache_gib=kv)
             else:
-                self.engines[who] = build_engine(self.ctx, self.ctx.model_ref(who), vocab_size=own)
+                self.engines[who] = build_engine(self.ctx, self.ctx.model_ref(who), vocab_size=own, kv_cache_gib=kv)
         return self.engines[who]
 
     def tokenizer_of(self, who: str) -> PreTrainedTokenizerBase:
