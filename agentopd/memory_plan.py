@@ -55,8 +55,9 @@ Roles and formulas (bytes):
   teachers scored the pre-flight's probe and is dropped after it).
 - the teacher's eval (`eval.teacher`, before training): a second engine on the teacher (2P_t + its own KV
   pool: `engine.kv_cache_gib`, or less where that would not fit the eval phase, down to one context of
-  `rollout.max_context`; the eval then plays with fewer episodes' K/V at once). Both backends close it after that eval (and the local student's engine sleeps through it when
-  `engine.sleep` is on); a run whose `recipe.intervene_below` guide generates with it keeps it. Not counted for a
+  `rollout.max_context`; the eval then plays with fewer episodes' K/V at once). Both backends close it after that
+  eval (and the local student's engine sleeps through it when `engine.sleep` is on); a run whose
+  `recipe.intervene_below` guide generates with it keeps it, its pool as large. Not counted for a
   cross-tokenizer loss (its eval.teacher is skipped).
 - a teacher that plays training episodes (`objective=sft`, `recipe.sft_steps`, `recipe.teacher_fraction`:
   objectives.teacher_plays) does it on an engine of its own beside the student's: 2P_t and a KV pool of the same size,
@@ -401,7 +402,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     changes = tuple(renamed.get(k, k) for k in MemoryPlanError.KEYS if k not in in_effect)
     plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload,
                       teacher_eval_kv_gib=teacher_eval_kv, notes=notes, changes=changes)  # fmt: skip
-    need = s.kv_bytes_per_token(1 if cfg.engine.kv_cache_dtype == "fp8" else 2) * min(cfg.rollout.max_context, 1 << 20)
+    need = s.kv_bytes_per_token(kv_bytes) * min(cfg.rollout.max_context, 1 << 20)
     if _gib(need) > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "
                           f"({_gib(need):.2f} GiB): raise engine.kv_cache_gib")  # fmt: skip
