@@ -228,11 +228,24 @@ def main() -> None:
                         if "rollout/engine_shared_prompt_share" in r else "")
                      + (f"; teacher.overlap: {r['teacher/overlap_s']:.1f} s of scoring beside the rollout, "
                         f"{r['teacher/overlap_share']:.0%} of the tokens scored by its end" if "teacher/overlap_s" in r else ""))  # fmt: skip
+    peak = _card_peak()
+    if peak and last.get("perf/teacher_s") and "flops/teacher_score" in last:  # each compute phase against the card's peak
+        lines.append(f"\nstep {last['step']}, against the card's dense bf16 peak ({peak / 1e12:,.0f} TF/s): the teacher "
+                     f"{last['flops/teacher_score'] / last['perf/teacher_s'] / peak:.0%} (nominal: the FLOPs of every scored token, "
+                     f"a prompt its samples share counted for each though computed once), the trainer {last.get('perf/mfu', float('nan')):.0%}")  # fmt: skip
     lines.append(f"\ncheckpoint of step {args.steps}: {written / 2**30:.2f} GiB written in "
                  f"{saves[-1] if saves else float('nan'):.1f} s; the disk plan's figure {planned / 2**30:.2f} GiB "
                  f"({written / planned:.3f} of it)")  # fmt: skip
     (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+
+
+def _card_peak() -> float | None:
+    import torch
+
+    from agentopd.trainer.core import _bf16_peak
+
+    return _bf16_peak(torch.device("cuda")) if torch.cuda.is_available() else None
 
 
 if __name__ == "__main__":
