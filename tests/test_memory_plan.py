@@ -499,11 +499,11 @@ def test_a_teacher_that_plays_is_counted_with_its_engine_and_pure_sft_loads_no_s
     assert not [i for i in cross.items if i.what.startswith("teacher's engine")]
 
 
-def test_the_teachers_eval_engine_takes_the_pool_its_phase_leaves_and_the_run_builds_it_so():
+def test_the_teachers_eval_engine_takes_the_pool_its_phase_leaves_and_the_run_builds_it_so(monkeypatch):
     """A 64 GiB pool for 512 episodes in flight fits an H200's rollout phase, but the teacher's eval engine took a pool
     as large beside the student's (167 GiB): it now takes what the eval phase leaves, at most engine.kv_cache_gib and
     at least one context of rollout.max_context, says so, and the run's teacher engine is built with it."""
-    from agentopd.backends.stages import Players, RunContext
+    import agentopd.backends.stages as stages
 
     shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
     keys = ["engine.kv_cache_gib=64", "rollout.concurrency=512", "engine.max_batch_size=512", "teacher.selftest=false"]
@@ -527,22 +527,18 @@ def test_the_teachers_eval_engine_takes_the_pool_its_phase_leaves_and_the_run_bu
             return f"/models/{who}"
 
     built = {}
-    import agentopd.backends.stages as stages
 
-    def fake_build(ctx, model, vocab_size=-1, share=False, kv_cache_gib=None):  # a fast engine's pool needs CUDA: recorded
+    def record(ctx, model, vocab_size=-1, share=False, kv_cache_gib=None):  # a fast engine's pool needs CUDA: recorded
         built[model] = kv_cache_gib
         return object()
 
-    real, stages.build_engine = stages.build_engine, fake_build
-    try:
-        players = Players.__new__(Players)
-        players.ctx, players.module_of, players.engines = Ctx(), None, {}
-        players.engine("teacher")
-        players.engine("student")
-    finally:
-        stages.build_engine = real
+    monkeypatch.setattr(stages, "build_engine", record)
+    players = stages.Players.__new__(stages.Players)  # what engine() reads of one, without an event loop
+    players.ctx, players.module_of, players.engines = Ctx(), None, {}
+    players.engine("teacher")
+    players.engine("student")
     assert built == {"/models/teacher": 12.5, "/models/student": None}
-    assert RunContext.__dataclass_fields__["teacher_eval_kv_gib"].default is None
+    assert stages.RunContext.__dataclass_fields__["teacher_eval_kv_gib"].default is None
 
 
 def test_the_plan_says_when_rollout_concurrency_leaves_the_engines_batch_unfilled():
