@@ -385,10 +385,14 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
         if n:
             items.append(Item("cuda", f"context + slack x{n}", CONTEXT_GIB * n, g))
     kv_bytes = 1 if cfg.engine.kv_cache_dtype == "fp8" else 2
+
+    def one_context(shape: ModelShape) -> float:  # GiB of K/V for one rollout.max_context of `shape`
+        return _gib(shape.kv_bytes_per_token(kv_bytes) * min(cfg.rollout.max_context, 1 << 20))
+
     teacher_eval_kv = None
     for g, workers in eval_pools:  # after every other item on its GPU: what the eval phase leaves, at most kv
         room = (HEADROOM * gpus_gib[g] - sum(i.gib for i in items if i.gpu == g and Phase.EVAL in i.phases)) / workers
-        pool = min(kv, max(room, _gib(t.kv_bytes_per_token(kv_bytes) * min(cfg.rollout.max_context, 1 << 20))))
+        pool = min(kv, max(room, one_context(t)))
         if pool < kv:
             teacher_eval_kv = pool if teacher_eval_kv is None else min(teacher_eval_kv, pool)
         items.append(Item("eval", f"teacher's engine: KV pool x{workers}", pool * workers, g, (Phase.EVAL,)))
@@ -402,10 +406,10 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     changes = tuple(renamed.get(k, k) for k in MemoryPlanError.KEYS if k not in in_effect)
     plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload,
                       teacher_eval_kv_gib=teacher_eval_kv, notes=notes, changes=changes)  # fmt: skip
-    need = s.kv_bytes_per_token(kv_bytes) * min(cfg.rollout.max_context, 1 << 20)
-    if _gib(need) > plan.kv_cache_gib:
+    need = one_context(s)
+    if need > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "
-                          f"({_gib(need):.2f} GiB): raise engine.kv_cache_gib")  # fmt: skip
+                          f"({need:.2f} GiB): raise engine.kv_cache_gib")  # fmt: skip
     if cfg.rollout.concurrency < cfg.engine.max_batch_size:  # the README's example decoded ~54 rows of 256 (realsize_profile.md)
         plan.notes.append(f"rollout.concurrency={cfg.rollout.concurrency} episodes in flight: the engine never decodes more "
                           f"rows at once than that, of engine.max_batch_size={cfg.engine.max_batch_size}; raise "
