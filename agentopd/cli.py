@@ -202,6 +202,13 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
+def held_out_title(cfg, seconds: float, resume: bool) -> str:
+    """The run's closing table's title, named for the preset it ran (`sql_db_explore`, not the env `sql_db` under it)."""
+    from agentopd.config import variant_of
+
+    return f"{variant_of(cfg.env.name, cfg.env.kwargs)}: held-out success ({seconds / 60:.1f} min{' since the resume' if resume else ''})"
+
+
 @command("run")
 def run_command(
     env: Annotated[str, typer.Option("--env", help="env name(s): sql_db, calculator, ... (see `agentopd envs`)")],
@@ -249,7 +256,7 @@ def run_command(
         raise typer.Exit(1) from None
     if summary.interrupted:
         raise typer.Exit(130)
-    table = _table(f"{cfg.env.name}: held-out success ({summary.seconds / 60:.1f} min{' since the resume' if resume else ''})", "model", "step", "success", "mean turns", "tool error rate")
+    table = _table(held_out_title(cfg, summary.seconds, resume), "model", "step", "success", "mean turns", "tool error rate")
     first, last = (summary.evals[0], summary.evals[-1]) if summary.evals else ({}, {})
     for label, rec in (("student before", first), ("student after", last)):
         if rec:

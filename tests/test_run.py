@@ -245,6 +245,19 @@ def test_gain_line():
     assert gain_line(0.50, 0.55, 0.40) == "student: +5 points of held-out success (it started level with or above the teacher)"
 
 
+def test_held_out_title_names_the_preset_run():
+    """A sql_db_explore run's closing table said "sql_db: held-out success" (the env under the preset); it names
+    the preset, however the user selected it, and a mixed run its envs."""
+    from agentopd.cli import held_out_title
+    from agentopd.config import load_config
+
+    assert held_out_title(load_config("sql_db_explore"), 90, False) == "sql_db_explore: held-out success (1.5 min)"
+    assert held_out_title(load_config("sql_db", overrides=["env.difficulty=[explore]"]), 60, True).startswith(
+        "sql_db_explore: held-out success (1.0 min since the resume")
+    assert held_out_title(load_config("sql_db"), 60, False).startswith("sql_db: ")
+    assert held_out_title(load_config("calculator,sql_db"), 60, False).startswith("calculator,sql_db: ")
+
+
 def test_each_checkpoint_is_written_once(cli, tmp_path, monkeypatch):
     """run.checkpoint_every=1 writes the last step's checkpoint in the loop; the end of the run does not write it again."""
     from agentopd.backends.local import LocalBackend
