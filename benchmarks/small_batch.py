@@ -1,0 +1,142 @@
+"""The train phase at a small step (issue 52): `agentopd run --env math` with 64 single-turn completions of 128 tokens
+a step, random-weight Qwen3-0.6B / 1.7B shapes and Qwen3's real vocabulary, reverse KL, on one GPU.
+
+    agentopd make-tokenizer qwen3 TOK                                        # once
+    python benchmarks/small_batch.py --tokenizer TOK --out DIR               # the defaults, then the hand-set arms
+    python benchmarks/small_batch.py --tokenizer TOK --out DIR --profile     # + the defaults' last train phase profiled
+    python benchmarks/small_batch.py --tokenizer TOK --out DIR --against /tmp/old --against-commit abc1234   # A/B
+    python benchmarks/small_batch.py --tiny --out DIR                        # toy shapes on CPU (a smoke test)
+
+Each arm is one `agentopd run` in a process of its own (`--steps` steps, default 6; the first compiles and warms up and
+is left out of the medians): the defaults a user gets (nothing set but the step's shape), then the settings a user could
+hand-set (`--arms`, `;`-separated lists of key=value; default: a 16k micro-batch, the compiled trainer, activation
+checkpointing on). `--against DIR`: the defaults arm run in another commit's tree as well, first, in the same call: the
+before and after of a change on one host. Writes DIR/small_batch.md (per arm the median train seconds, MFU, tokens and
+micro-batches of a step, and the rollout and teacher seconds beside them) and DIR/<arm>.jsonl (the run's metrics).
+`--profile`: the defaults arm's last train phase under torch.profiler (DIR/profile_train.txt: kernels by CUDA time and
+ops by CPU time; the wall under the profiler is not the unprofiled one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import memory_gpu  # noqa: E402  (the model builder and its cache)
+from _measured import commit_measured  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP = ["rollout.tasks_per_step=64", "rollout.n=1", "rollout.max_new_tokens=128", "trainer.loss=reverse_kl",
+        "trainer.lr=1e-5", "eval.every=0", "eval.num_tasks=8", "eval.teacher=false", "run.checkpoint_every=0",
+        "log.tensorboard=false", "teacher.selftest=false"]  # fmt: skip  # random weights are a uniform teacher: the self-test refuses them
+TINY = ["run.device=cpu", "rollout.tasks_per_step=4", "rollout.max_new_tokens=16", "eval.num_tasks=2"]
+ARMS = "trainer.micro_batch_tokens=16384;trainer.compile=true;trainer.activation_checkpointing=true"
+FIGURES = {"train s": "perf/train_step_s", "MFU": "perf/mfu", "train tok/s": "perf/train_tokens_per_s",
+           "tokens": "train/tokens", "micro-batches": "train/micro_batches", "rollout s": "perf/rollout_s",
+           "teacher s": "perf/teacher_s"}  # fmt: skip
+
+
+def one_arm(args: argparse.Namespace) -> None:
+    """In this process: the run of one arm (`--run-arm`), its last train phase profiled with `--profile`."""
+    if args.profile:
+        import realsize
+
+        realsize.profile_phases(args.out, args.steps, traces=False, phases=("train",))
+    from agentopd.config import load_config
+    from agentopd.runner import Runner
+
+    cfg = load_config("math", overrides=args.overrides)
+    shutil.rmtree(args.run_arm, ignore_errors=True)
+    Runner(cfg, args.run_arm).run()
+
+
+def run_arm(name: str, tree: Path, keys: list[str], args: argparse.Namespace, profile: bool) -> list[dict]:
+    """One arm in a process of its own, run from `tree`; the metrics of its steps."""
+    run_dir = args.work / f"run_{name}"
+    cmd = [sys.executable, str(tree / "benchmarks" / "small_batch.py"), "--run-arm", str(run_dir), "--out", str(args.out),
+           "--steps", str(args.steps), *(["--profile"] if profile else []), *keys]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+    t = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
+    (args.out / f"{name}.log").write_text(done.stdout + done.stderr)
+    print(f"arm {name}: exit {done.returncode} in {time.time() - t:.0f} s", flush=True)
+    if done.returncode != 0:
+        print((done.stdout + done.stderr)[-3000:], flush=True)
+        return []
+    text = (run_dir / "metrics.jsonl").read_text()
+    (args.out / f"{name}.jsonl").write_text(text)
+    return [r for r in map(json.loads, text.splitlines()) if "perf/train_step_s" in r]
+
+
+def row(name: str, keys: str, steps: list[dict]) -> str:
+    measured = steps[1:] or steps  # the first step compiles and warms up
+    cells = []
+    for label, key in FIGURES.items():
+        vals = [r[key] for r in measured if r.get(key) is not None]
+        if not vals:
+            cells.append("-")
+            continue
+        v = statistics.median(vals)
+        cells.append(f"{v:.1%}" if label == "MFU" else f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
+    spread = ", ".join(f"{r['perf/train_step_s']:.2f}" for r in measured)
+    return f"| {name} | `{keys or '(defaults)'}` | " + " | ".join(cells) + f" | {spread} |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, help="a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
+    ap.add_argument("--shapes", default="0.6b,1.7b", help="student,teacher among " + ", ".join(memory_gpu.SHAPES))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--arms", default=ARMS, help="the hand-set arms after the defaults: ';'-separated, each a "
+                    "space-separated list of key=value ('' for none)")
+    ap.add_argument("--profile", action="store_true", help="profile the defaults arm's last train phase")
+    ap.add_argument("--against", type=Path, help="another commit's tree: its defaults arm runs first, in this call")
+    ap.add_argument("--against-commit", default="", help="what --against's tree is, for the report")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/small_batch"), help="the run directories")
+    ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer on CPU (a smoke test)")
+    ap.add_argument("--run-arm", type=Path, help=argparse.SUPPRESS)  # one arm's run, in this process
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of every arm")
+    args = ap.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.run_arm:
+        return one_arm(args)
+    args.work = args.work.resolve()
+    if args.tiny:
+        tok_dir, (s_shape, t_shape) = memory_gpu.tiny_tokenizer(), ("tiny-s", "tiny-t")
+    elif args.tokenizer is None:
+        sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
+    else:
+        tok_dir, (s_shape, t_shape) = args.tokenizer.resolve(), args.shapes.split(",")
+    models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
+    common = [f"student={models['student']}", f"teacher={models['teacher']}", f"run.steps={args.steps}", *STEP,
+              *(TINY if args.tiny else []), *args.overrides]  # fmt: skip
+    arms: list[tuple[str, Path, str]] = []
+    if args.against:
+        arms.append((f"defaults@{args.against_commit or 'against'}", args.against.resolve(), ""))
+    arms.append((f"defaults@{commit_measured()}", ROOT, ""))
+    arms += [(f"arm{i}", ROOT, keys.strip()) for i, keys in enumerate(args.arms.split(";"), 1) if keys.strip()]
+    lines = [f"# small_batch: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}",
+             f"commit {commit_measured()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; `agentopd run --env math "
+             f"{' '.join(common[2:])}` and each arm's keys; medians of steps 2..{args.steps}\n",
+             "| arm | keys | " + " | ".join(FIGURES) + " | train s, each step |",
+             "|---|---|" + "---|" * len(FIGURES) + "---|"]  # fmt: skip
+    for name, tree, keys in arms:
+        profile = args.profile and tree == ROOT and not keys
+        steps = run_arm(name.replace("@", "_"), tree, [*common, *keys.split()], args, profile)
+        lines.append(row(name, keys, steps) if steps else f"| {name} | `{keys}` | failed: {name.replace('@', '_')}.log |")
+    (args.out / "small_batch.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()
