@@ -44,7 +44,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentopd.memory_plan import ModelShape
+from agentopd.memory_plan import MIN_MICRO_BATCH, ModelShape
 from agentopd.shape import stored_in_bf16
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ RUNTIME_GIB = 3.0
 CPU_CONTEXT = 2048  # the fast engine's CPU pool: max_batch_size contexts of up to this many tokens
 TEACHER_TOKENS = 16_384  # HFTeacher's max_tokens_per_batch
 TEACHER_HEAD_CHUNK = 1024  # and head_chunk
-MIN_MICRO_BATCH = 512
 MIN_TEACHER_TOKENS, MIN_TEACHER_HEAD_CHUNK = 2048, 128  # the smallest scoring sizes the plan lowers the teacher's to
 ACTIVATION_SHARE = 0.25  # of the available memory, at most, for a micro-batch's activations
 MIN_ENGINE_BATCH = 4  # the fewest episodes an engine plays at once where the plan lowers engine.max_batch_size

@@ -91,6 +91,7 @@ CONTEXT_GIB = 1.0  # per process per GPU: CUDA context, cuBLAS workspace, alloca
 DEFAULT_KV_GIB = 16.0  # FastEngine(kv_cache_gb=16.0): the pool size when no key sets it
 TEACHER_TOKENS = 16384  # HFTeacher(max_tokens_per_batch=16384)
 TEACHER_HEAD_CHUNK = 1024  # HFTeacher(head_chunk=1024)
+MIN_MICRO_BATCH = 512  # the smallest micro-batch a plan lowers trainer.micro_batch_tokens to (this one and the host plan)
 
 
 class Phase(StrEnum):
@@ -124,6 +125,7 @@ class MemoryPlan:
     engine_sleep: bool
     teacher_offload: bool = True
     teacher_eval_kv_gib: float | None = None  # the teacher's eval engine's pool where smaller than kv_cache_gib
+    micro_batch_tokens: int | None = None  # the trainer's micro-batch: trainer.micro_batch_tokens, or less where that did not fit
     notes: list[str] = field(default_factory=list)
     changes: tuple[str, ...] = ()  # the keys a refusal offers: MemoryPlanError.KEYS less what the run already has
 
@@ -248,7 +250,9 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
     local ones) on GPUs of `gpus_gib`. What `auto` decides, cheapest first: a resident teacher (no copy of its weights
     a step) before an offloaded one, an awake engine (no CUDA graphs captured again a step) before a sleeping one; the
     first choice that fits is taken. `teacher.offload=auto` offloads several local teachers (one is on the GPU at a
-    time) and, with `engine.kv_cache_fraction`, leaves the room to the KV pool."""
+    time) and, with `engine.kv_cache_fraction`, leaves the room to the KV pool. Where no choice fits, the trainer's
+    micro-batch is halved (down to MIN_MICRO_BATCH tokens) until one does, as the host plan does on a CPU: the same
+    gradient in more micro-batches, rather than a refusal."""
     from agentopd.backends.base import BackendKind
 
     sleep = cfg.engine.sleep if cfg.run.backend == BackendKind.LOCAL else cfg.ray.engine_sleep
@@ -259,10 +263,24 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
         offload = False
     choices = [(s, o) for s in ((False, True) if sleep == "auto" else (bool(sleep),))
                for o in ((False, True) if offload == "auto" else (bool(offload),))]  # fmt: skip
-    for engine_sleep, teacher_offload in choices:
-        plan = _sized(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, teacher_offload=teacher_offload, teachers=teachers)
-        if plan.fits:
-            break
+    def first_fit(tokens: int) -> MemoryPlan:  # the first choice that fits at this micro-batch, else the last one
+        for engine_sleep, teacher_offload in choices:
+            plan = _sized(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, teacher_offload=teacher_offload, teachers=teachers,
+                          tokens=tokens)  # fmt: skip
+            if plan.fits:
+                break
+        return plan
+
+    configured = tokens = cfg.trainer.micro_batch_tokens
+    plan = first_fit(tokens)
+    while not plan.fits and tokens // 2 >= MIN_MICRO_BATCH:
+        tokens //= 2
+        plan = first_fit(tokens)
+    if not plan.fits:  # a refusal shows the plan at the configured micro-batch
+        plan = first_fit(configured)
+    elif tokens != configured:
+        plan.notes.append(f"trainer.micro_batch_tokens {configured} -> {tokens}: the train phase did not fit at {configured} "
+                          "(the same gradient: more micro-batches a step)")  # fmt: skip
     if sleep == "auto" and plan.engine_sleep:
         plan.notes.append("engine.sleep=auto: on (the KV pool would not fit beside the teacher and the trainer)")
     if offload == "auto" and plan.teacher_offload and "teacher" in shapes:
@@ -271,25 +289,26 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
 
 
 def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, teacher_offload: bool = True,
-           teachers: int = 1) -> MemoryPlan:
+           teachers: int = 1, tokens: int | None = None) -> MemoryPlan:
     """The plan with the KV pool `engine.kv_cache_gib`, or the largest `engine.kv_cache_fraction` of what the rest
     leaves: every phase's peak is base + pools x kv, so kv = fraction x min over phases of (95% x GPU - base) / pools."""
     fraction = cfg.engine.kv_cache_fraction
     if fraction is None or _vllm(cfg):
         return _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=_kv_gib(cfg), teacher_offload=teacher_offload,
-                     teachers=teachers)
+                     teachers=teachers, tokens=tokens)
     base, unit = (_plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=k, teacher_offload=teacher_offload,
-                        teachers=teachers) for k in (0.0, 1.0))
+                        teachers=teachers, tokens=tokens) for k in (0.0, 1.0))
     room = [(HEADROOM * cap - base.peak(g, p)) / (unit.peak(g, p) - base.peak(g, p))
             for g, cap in enumerate(gpus_gib) for p in Phase if unit.peak(g, p) > base.peak(g, p)]  # fmt: skip
     kv = max(0.0, fraction * min(room))
-    plan = _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=kv, teacher_offload=teacher_offload, teachers=teachers)
+    plan = _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=kv, teacher_offload=teacher_offload, teachers=teachers,
+                 tokens=tokens)
     plan.notes.append(f"engine.kv_cache_fraction={fraction:g}: a pool of {kv:.1f} GiB ({min(room):.1f} GiB would fill the GPU)")
     return plan
 
 
 def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float,
-          teacher_offload: bool = True, teachers: int = 1) -> MemoryPlan:
+          teacher_offload: bool = True, teachers: int = 1, tokens: int | None = None) -> MemoryPlan:
     from agentopd.backends.base import BackendKind
     from agentopd.objectives import (
         loads_scorer,
@@ -325,7 +344,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
                       Item("trainer", "fp32 gradients", _gib(4 * P / world), g, train_only)]  # fmt: skip
             copies = 2 * P if world == 1 else 2 * P / world + 2 * s.vocab * s.hidden
             items.append(Item("trainer", "bf16 compute copies", _gib(copies), g, train_only))
-        T, r = tc.micro_batch_tokens, 4 if world == 1 else 2
+        T, r = tokens or tc.micro_batch_tokens, 4 if world == 1 else 2
         a = s.layer_activation_bytes(r)
         if tc.activation_checkpointing:
             kept = -(-s.layers // tc.checkpoint_every)
@@ -405,7 +424,8 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     renamed = {} if local else {"engine.sleep=true": "ray.engine_sleep=true"}  # the Ray backend's key for it
     changes = tuple(renamed.get(k, k) for k in MemoryPlanError.KEYS if k not in in_effect)
     plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload,
-                      teacher_eval_kv_gib=teacher_eval_kv, notes=notes, changes=changes)  # fmt: skip
+                      teacher_eval_kv_gib=teacher_eval_kv, notes=notes, changes=changes,
+                      micro_batch_tokens=tokens or tc.micro_batch_tokens)  # fmt: skip
     need = one_context(s)
     if need > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "

@@ -4,6 +4,7 @@
     check_pairs(cfg, models, cross=False)                       # the cheap parts of `agentopd check-pair`
     scorer = cross_scorer(cfg, models, tokenizer, loss)         # a cross-tokenizer loss: scoring through the alignment
     view = privileged_view(cfg, mixture, tokenizer)             # teacher.privileged: checked on every source
+    trainer_cfg, line = fit_gpu(memory_plan, trainer_cfg)      # on CUDA: the micro-batch the memory plan fitted
     ctx = run_context(cfg, mixture, models, trainer_cfg, rollout_cfg, device, dtype, tokenizer, memory_plan)
 
 Each refuses a run it cannot serve with a ValueError, before any model loads.
@@ -106,6 +107,17 @@ def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: T
         ctx.engine_sleep = cfg.engine.sleep is True and sleeps
         ctx.teacher_offload = cfg.teacher.offload is not False
     return ctx
+
+
+def fit_gpu(plan: MemoryPlan | None, trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str | None]:
+    """A CUDA run (a plan): the trainer settings with the micro-batch the plan fitted (trainer.micro_batch_tokens, halved
+    where the train phase did not fit: agentopd.memory_plan), and a line saying so where it lowered it; else as given."""
+    import dataclasses
+
+    if plan is None or plan.micro_batch_tokens in (None, trainer_cfg.micro_batch_tokens):
+        return trainer_cfg, None
+    line = next((n for n in plan.notes if n.startswith("trainer.micro_batch_tokens")), None)
+    return dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens), f"memory (GPU): {line}"
 
 
 def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str, HostPlan]:

@@ -10,8 +10,8 @@ a step, random-weight Qwen3-0.6B / 1.7B shapes and Qwen3's real vocabulary, reve
 Each arm is one `agentopd run` in a process of its own (`--steps` steps, default 6; the first compiles and warms up and
 is left out of the medians): the defaults a user gets (nothing set but the step's shape), then the settings a user could
 hand-set (`--arms`, `;`-separated lists of key=value; default: a 16k micro-batch, the compiled trainer, activation
-checkpointing on). `--against DIR`: the defaults arm run in another commit's tree as well, first, in the same call: the
-before and after of a change on one host. Writes DIR/small_batch.md (per arm the median train seconds, MFU, tokens and
+checkpointing on). `--against DIR`: every arm run in another commit's tree as well, right before this tree's, in the same
+call: the before and after of a change on one host. Writes DIR/small_batch.md (per arm the median train seconds, MFU, tokens and
 micro-batches of a step, and the rollout and teacher seconds beside them) and DIR/<arm>.jsonl (the run's metrics).
 `--profile`: the defaults arm's last train phase under torch.profiler (DIR/profile_train.txt: kernels by CUDA time and
 ops by CPU time; the wall under the profiler is not the unprofiled one).
@@ -87,7 +87,7 @@ def row(name: str, keys: str, steps: list[dict]) -> str:
         v = statistics.median(vals)
         cells.append(f"{v:.1%}" if label == "MFU" else f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
     spread = ", ".join(f"{r['perf/train_step_s']:.2f}" for r in measured)
-    return f"| {name} | `{keys or '(defaults)'}` | " + " | ".join(cells) + f" | {spread} |"
+    return f"| {name} | `{keys or '(defaults)'}` | " + " | ".join(cells) + f" | {steps[0]['perf/train_step_s']:.2f} | {spread} |"
 
 
 def main() -> None:
@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--arms", default=ARMS, help="the hand-set arms after the defaults: ';'-separated, each a "
                     "space-separated list of key=value ('' for none)")
     ap.add_argument("--profile", action="store_true", help="profile the defaults arm's last train phase")
-    ap.add_argument("--against", type=Path, help="another commit's tree: its defaults arm runs first, in this call")
+    ap.add_argument("--against", type=Path, help="another commit's tree: each arm runs there first, in this call")
     ap.add_argument("--against-commit", default="", help="what --against's tree is, for the report")
     ap.add_argument("--work", type=Path, default=Path("/tmp/small_batch"), help="the run directories")
     ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer on CPU (a smoke test)")
@@ -120,18 +120,18 @@ def main() -> None:
     models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
     common = [f"student={models['student']}", f"teacher={models['teacher']}", f"run.steps={args.steps}", *STEP,
               *(TINY if args.tiny else []), *args.overrides]  # fmt: skip
-    arms: list[tuple[str, Path, str]] = []
-    if args.against:
-        arms.append((f"defaults@{args.against_commit or 'against'}", args.against.resolve(), ""))
-    arms.append((f"defaults@{commit_measured()}", ROOT, ""))
-    arms += [(f"arm{i}", ROOT, keys.strip()) for i, keys in enumerate(args.arms.split(";"), 1) if keys.strip()]
+    trees = [(args.against_commit or "against", args.against.resolve())] if args.against else []
+    trees.append((commit_measured() + ("+" if args.against and commit_measured() == args.against_commit else ""), ROOT))
+    arms = [(f"{label}@{commit}", tree, keys.strip())  # with --against each arm runs in the other tree first
+            for label, keys in [("defaults", ""), *((f"arm{i}", k) for i, k in enumerate(args.arms.split(";"), 1) if k.strip())]
+            for commit, tree in trees]  # fmt: skip
     lines = [f"# small_batch: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}",
              f"commit {commit_measured()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; `agentopd run --env math "
              f"{' '.join(common[2:])}` and each arm's keys; medians of steps 2..{args.steps}\n",
-             "| arm | keys | " + " | ".join(FIGURES) + " | train s, each step |",
-             "|---|---|" + "---|" * len(FIGURES) + "---|"]  # fmt: skip
+             "| arm | keys | " + " | ".join(FIGURES) + " | step 1 train s (compiles) | train s, steps 2.. |",
+             "|---|---|" + "---|" * len(FIGURES) + "---|---|"]  # fmt: skip
     for name, tree, keys in arms:
-        profile = args.profile and tree == ROOT and not keys
+        profile = args.profile and tree == ROOT and not keys  # the defaults arm of this tree
         steps = run_arm(name.replace("@", "_"), tree, [*common, *keys.split()], args, profile)
         lines.append(row(name, keys, steps) if steps else f"| {name} | `{keys}` | failed: {name.replace('@', '_')}.log |")
     (args.out / "small_batch.md").write_text("\n".join(lines) + "\n")

@@ -326,10 +326,12 @@ def test_teacher_offload_auto_keeps_a_teacher_resident_only_where_it_fits():
                            {"student": q17, "teacher": q8}, [79.2])  # fmt: skip
     # resident only with the engine asleep and the teacher's eval engine on a 5 GiB pool (what the eval phase leaves)
     assert resident.fits and resident.engine_sleep and 4 < resident.teacher_eval_kv_gib < 6
-    tighter = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=[
-        "teacher.offload=false", "trainer.micro_batch_tokens=131072"]), {"student": q17, "teacher": q8}, [79.2])  # fmt: skip
-    with pytest.raises(MemoryPlanError, match="teacher.offload=true"):
-        tighter.check()
+    resident_cfg = load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml", overrides=[
+        "teacher.offload=false", "trainer.micro_batch_tokens=131072"])  # fmt: skip
+    tighter = plan_memory(resident_cfg, {"student": q17, "teacher": q8}, [79.2])  # fits with a smaller micro-batch
+    assert tighter.fits and tighter.micro_batch_tokens < 131072
+    with pytest.raises(MemoryPlanError, match="teacher.offload=true"):  # not even at the smallest micro-batch
+        plan_memory(resident_cfg, {"student": q17, "teacher": q8}, [50.0]).check()
 
     two = plan_memory(load_config("sql_db", config_file="configs/examples/qwen3-2gpu.yaml"), {"student": q17, "teacher": q8}, [79.2] * 2)
     assert two.fits and not two.teacher_offload  # the teacher's GPU has room for it between scorings
@@ -550,3 +552,32 @@ def test_the_plan_says_when_rollout_concurrency_leaves_the_engines_batch_unfille
     assert any("rollout.concurrency=64 episodes in flight" in n and "engine.max_batch_size=256" in n for n in notes)
     filled = plan_memory(load_config("sql_db", config_file=example, overrides=["rollout.concurrency=256"]), shapes, [139.0])
     assert not any("rollout.concurrency" in n for n in filled.notes)
+
+
+def test_the_micro_batch_is_halved_where_the_train_phase_cannot_fit_and_the_run_takes_it():
+    """No sleep/offload choice fits at the configured micro-batch: the plan halves it until the train phase fits (as the
+    host plan does on a CPU) and says so; the run's trainer takes that size (run_parts.fit_gpu). Where nothing fits,
+    the refusal shows the plan at the configured size."""
+    from agentopd.policy import trainer_config
+    from agentopd.run_parts import fit_gpu
+
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    keys = ["trainer.loss=reverse_kl", "eval.teacher=false", "engine.sleep=true", "teacher.offload=true"]
+    cfg = load_config("sql_db", overrides=[*keys, "trainer.micro_batch_tokens=32768"])
+    at = {t: plan_memory(load_config("sql_db", overrides=[*keys, f"trainer.micro_batch_tokens={t}"]), shapes, [1e3])
+          for t in (32768, 16384, 8192)}  # fmt: skip
+    peak = {t: max(p.peak(0, ph) for ph in Phase) for t, p in at.items()}
+    assert peak[8192] < peak[16384] < peak[32768]
+    gpu = (peak[8192] + peak[16384]) / 2 / 0.95  # room for 8,192 tokens, not for 16,384
+    plan = plan_memory(cfg, shapes, [gpu])
+    assert plan.fits and plan.micro_batch_tokens == 8192
+    assert any(n.startswith("trainer.micro_batch_tokens 32768 -> 8192: the train phase did not fit at 32768") for n in plan.notes)
+    assert _item(plan, "activations").what.startswith("activations, 8192 tok")
+    trainer_cfg, line = fit_gpu(plan, trainer_config(cfg))
+    assert trainer_cfg.micro_batch_tokens == 8192 and line.startswith("memory (GPU): trainer.micro_batch_tokens 32768 -> 8192")
+    roomy = plan_memory(cfg, shapes, [200.0])
+    assert roomy.micro_batch_tokens == 32768 and fit_gpu(roomy, trainer_config(cfg)) == (trainer_config(cfg), None)
+    refused = plan_memory(cfg, shapes, [20.0])  # the models alone are more than that
+    assert not refused.fits and _item(refused, "activations").what.startswith("activations, 32768 tok")
+    with pytest.raises(MemoryPlanError, match="trainer.micro_batch_tokens"):
+        refused.check()

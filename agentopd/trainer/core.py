@@ -208,8 +208,12 @@ class Trainer:
             attention.set_varlen(hf)
         if cfg.compile:  # the bound forward, not the module: FSDP2's hooks stay eager, names stay the same
             _fresh_inductor_cache()
+            # dynamic from the first call: a step's token count, its sequences and their longest (varlen's
+            # cu_seq_lens and max_length) differ every micro-batch, and torch's automatic dynamic shapes recompiled
+            # the layers once for each of them that changed (~6 s each; 0.6B on an H200: 18.5, 6.2, 5.4 s of
+            # compiling in the first three steps, benchmarks/results/small_batch.md)
             for layer in hf.model.layers:
-                layer.forward = torch.compile(layer.forward)
+                layer.forward = torch.compile(layer.forward, dynamic=True)
         hf.train()
         self.hf = hf
         from agentopd.kinds import sampled_vocab
