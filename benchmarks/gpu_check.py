@@ -25,7 +25,10 @@ Parts, each in a process of its own (its own CUDA context and inductor cache), o
              LigerFusedLinearJSDLoss at 4,096 and 16,384 tokens (needs `liger_kernel` importable)
     opd      benchmarks/gpu_opd.py: eight OPD steps (0.6B / 1.7B shapes, fast engine, compiled trainer);
              seconds per phase, medians of steps 2-8 (with 3 steps, one run's train phase alone went 0.425 -> 0.467 s
-             from step 2 to 3, and HEAD's median 0.38-0.47 s over four runs of one call: a 10% gate on 2 steps is noise)
+             from step 2 to 3, and HEAD's median 0.38-0.47 s over four runs of one call: a 10% gate on 2 steps is noise);
+             the train phase as opd/train_steady_s (steady_train_s: seconds per token of the steps that did not
+             recompile, at the median step's tokens; their median, opd/train_s until 2026-11-30, picked between
+             one- and two-micro-batch steps)
     loop     benchmarks/rollout_loop.py: the agent loop against the engine alone on the same requests (math and
              sql_db, 64 episodes, 0.6B shape, the embedded tokenizer): the loop's tok/s and its share of the
              engine's (1.0: the loop costs nothing on top)
@@ -167,8 +170,26 @@ def opd(out: Path, log: Path) -> dict[str, float]:
     steps = [json.loads(x) for x in (run_out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if "loss" in r][1:]  # step 1 compiles
     names = {"perf/rollout_tokens_per_s": "opd/rollout_tok_s", "perf/rollout_s": "opd/rollout_s",
-             "perf/teacher_s": "opd/teacher_s", "perf/train_step_s": "opd/train_s", "perf/weight_sync_s": "opd/weight_sync_s"}
-    return {ours: statistics.median(r[k] for r in steps) for k, ours in names.items() if all(k in r for r in steps)}
+             "perf/teacher_s": "opd/teacher_s", "perf/weight_sync_s": "opd/weight_sync_s"}
+    figures = {ours: statistics.median(r[k] for r in steps) for k, ours in names.items() if all(k in r for r in steps)}
+    if steps and all("perf/train_step_s" in r and "train/tokens" in r for r in steps):
+        figures["opd/train_steady_s"] = steady_train_s(steps)
+    return figures
+
+
+def steady_train_s(steps: list[dict]) -> float:
+    """The train phase's seconds at the steps' median token count, over the steady steps: their seconds summed over
+    their tokens, those that ran under 3x the fastest (a step that recompiled the layers took 6-9 s).
+
+    The median of the steps' seconds it replaces (opd/train_s) picked between two kinds of step: ~28-32k tokens a step
+    fall either side of two 16,384-token micro-batches, and a step whose samples share their prompts in one micro-batch
+    ran in ~0.24 s where two took ~0.38-0.43; with one or two recompiling steps among the seven, the median landed on
+    either kind, and the gate failed on trees whose steps of each kind ran alike (2026-11-30, d348585: median 0.479 against
+    dde3275's 0.415 in one call; per step in the next: benchmarks/results/small_batch.md)."""
+    fastest = min(r["perf/train_step_s"] for r in steps)
+    steady = [r for r in steps if r["perf/train_step_s"] < 3 * fastest]
+    per_token = sum(r["perf/train_step_s"] for r in steady) / sum(r["train/tokens"] for r in steady)
+    return per_token * statistics.median(r["train/tokens"] for r in steps)
 
 
 def loop(out: Path, log: Path) -> dict[str, float]:

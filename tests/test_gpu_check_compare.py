@@ -89,3 +89,29 @@ def test_prepare_against_writes_a_commits_tree_that_a_later_check_finds(tmp_path
     assert gpu_check.default_against(tmp_path / "nothing") == (None, "")
     with pytest.raises(SystemExit, match="--prepare-against nosuchref: not a commit of this checkout"):
         gpu_check.prepare_against("nosuchref", dest)
+
+
+# gpu_opd.py's steps 2-8 (train seconds, tokens) on one H200 in one call, 2026-11-30: dde3275's tree, then d348585's
+# (the trainer's layers compiled dynamic from the first call); steps of 6-9 s recompiled the layers
+DDE3275 = [(6.814, 27600), (0.367, 28796), (6.672, 26606), (0.369, 29895), (0.395, 30508), (0.241, 27907), (0.406, 32073)]
+D348585 = [(8.263, 27600), (0.400, 28306), (0.246, 26606), (0.385, 29324), (0.389, 30508), (0.225, 27922), (0.432, 32232)]
+
+
+def test_the_opd_train_figure_counts_the_steady_steps_per_token():
+    """opd/train_steady_s: the steps under 3x the fastest (no recompiling), their seconds per token, at the median
+    step's tokens: a recompiling step moves it not at all, and a run of the same steps is judged alike."""
+    def steps(pairs):
+        return [{"perf/train_step_s": s, "train/tokens": t} for s, t in pairs]
+
+    before, after = gpu_check.steady_train_s(steps(DDE3275)), gpu_check.steady_train_s(steps(D348585))
+    steady = [p for p in DDE3275 if p[0] < 1]
+    assert before == pytest.approx(sum(s for s, _ in steady) / sum(t for _, t in steady) * 28796)
+    assert before == pytest.approx(0.343, abs=0.001) and after == pytest.approx(0.336, abs=0.001)
+    rows, ok = gpu_check.compare({"opd/train_steady_s": after}, {}, "H200", against={"opd/train_steady_s": before},
+                                 against_commit="dde3275")  # fmt: skip
+    assert ok and _row(rows, "opd/train_steady_s").endswith("| ok |")
+    assert "(lower is better)" in _row(rows, "opd/train_steady_s")
+    assert not gpu_check.compare({"opd/train_steady_s": before * 1.15}, {}, "H200", against={"opd/train_steady_s": before})[1]
+    # one more recompiling step, or none: the same figure
+    assert gpu_check.steady_train_s(steps(D348585[:1] + D348585)) == pytest.approx(after, rel=0.02)
+    assert gpu_check.steady_train_s(steps(D348585[1:])) == pytest.approx(after, rel=0.02)
