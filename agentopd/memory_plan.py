@@ -125,7 +125,9 @@ class MemoryPlan:
     engine_sleep: bool
     teacher_offload: bool = True
     teacher_eval_kv_gib: float | None = None  # the teacher's eval engine's pool where smaller than kv_cache_gib
-    micro_batch_tokens: int | None = None  # the trainer's micro-batch: trainer.micro_batch_tokens, or less where that did not fit
+    # the trainer's settings it planned with: the configured ones, or checkpointing and a smaller micro-batch where those did not fit
+    micro_batch_tokens: int | None = None
+    activation_checkpointing: bool | None = None
     notes: list[str] = field(default_factory=list)
     changes: tuple[str, ...] = ()  # the keys a refusal offers: MemoryPlanError.KEYS less what the run already has
 
@@ -251,8 +253,10 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
     a step) before an offloaded one, an awake engine (no CUDA graphs captured again a step) before a sleeping one; the
     first choice that fits is taken. `teacher.offload=auto` offloads several local teachers (one is on the GPU at a
     time) and, with `engine.kv_cache_fraction`, leaves the room to the KV pool. Where no choice fits, the trainer's
-    micro-batch is halved (down to MIN_MICRO_BATCH tokens) until one does, as the host plan does on a CPU: the same
-    gradient in more micro-batches, rather than a refusal."""
+    activations shrink until one does, as the host plan's do on a CPU, rather than a refusal: activation checkpointing
+    first (at 1.7B on an H200 it cost about what a halved micro-batch costs, and saves more: realsize_profile.md,
+    2e7c464), then the micro-batch halved (down to MIN_MICRO_BATCH tokens; the same gradient in more micro-batches).
+    A refusal shows the plan with the configured settings."""
     from agentopd.backends.base import BackendKind
 
     sleep = cfg.engine.sleep if cfg.run.backend == BackendKind.LOCAL else cfg.ray.engine_sleep
@@ -263,24 +267,30 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
         offload = False
     choices = [(s, o) for s in ((False, True) if sleep == "auto" else (bool(sleep),))
                for o in ((False, True) if offload == "auto" else (bool(offload),))]  # fmt: skip
-    def first_fit(tokens: int) -> MemoryPlan:  # the first choice that fits at this micro-batch, else the last one
+    def first_fit(trainer) -> MemoryPlan:  # the first choice that fits with these trainer settings, else the last one
         for engine_sleep, teacher_offload in choices:
             plan = _sized(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, teacher_offload=teacher_offload, teachers=teachers,
-                          tokens=tokens)  # fmt: skip
+                          trainer=trainer)  # fmt: skip
             if plan.fits:
                 break
         return plan
 
-    configured = tokens = cfg.trainer.micro_batch_tokens
-    plan = first_fit(tokens)
-    while not plan.fits and tokens // 2 >= MIN_MICRO_BATCH:
+    tc = cfg.trainer
+    plan = first_fit(tc)
+    fallbacks = [] if tc.activation_checkpointing else [tc.model_copy(update={"activation_checkpointing": True})]
+    tokens = tc.micro_batch_tokens
+    while tokens // 2 >= MIN_MICRO_BATCH:
         tokens //= 2
-        plan = first_fit(tokens)
-    if not plan.fits:  # a refusal shows the plan at the configured micro-batch
-        plan = first_fit(configured)
-    elif tokens != configured:
-        plan.notes.append(f"trainer.micro_batch_tokens {configured} -> {tokens}: the train phase did not fit at {configured} "
-                          "(the same gradient: more micro-batches a step)")  # fmt: skip
+        fallbacks.append(tc.model_copy(update={"activation_checkpointing": True, "micro_batch_tokens": tokens}))
+    for trainer in fallbacks if not plan.fits else ():
+        if (fitted := first_fit(trainer)).fits:
+            plan = fitted
+            break
+    if plan.activation_checkpointing and not tc.activation_checkpointing:
+        plan.notes.append("trainer.activation_checkpointing false -> true: the train phase did not fit without it")
+    if plan.micro_batch_tokens != tc.micro_batch_tokens:
+        plan.notes.append(f"trainer.micro_batch_tokens {tc.micro_batch_tokens} -> {plan.micro_batch_tokens}: the train phase "
+                          f"did not fit at {tc.micro_batch_tokens} (the same gradient: more micro-batches a step)")  # fmt: skip
     if sleep == "auto" and plan.engine_sleep:
         plan.notes.append("engine.sleep=auto: on (the KV pool would not fit beside the teacher and the trainer)")
     if offload == "auto" and plan.teacher_offload and "teacher" in shapes:
@@ -289,26 +299,27 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
 
 
 def _sized(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, teacher_offload: bool = True,
-           teachers: int = 1, tokens: int | None = None) -> MemoryPlan:
+           teachers: int = 1, trainer: Any = None) -> MemoryPlan:
     """The plan with the KV pool `engine.kv_cache_gib`, or the largest `engine.kv_cache_fraction` of what the rest
     leaves: every phase's peak is base + pools x kv, so kv = fraction x min over phases of (95% x GPU - base) / pools."""
     fraction = cfg.engine.kv_cache_fraction
     if fraction is None or _vllm(cfg):
         return _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=_kv_gib(cfg), teacher_offload=teacher_offload,
-                     teachers=teachers, tokens=tokens)
+                     teachers=teachers, trainer=trainer)
     base, unit = (_plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=k, teacher_offload=teacher_offload,
-                        teachers=teachers, tokens=tokens) for k in (0.0, 1.0))
+                        teachers=teachers, trainer=trainer) for k in (0.0, 1.0))
     room = [(HEADROOM * cap - base.peak(g, p)) / (unit.peak(g, p) - base.peak(g, p))
             for g, cap in enumerate(gpus_gib) for p in Phase if unit.peak(g, p) > base.peak(g, p)]  # fmt: skip
     kv = max(0.0, fraction * min(room))
     plan = _plan(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, kv=kv, teacher_offload=teacher_offload, teachers=teachers,
-                 tokens=tokens)
+                 trainer=trainer)
     plan.notes.append(f"engine.kv_cache_fraction={fraction:g}: a pool of {kv:.1f} GiB ({min(room):.1f} GiB would fill the GPU)")
     return plan
 
 
 def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, engine_sleep: bool, kv: float,
-          teacher_offload: bool = True, teachers: int = 1, tokens: int | None = None) -> MemoryPlan:
+          teacher_offload: bool = True, teachers: int = 1, trainer: Any = None) -> MemoryPlan:
+    """The plan with the KV pool `kv` (GiB); `trainer`: the `trainer` section to plan with (cfg's by default)."""
     from agentopd.backends.base import BackendKind
     from agentopd.objectives import (
         loads_scorer,
@@ -326,7 +337,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     items: list[Item] = []
     eval_pools: list[tuple[int, int]] = []  # (GPU, engines) of a teacher's eval engine whose pool is sized last
     world = len(tr)
-    tc, P = cfg.trainer, s.params
+    tc, P = trainer or cfg.trainer, s.params
     train_only = (Phase.TRAIN,)
     notes = []
     if tc.cpu_offload and tr:
@@ -344,7 +355,7 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
                       Item("trainer", "fp32 gradients", _gib(4 * P / world), g, train_only)]  # fmt: skip
             copies = 2 * P if world == 1 else 2 * P / world + 2 * s.vocab * s.hidden
             items.append(Item("trainer", "bf16 compute copies", _gib(copies), g, train_only))
-        T, r = tokens or tc.micro_batch_tokens, 4 if world == 1 else 2
+        T, r = tc.micro_batch_tokens, 4 if world == 1 else 2
         a = s.layer_activation_bytes(r)
         if tc.activation_checkpointing:
             kept = -(-s.layers // tc.checkpoint_every)
@@ -424,8 +435,8 @@ def _plan(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float], *, 
     renamed = {} if local else {"engine.sleep=true": "ray.engine_sleep=true"}  # the Ray backend's key for it
     changes = tuple(renamed.get(k, k) for k in MemoryPlanError.KEYS if k not in in_effect)
     plan = MemoryPlan(gpus_gib=list(gpus_gib), items=items, kv_cache_gib=kv, engine_sleep=engine_sleep, teacher_offload=teacher_offload,
-                      teacher_eval_kv_gib=teacher_eval_kv, notes=notes, changes=changes,
-                      micro_batch_tokens=tokens or tc.micro_batch_tokens)  # fmt: skip
+                      teacher_eval_kv_gib=teacher_eval_kv, notes=notes, changes=changes, micro_batch_tokens=tc.micro_batch_tokens,
+                      activation_checkpointing=tc.activation_checkpointing)  # fmt: skip
     need = one_context(s)
     if need > plan.kv_cache_gib:
         plan.notes.append(f"the KV pool cannot hold one context of rollout.max_context={cfg.rollout.max_context} "

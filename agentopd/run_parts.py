@@ -4,7 +4,7 @@
     check_pairs(cfg, models, cross=False)                       # the cheap parts of `agentopd check-pair`
     scorer = cross_scorer(cfg, models, tokenizer, loss)         # a cross-tokenizer loss: scoring through the alignment
     view = privileged_view(cfg, mixture, tokenizer)             # teacher.privileged: checked on every source
-    trainer_cfg, line = fit_gpu(memory_plan, trainer_cfg)      # on CUDA: the micro-batch the memory plan fitted
+    trainer_cfg, line = fit_gpu(memory_plan, trainer_cfg)      # on CUDA: the trainer settings the memory plan fitted
     ctx = run_context(cfg, mixture, models, trainer_cfg, rollout_cfg, device, dtype, tokenizer, memory_plan)
 
 Each refuses a run it cannot serve with a ValueError, before any model loads.
@@ -110,14 +110,19 @@ def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: T
 
 
 def fit_gpu(plan: MemoryPlan | None, trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str | None]:
-    """A CUDA run (a plan): the trainer settings with the micro-batch the plan fitted (trainer.micro_batch_tokens, halved
-    where the train phase did not fit: agentopd.memory_plan), and a line saying so where it lowered it; else as given."""
+    """A CUDA run (a plan): the trainer settings the plan fitted (activation checkpointing turned on, then the
+    micro-batch halved, where the train phase did not fit otherwise: agentopd.memory_plan) and the plan's lines saying
+    so; else the settings as given and None."""
     import dataclasses
 
-    if plan is None or plan.micro_batch_tokens in (None, trainer_cfg.micro_batch_tokens):
+    if plan is None or plan.micro_batch_tokens is None:
         return trainer_cfg, None
-    line = next((n for n in plan.notes if n.startswith("trainer.micro_batch_tokens")), None)
-    return dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens), f"memory (GPU): {line}"
+    fitted = dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens,
+                                 activation_checkpointing=trainer_cfg.activation_checkpointing or bool(plan.activation_checkpointing))  # fmt: skip
+    if fitted == trainer_cfg:
+        return trainer_cfg, None
+    lines = [n for n in plan.notes if n.startswith(("trainer.activation_checkpointing", "trainer.micro_batch_tokens"))]
+    return fitted, "memory (GPU): " + "; ".join(lines)
 
 
 def fit_host(cfg: Config, models: RunModels, trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str, HostPlan]:

@@ -143,7 +143,7 @@ class Runner:
         scorer = cross_scorer(cfg, models, self.tokenizer, self.trainer_cfg.loss)  # a recipe's refusal: before any model too
         view = privileged_view(cfg, mixture, self.tokenizer)
         self.memory_plan = run_plan(cfg, device, models.student, models.teachers)  # a run that cannot fit stops here
-        self.trainer_cfg, line = fit_gpu(self.memory_plan, self.trainer_cfg)  # the micro-batch it fitted
+        self.trainer_cfg, line = fit_gpu(self.memory_plan, self.trainer_cfg)  # the trainer settings it fitted
         if line:
             self.progress.note(line)
         host_plan = None

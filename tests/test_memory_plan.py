@@ -554,30 +554,46 @@ def test_the_plan_says_when_rollout_concurrency_leaves_the_engines_batch_unfille
     assert not any("rollout.concurrency" in n for n in filled.notes)
 
 
-def test_the_micro_batch_is_halved_where_the_train_phase_cannot_fit_and_the_run_takes_it():
-    """No sleep/offload choice fits at the configured micro-batch: the plan halves it until the train phase fits (as the
-    host plan does on a CPU) and says so; the run's trainer takes that size (run_parts.fit_gpu). Where nothing fits,
-    the refusal shows the plan at the configured size."""
+def test_activations_shrink_where_the_train_phase_cannot_fit_and_the_run_takes_them():
+    """No sleep/offload choice fits with the configured trainer: the plan turns activation checkpointing on, then halves
+    the micro-batch, until the train phase fits (as the host plan does on a CPU), and says so; the run's trainer takes
+    those settings (run_parts.fit_gpu). Where nothing fits, the refusal shows the plan with the configured ones."""
     from agentopd.policy import trainer_config
     from agentopd.run_parts import fit_gpu
 
-    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q06)}
     keys = ["trainer.loss=reverse_kl", "eval.teacher=false", "engine.sleep=true", "teacher.offload=true"]
-    cfg = load_config("sql_db", overrides=[*keys, "trainer.micro_batch_tokens=32768"])
-    at = {t: plan_memory(load_config("sql_db", overrides=[*keys, f"trainer.micro_batch_tokens={t}"]), shapes, [1e3])
-          for t in (32768, 16384, 8192)}  # fmt: skip
-    peak = {t: max(p.peak(0, ph) for ph in Phase) for t, p in at.items()}
-    assert peak[8192] < peak[16384] < peak[32768]
-    gpu = (peak[8192] + peak[16384]) / 2 / 0.95  # room for 8,192 tokens, not for 16,384
-    plan = plan_memory(cfg, shapes, [gpu])
-    assert plan.fits and plan.micro_batch_tokens == 8192
-    assert any(n.startswith("trainer.micro_batch_tokens 32768 -> 8192: the train phase did not fit at 32768") for n in plan.notes)
-    assert _item(plan, "activations").what.startswith("activations, 8192 tok")
-    trainer_cfg, line = fit_gpu(plan, trainer_config(cfg))
-    assert trainer_cfg.micro_batch_tokens == 8192 and line.startswith("memory (GPU): trainer.micro_batch_tokens 32768 -> 8192")
-    roomy = plan_memory(cfg, shapes, [200.0])
-    assert roomy.micro_batch_tokens == 32768 and fit_gpu(roomy, trainer_config(cfg)) == (trainer_config(cfg), None)
+
+    def config(ac: bool, tokens: int):
+        return load_config("sql_db", overrides=[*keys, f"trainer.activation_checkpointing={str(ac).lower()}",
+                                                f"trainer.micro_batch_tokens={tokens}"])  # fmt: skip
+
+    def train(ac: bool, tokens: int) -> float:  # the train phase's peak (the largest phase here)
+        plan = plan_memory(config(ac, tokens), shapes, [1e3])
+        assert plan.peak(0, Phase.TRAIN) == max(plan.peak(0, ph) for ph in Phase)
+        return plan.peak(0, Phase.TRAIN)
+
+    assert train(True, 32768) < train(True, 65536) < train(True, 131072) < train(False, 32768) < train(False, 131072)
+    cfg = config(False, 131072)
+    # room for checkpointed activations at 131,072 tokens, not for them unchecked at 32,768: checkpointing, same size
+    ckpt = plan_memory(cfg, shapes, [(train(True, 131072) + train(False, 32768)) / 2 / 0.95])
+    assert ckpt.fits and ckpt.activation_checkpointing and ckpt.micro_batch_tokens == 131072
+    assert ckpt.notes[-1] == "trainer.activation_checkpointing false -> true: the train phase did not fit without it"
+    trainer_cfg, line = fit_gpu(ckpt, trainer_config(cfg))
+    assert trainer_cfg.activation_checkpointing and trainer_cfg.micro_batch_tokens == 131072
+    assert line == "memory (GPU): trainer.activation_checkpointing false -> true: the train phase did not fit without it"
+    # room for 32,768 checkpointed tokens, not for 65,536
+    small = plan_memory(cfg, shapes, [(train(True, 32768) + train(True, 65536)) / 2 / 0.95])
+    assert small.fits and small.activation_checkpointing and small.micro_batch_tokens == 32768
+    assert any(n.startswith("trainer.micro_batch_tokens 131072 -> 32768: the train phase did not fit at 131072") for n in small.notes)
+    assert _item(small, "activations").what.startswith("activations, 32768 tok, checkpointed")
+    trainer_cfg, line = fit_gpu(small, trainer_config(cfg))
+    assert (trainer_cfg.activation_checkpointing, trainer_cfg.micro_batch_tokens) == (True, 32768)
+    assert "activation_checkpointing false -> true" in line and "micro_batch_tokens 131072 -> 32768" in line
+    roomy = plan_memory(cfg, shapes, [500.0])
+    assert (roomy.activation_checkpointing, roomy.micro_batch_tokens) == (False, 131072) and roomy.fits
+    assert fit_gpu(roomy, trainer_config(cfg)) == (trainer_config(cfg), None)
     refused = plan_memory(cfg, shapes, [20.0])  # the models alone are more than that
-    assert not refused.fits and _item(refused, "activations").what.startswith("activations, 32768 tok")
+    assert not refused.fits and _item(refused, "activations").what.startswith("activations, 131072 tok, no checkpointing")
     with pytest.raises(MemoryPlanError, match="trainer.micro_batch_tokens"):
         refused.check()
