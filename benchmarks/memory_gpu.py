@@ -221,6 +221,17 @@ def tiny_tokenizer() -> Path:
     return tok_dir
 
 
+def pair_of(tiny: bool, tokenizer: Path | None, shapes: str) -> tuple[Path, str, str]:
+    """A script's tokenizer folder and student, teacher shapes: the toy ones with `--tiny`, else `--tokenizer`'s
+    vocabulary and `--shapes` ("student,teacher"); exits naming `--tokenizer` where it is missing."""
+    if tiny:
+        return tiny_tokenizer(), "tiny-s", "tiny-t"
+    if tokenizer is None:
+        sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
+    s_shape, t_shape = shapes.split(",")
+    return tokenizer.resolve(), s_shape, t_shape
+
+
 def build_pair(s_shape: str, t_shape: str, tok_dir: Path, out: Path) -> dict[str, Path]:
     """The student and teacher model folders, built side by side (each build is mostly writing its safetensors)."""
     with ThreadPoolExecutor(2) as pool:

@@ -169,12 +169,7 @@ def main() -> None:
     memory_gpu.WORK = args.work.resolve()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.tiny:
-        tok_dir, (s_shape, t_shape) = memory_gpu.tiny_tokenizer(), ("tiny-s", "tiny-t")
-    elif args.tokenizer is None:
-        sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
-    else:
-        tok_dir, (s_shape, t_shape) = args.tokenizer.resolve(), args.shapes.split(",")
+    tok_dir, s_shape, t_shape = memory_gpu.pair_of(args.tiny, args.tokenizer, args.shapes)
     t = time.perf_counter()
     models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
     built = time.perf_counter() - t

@@ -111,12 +111,7 @@ def main() -> None:
     if args.run_arm:
         return one_arm(args)
     args.work = args.work.resolve()
-    if args.tiny:
-        tok_dir, (s_shape, t_shape) = memory_gpu.tiny_tokenizer(), ("tiny-s", "tiny-t")
-    elif args.tokenizer is None:
-        sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
-    else:
-        tok_dir, (s_shape, t_shape) = args.tokenizer.resolve(), args.shapes.split(",")
+    tok_dir, s_shape, t_shape = memory_gpu.pair_of(args.tiny, args.tokenizer, args.shapes)
     models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
     common = [f"student={models['student']}", f"teacher={models['teacher']}", f"run.steps={args.steps}", *STEP,
               *(TINY if args.tiny else []), *args.overrides]  # fmt: skip

@@ -50,3 +50,19 @@ def test_overlap_steps_turn_the_scoring_beside_the_rollout_on_at_those_steps_alo
     steps = {r["step"]: r for r in steps if "perf/train_step_s" in r}
     assert "teacher/overlap_s" not in steps[1] and "teacher/overlap_s" in steps[2]
     assert "teacher.overlap:" in (out / "realsize.md").read_text()
+
+
+def test_small_batch_at_toy_sizes_runs_each_arm_in_each_tree_and_profiles_the_defaults(tmp_path):
+    """benchmarks/small_batch.py --tiny: the defaults arm and a hand-set arm, each in this tree and in an --against tree
+    (here the same tree, labelled apart), their table rows, and the defaults' last train phase under the profiler."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "benchmarks/small_batch.py", "--tiny", "--steps", "2", "--profile", "--out",
+                           str(out), "--work", str(tmp_path / "work"), "--arms", "trainer.micro_batch_tokens=4096",
+                           "--against", str(ROOT), "--against-commit", "before"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = (out / "small_batch.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith(("| defaults@", "| arm1@"))]
+    assert [r.split(" | ")[0] for r in rows][0] == "| defaults@before" and len(rows) == 4, report
+    assert all("failed" not in r for r in rows) and "`trainer.micro_batch_tokens=4096`" in rows[-1]
+    assert (out / "profile_train.txt").read_text().startswith("train phase of step 2:")
