@@ -10,8 +10,9 @@ a step, random-weight Qwen3-0.6B / 1.7B shapes and Qwen3's real vocabulary, reve
 Each arm is one `agentopd run` in a process of its own (`--steps` steps, default 6; the first compiles and warms up and
 is left out of the medians): the defaults a user gets (nothing set but the step's shape), then the settings a user could
 hand-set (`--arms`, `;`-separated lists of key=value; default: a 16k micro-batch, the compiled trainer, activation
-checkpointing on). `--against DIR`: every arm run in another commit's tree as well, right before this tree's, in the same
-call: the before and after of a change on one host. Writes DIR/small_batch.md (per arm the median train seconds, MFU, tokens and
+checkpointing on). `--against DIR`: every arm run with another commit's agentopd as well (this script drives it, so a
+commit older than the script compares too; each arm's log names the tree it imported), right before this tree's, in the
+same call: the before and after of a change on one host. Writes DIR/small_batch.md (per arm the median train seconds, MFU, tokens and
 micro-batches of a step, and the rollout and teacher seconds beside them) and DIR/<arm>.jsonl (the run's metrics).
 `--profile`: the defaults arm's last train phase under torch.profiler (DIR/profile_train.txt: kernels by CUDA time and
 ops by CPU time; the wall under the profiler is not the unprofiled one).
@@ -50,18 +51,21 @@ def one_arm(args: argparse.Namespace) -> None:
         import realsize
 
         realsize.profile_phases(args.out, args.steps, traces=False, phases=("train",))
+    import agentopd
     from agentopd.config import load_config
     from agentopd.runner import Runner
 
+    print(f"agentopd from {Path(agentopd.__file__).parent}", flush=True)  # the tree this arm measures
     cfg = load_config("math", overrides=args.overrides)
     shutil.rmtree(args.run_arm, ignore_errors=True)
     Runner(cfg, args.run_arm).run()
 
 
 def run_arm(name: str, tree: Path, keys: list[str], args: argparse.Namespace, profile: bool) -> list[dict]:
-    """One arm in a process of its own, run from `tree`; the metrics of its steps."""
+    """One arm in a process of its own, with `tree`'s agentopd (this script's runner: a tree older than it compares
+    too); the metrics of its steps."""
     run_dir = args.work / f"run_{name}"
-    cmd = [sys.executable, str(tree / "benchmarks" / "small_batch.py"), "--run-arm", str(run_dir), "--out", str(args.out),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--run-arm", str(run_dir), "--out", str(args.out),
            "--steps", str(args.steps), *(["--profile"] if profile else []), *keys]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
     t = time.time()
