@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
 
+@pytest.mark.slow
 def test_realsize_at_toy_sizes_reports_the_last_steps_phases_and_profiles_them(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "benchmarks/realsize.py", "--tiny", "--profile", "--out", str(out), "--work",
@@ -52,6 +55,7 @@ def test_overlap_steps_turn_the_scoring_beside_the_rollout_on_at_those_steps_alo
     assert "teacher.overlap:" in (out / "realsize.md").read_text()
 
 
+@pytest.mark.slow
 def test_small_batch_at_toy_sizes_runs_each_arm_in_each_tree_and_profiles_the_defaults(tmp_path):
     """benchmarks/small_batch.py --tiny: the defaults arm and a hand-set arm, each in this tree and in an --against tree
     (here the same tree, labelled apart), their table rows, and the defaults' last train phase under the profiler."""
