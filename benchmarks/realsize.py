@@ -14,8 +14,8 @@ and Qwen3's real vocabulary (151,936 rows; the models are built and cached by be
 /tmp/memory_gpu), on one GPU, for `--steps` steps (default 2: step 1 compiles and captures CUDA graphs, the last is the
 measured one), eval.every=0 with 8 eval tasks and no teacher eval (the before/after evals the runner always plays stay
 short), run.checkpoint_every=0: the run's one checkpoint, at its last step, and final/ are written as the README's run
-writes them, and timed. Writes DIR/realsize.json (the last step's figures, `realsize/*`, what gpu_check.py's realsize
-part gates), DIR/metrics.jsonl and DIR/realsize.md.
+writes them, and timed, then removed with the run directory (`--keep-run` keeps it). Writes DIR/realsize.json (the
+last step's figures, `realsize/*`, what gpu_check.py's realsize part gates), DIR/metrics.jsonl and DIR/realsize.md.
 
 `--profile`: the last step's rollout, teacher and train phases each under torch.profiler (CPU and CUDA activities):
 per phase the top kernels by CUDA time (DIR/profile_<phase>.txt) and a Chrome trace (DIR/trace_<phase>.json.gz with
@@ -164,6 +164,8 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (CPU smoke test)")
     ap.add_argument("--overlap-steps", help="with teacher.overlap=true: the steps (comma-separated) whose teacher scores "
                     "beside the rollout; the others score after it: on and off measured in one run")
+    ap.add_argument("--keep-run", action="store_true", help="keep the run directory (removed at the end: at the real "
+                    "size its checkpoint and final/ are ~24 GiB of a 64 GiB GPU machine's disk; --resume needs it kept)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run")
     args = ap.parse_args()
     memory_gpu.WORK = args.work.resolve()
@@ -233,6 +235,8 @@ def main() -> None:
                  f"({written / planned:.3f} of it)")  # fmt: skip
     (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+    if not args.keep_run:  # ~24 GiB of checkpoint and final/ at the real size: the next part of a check needs the disk
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _card_peak() -> float | None:

@@ -30,6 +30,7 @@ def test_realsize_at_toy_sizes_reports_the_last_steps_phases_and_profiles_them(t
     assert "| 2 |" in report and "checkpoint of step 2:" in report and "the disk plan's figure" in report
     for phase in ("rollout", "teacher", "train"):
         assert (out / f"profile_{phase}.txt").read_text().startswith(f"{phase} phase of step 2:")
+    assert not (tmp_path / "work" / "realsize_run").exists()  # its checkpoint and final/ removed (--keep-run keeps them)
 
 
 def test_realsize_figures_are_gated_but_the_checkpoints_seconds_are_the_hosts_disk():
