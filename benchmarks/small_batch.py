@@ -77,6 +77,7 @@ def run_arm(name: str, tree: Path, keys: list[str], args: argparse.Namespace, pr
         return []
     text = (run_dir / "metrics.jsonl").read_text()
     (args.out / f"{name}.jsonl").write_text(text)
+    shutil.rmtree(run_dir, ignore_errors=True)  # its last checkpoint and final/ (0.6B: ~10 GiB an arm) fill a GPU machine's disk
     return [r for r in map(json.loads, text.splitlines()) if "perf/train_step_s" in r]
 
 
