@@ -78,7 +78,7 @@ class TrainerConfig:
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     is_cap: float | None = None  # cap on the importance ratio in IS mode
-    micro_batch_tokens: int = 16384  # packed tokens per forward/backward; a run's memory plan halves it where it cannot fit
+    micro_batch_tokens: int = 16384  # packed tokens per forward/backward; a run's memory plans lower it where it cannot fit
     reward_beta: float | None = None  # softmax(reward / beta) episode weights; None = off
     reward_per_group: bool = True  # reward weighting within each group_id (else over the whole batch)
     task_reward_coef: float = 0.0  # weight of the GRPO task-reward term added to the loss; 0 = off
