@@ -168,15 +168,19 @@ class MemoryPlanError(ValueError):
             "engine.sleep=true", "teacher.offload=true", "eval.teacher=false", "run.backend=ray with ray.gpus_per_*",
             "trainer.cpu_offload=true (run.backend=ray)", "a smaller student or teacher")
 
+    TRAIN_KEYS = ("trainer.micro_batch_tokens", "trainer.activation_checkpointing=true")  # they shrink the train phase alone
+
     def __init__(self, plan: MemoryPlan) -> None:
         self.plan = plan
         worst = max(range(len(plan.gpus_gib)), key=lambda g: max(plan.peaks()[g].values()) / plan.gpus_gib[g])
         pk = plan.peaks()[worst]
         phase = max(pk, key=pk.get)
+        train_fits = all(p[Phase.TRAIN] <= HEADROOM * cap for p, cap in zip(plan.peaks(), plan.gpus_gib))
+        keys = [k for k in plan.changes or self.KEYS if not (train_fits and k in self.TRAIN_KEYS)]
         super().__init__(
             f"this run does not fit its GPUs: GPU {worst} needs {pk[phase]:.1f} GiB in the {phase} phase, "
             f"{HEADROOM:.0%} of {plan.gpus_gib[worst]:.1f} GiB is {HEADROOM * plan.gpus_gib[worst]:.1f}; "
-            f"keys to change: {', '.join(plan.changes or self.KEYS)}\n{plan.table()}"
+            f"keys to change: {', '.join(keys)}\n{plan.table()}"
         )
 
 

@@ -597,3 +597,20 @@ def test_activations_shrink_where_the_train_phase_cannot_fit_and_the_run_takes_t
     assert not refused.fits and _item(refused, "activations").what.startswith("activations, 131072 tok, no checkpointing")
     with pytest.raises(MemoryPlanError, match="trainer.micro_batch_tokens"):
         refused.check()
+
+
+def test_a_refusal_offers_the_trainers_keys_only_where_the_train_phase_does_not_fit():
+    """trainer.micro_batch_tokens and activation checkpointing shrink the train phase alone: a run whose train phase
+    fits but whose eval phase (the teacher's eval engine) does not is not told to change them."""
+    shapes = {"student": ModelShape.from_hf_config(Q17), "teacher": ModelShape.from_hf_config(Q8)}
+    cfg = load_config("sql_db", config_file="configs/examples/qwen3-gpu.yaml")
+    plan = plan_memory(cfg, shapes, [55.0])
+    assert plan.peak(0, Phase.TRAIN) <= 0.95 * 55.0 < plan.peak(0, Phase.EVAL)
+    with pytest.raises(MemoryPlanError) as err:
+        plan.check()
+    first = str(err.value).splitlines()[0]
+    assert "in the eval phase" in first and "eval.teacher=false" in first
+    assert "trainer.micro_batch_tokens" not in first and "trainer.activation_checkpointing" not in first
+    small = plan_memory(cfg, shapes, [30.0])  # there the train phase does not fit either
+    with pytest.raises(MemoryPlanError, match="keys to change: trainer.micro_batch_tokens"):
+        small.check()
