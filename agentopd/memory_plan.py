@@ -271,6 +271,7 @@ def plan_memory(cfg: Config, shapes: dict[str, ModelShape], gpus_gib: list[float
         offload = False
     choices = [(s, o) for s in ((False, True) if sleep == "auto" else (bool(sleep),))
                for o in ((False, True) if offload == "auto" else (bool(offload),))]  # fmt: skip
+
     def first_fit(trainer) -> MemoryPlan:  # the first choice that fits with these trainer settings, else the last one
         for engine_sleep, teacher_offload in choices:
             plan = _sized(cfg, shapes, gpus_gib, engine_sleep=engine_sleep, teacher_offload=teacher_offload, teachers=teachers,
