@@ -94,8 +94,7 @@ def main() -> None:
     global WORK
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--shapes", default="1.7b,8b", help="student,teacher among " + ", ".join(SHAPES))
-    ap.add_argument("--tokenizer", type=Path, help="a tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
+    add_pair_args(ap, shapes="1.7b,8b")
     ap.add_argument("--config", default="configs/examples/qwen3-gpu.yaml", help="the example to run (qwen3-2gpu.yaml: Ray, 2 GPUs)")
     ap.add_argument("--as-written", action="store_true", help="the example's own step sizes, 3 steps")
     ap.add_argument("--timeout", type=float, help="interrupt the run after this many seconds (it checkpoints) and report")
@@ -103,7 +102,6 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="continue the run under --work from its last checkpoint")
     ap.add_argument("--work", type=Path, default=WORK, help=f"models and the run directory (default {WORK})")
     ap.add_argument("--refuse", metavar="SHAPES", help="also time the refusal of student,teacher shapes that cannot fit (8b,32b)")
-    ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (CPU smoke test)")
     ap.add_argument("--build", nargs=3, metavar=("SHAPE", "TOKENIZER", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--config-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run")
@@ -112,13 +110,7 @@ def main() -> None:
     if args.build:
         return build(args.build[0], Path(args.build[1]), Path(args.build[2]), config_only=args.config_only)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.tiny:
-        tok_dir, s_shape, t_shape = tiny_tokenizer(), "tiny-s", "tiny-t"
-    else:
-        if args.tokenizer is None:
-            sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
-        tok_dir = args.tokenizer.resolve()
-        s_shape, t_shape = args.shapes.split(",")
+    tok_dir, s_shape, t_shape = pair_of(args, make="agentopd make-tokenizer qwen3 DIR --template agentopd")
     models = build_pair(s_shape, t_shape, tok_dir, args.out)
     sizes = ["run.steps=3"] if args.as_written else SMALL_STEP
     if args.tiny:
@@ -221,15 +213,24 @@ def tiny_tokenizer() -> Path:
     return tok_dir
 
 
-def pair_of(tiny: bool, tokenizer: Path | None, shapes: str) -> tuple[Path, str, str]:
-    """A script's tokenizer folder and student, teacher shapes: the toy ones with `--tiny`, else `--tokenizer`'s
-    vocabulary and `--shapes` ("student,teacher"); exits naming `--tokenizer` where it is missing."""
-    if tiny:
+def add_pair_args(ap: argparse.ArgumentParser, shapes: str) -> None:
+    """A script's options for its model pair (`pair_of` reads them): `--tokenizer`, `--shapes` (default `shapes`),
+    `--tiny`."""
+    ap.add_argument("--tokenizer", type=Path, help="a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
+    ap.add_argument("--shapes", default=shapes, help="student,teacher among " + ", ".join(SHAPES))
+    ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (a CPU smoke test)")
+
+
+def pair_of(args: argparse.Namespace, make: str = "agentopd make-tokenizer qwen3 DIR") -> tuple[Path, str, str]:
+    """The tokenizer folder and student, teacher shapes of `add_pair_args`'s options: the toy ones with `--tiny`, else
+    `--tokenizer`'s vocabulary and `--shapes` ("student,teacher"); exits naming `--tokenizer` (and `make`, the command
+    that builds one) where it is missing."""
+    if args.tiny:
         return tiny_tokenizer(), "tiny-s", "tiny-t"
-    if tokenizer is None:
-        sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
-    s_shape, t_shape = shapes.split(",")
-    return tokenizer.resolve(), s_shape, t_shape
+    if args.tokenizer is None:
+        sys.exit(f"--tokenizer DIR: a real-vocabulary tokenizer folder (`{make}`)")
+    s_shape, t_shape = args.shapes.split(",")
+    return args.tokenizer.resolve(), s_shape, t_shape
 
 
 def build_pair(s_shape: str, t_shape: str, tok_dir: Path, out: Path) -> dict[str, Path]:

@@ -152,8 +152,7 @@ def pick_run_dir(cfg, student) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--tokenizer", type=Path, help="a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
-    ap.add_argument("--shapes", default="1.7b,8b", help="student,teacher among " + ", ".join(memory_gpu.SHAPES))
+    memory_gpu.add_pair_args(ap, shapes="1.7b,8b")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="profile the last step's rollout, teacher and train phases")
     ap.add_argument("--traces", action="store_true", help="with --profile: also write Chrome traces (large)")
@@ -161,7 +160,6 @@ def main() -> None:
                     help="with --profile: the phases to profile (the rollout's millions of decode kernels took the "
                          "profiled run past a 600-s call; teacher,train alone fit)")
     ap.add_argument("--work", type=Path, default=memory_gpu.WORK, help="models and the run directory")
-    ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer (CPU smoke test)")
     ap.add_argument("--overlap-steps", help="with teacher.overlap=true: the steps (comma-separated) whose teacher scores "
                     "beside the rollout; the others score after it: on and off measured in one run")
     ap.add_argument("--keep-run", action="store_true", help="keep the run directory (removed at the end: at the real "
@@ -171,7 +169,7 @@ def main() -> None:
     memory_gpu.WORK = args.work.resolve()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    tok_dir, s_shape, t_shape = memory_gpu.pair_of(args.tiny, args.tokenizer, args.shapes)
+    tok_dir, s_shape, t_shape = memory_gpu.pair_of(args)
     t = time.perf_counter()
     models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
     built = time.perf_counter() - t

@@ -72,7 +72,7 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 from _faults import lost_or_duplicated  # noqa: E402
 from _measured import commit_measured  # noqa: E402
 from _scale_run import Fault  # noqa: E402
-from memory_gpu import SHAPES, build_folder, build_pair, plan_table, tiny_tokenizer  # noqa: E402
+from memory_gpu import SHAPES, build_folder, build_pair, pair_of, plan_table  # noqa: E402
 
 CONFIG = ROOT / "configs" / "examples" / "qwen3-2gpu.yaml"
 WORK = Path("/tmp/scale_gpu")
@@ -182,13 +182,10 @@ def main() -> None:
     if args.tiny and (args.scaling or names != ["2gpu"]):
         ap.error(f"--tiny runs the 2gpu layout alone, with CPU actors (no GPUs to place a {','.join(names)} layout on): "
                  "leave out --layout and --scaling")  # fmt: skip
+    tok_dir, *pair = pair_of(args, make="agentopd make-tokenizer qwen3 DIR --template agentopd")
+    shapes = tuple(pair)
     if args.tiny:
-        tok_dir, shapes = tiny_tokenizer(), ("tiny-s", "tiny-t")
         args.tasks, args.steps = min(args.tasks, 2), args.steps or 3
-    elif args.tokenizer is None:
-        sys.exit("--tokenizer DIR: a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR --template agentopd`)")
-    else:
-        tok_dir, shapes = args.tokenizer.resolve(), tuple(args.shapes.split(","))
     args.steps = args.steps or 4
     modes = [Mode(m) for m in args.mode.split(",")] if args.mode else ([] if args.fault else [Mode.SYNC])
     plan = [(n, m, None) for n in names for m in modes] + [(n, Mode.SYNC, args.fault) for n in names if args.fault]

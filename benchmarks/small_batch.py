@@ -9,11 +9,12 @@ a step, random-weight Qwen3-0.6B / 1.7B shapes and Qwen3's real vocabulary, reve
 
 Each arm is one `agentopd run` in a process of its own (`--steps` steps, default 6; the first compiles and warms up and
 is left out of the medians): the defaults a user gets (nothing set but the step's shape), then the settings a user could
-hand-set (`--arms`, `;`-separated lists of key=value; default: a 16k micro-batch, the compiled trainer, activation
-checkpointing on). `--against DIR`: every arm run with another commit's agentopd as well (this script drives it, so a
-commit older than the script compares too; each arm's log names the tree it imported), right before this tree's, in the
-same call: the before and after of a change on one host. Writes DIR/small_batch.md (per arm the median train seconds, MFU, tokens and
-micro-batches of a step, and the rollout and teacher seconds beside them) and DIR/<arm>.jsonl (the run's metrics).
+hand-set (`--arms`, `;`-separated lists of key=value; default: the 8k micro-batch that was the default until
+2026-11-30, the compiled trainer, activation checkpointing on). `--against DIR`: every arm run with another commit's
+agentopd as well (this script drives it, so a commit older than the script compares too; each arm's log names the tree
+it imported), right before this tree's, in the same call: the before and after of a change on one host. Writes
+DIR/small_batch.md (per arm the median train seconds, MFU, tokens and micro-batches of a step, and the rollout and
+teacher seconds beside them) and DIR/<arm>.jsonl (the run's metrics).
 `--profile`: the defaults arm's last train phase under torch.profiler (DIR/profile_train.txt: kernels by CUDA time and
 ops by CPU time; the wall under the profiler is not the unprofiled one).
 """
@@ -39,7 +40,7 @@ STEP = ["rollout.tasks_per_step=64", "rollout.n=1", "rollout.max_new_tokens=128"
         "trainer.lr=1e-5", "eval.every=0", "eval.num_tasks=8", "eval.teacher=false", "run.checkpoint_every=0",
         "log.tensorboard=false", "teacher.selftest=false"]  # fmt: skip  # random weights are a uniform teacher: the self-test refuses them
 TINY = ["run.device=cpu", "rollout.tasks_per_step=4", "rollout.max_new_tokens=16", "eval.num_tasks=2"]
-ARMS = "trainer.micro_batch_tokens=16384;trainer.compile=true;trainer.activation_checkpointing=true"
+ARMS = "trainer.micro_batch_tokens=8192;trainer.compile=true;trainer.activation_checkpointing=true"
 FIGURES = {"train s": "perf/train_step_s", "MFU": "perf/mfu", "train tok/s": "perf/train_tokens_per_s",
            "tokens": "train/tokens", "micro-batches": "train/micro_batches", "rollout s": "perf/rollout_s",
            "teacher s": "perf/teacher_s"}  # fmt: skip
@@ -98,8 +99,7 @@ def row(name: str, keys: str, steps: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--tokenizer", type=Path, help="a real-vocabulary tokenizer folder (`agentopd make-tokenizer qwen3 DIR`)")
-    ap.add_argument("--shapes", default="0.6b,1.7b", help="student,teacher among " + ", ".join(memory_gpu.SHAPES))
+    memory_gpu.add_pair_args(ap, shapes="0.6b,1.7b")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--arms", default=ARMS, help="the hand-set arms after the defaults: ';'-separated, each a "
                     "space-separated list of key=value ('' for none)")
@@ -107,7 +107,6 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another commit's tree: each arm runs there first, in this call")
     ap.add_argument("--against-commit", default="", help="what --against's tree is, for the report")
     ap.add_argument("--work", type=Path, default=Path("/tmp/small_batch"), help="the run directories")
-    ap.add_argument("--tiny", action="store_true", help="toy shapes and the embedded tokenizer on CPU (a smoke test)")
     ap.add_argument("--run-arm", type=Path, help=argparse.SUPPRESS)  # one arm's run, in this process
     ap.add_argument("overrides", nargs="*", help="key=value overrides of every arm")
     args = ap.parse_args()
@@ -116,7 +115,7 @@ def main() -> None:
     if args.run_arm:
         return one_arm(args)
     args.work = args.work.resolve()
-    tok_dir, s_shape, t_shape = memory_gpu.pair_of(args.tiny, args.tokenizer, args.shapes)
+    tok_dir, s_shape, t_shape = memory_gpu.pair_of(args)
     models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
     common = [f"student={models['student']}", f"teacher={models['teacher']}", f"run.steps={args.steps}", *STEP,
               *(TINY if args.tiny else []), *args.overrides]  # fmt: skip
