@@ -64,6 +64,22 @@ def private_home(tmp_path_factory):
 
 
 @pytest.fixture
+def cpu_varlen(monkeypatch):
+    """The packed (varlen) paths on CPU through the reference kernel (tests/_tiny.py); torch's is CUDA only."""
+    from _tiny import reference_varlen_attn
+
+    from agentopd import attention
+
+    attention.register.cache_clear()
+    for name in ("_VARLEN_ATTN", "_CAUSAL", "_HAS_SCALE"):
+        monkeypatch.setattr(attention, name, getattr(attention, name))  # restored after the test
+    monkeypatch.setattr(attention, "_varlen_fn", lambda: reference_varlen_attn)
+    monkeypatch.setattr(attention, "available", lambda device: True)
+    yield
+    attention.register.cache_clear()
+
+
+@pytest.fixture
 def cli(tiny_home, monkeypatch):
     """`agentopd ...` in this process on the tiny built-in models (exceptions propagate). test_cli.py and
     test_pair.py have their own."""

@@ -14,7 +14,7 @@ from agentopd import attention
 from agentopd.prefix import MIN_SHARED_PREFIX, pack_row, packed_items
 from agentopd.teacher.hf import HFTeacher, plan_shared_rows
 from agentopd.types import TokenStream
-from _tiny import VOCAB, make_samples, reference_varlen_attn, tiny_model
+from _tiny import VOCAB, make_samples, tiny_model
 
 
 def _stream(prompt: list[int], rest: list[int]) -> TokenStream:
@@ -83,18 +83,6 @@ def test_varlen_kwargs_gather_each_segments_prefix_before_its_keys():
     assert attention.KEY_INDEX not in attention.varlen_kwargs([3, 2], "cpu", [-1, -1])
     with pytest.raises(ValueError, match="continues segment 1"):
         attention.varlen_kwargs([3, 2, 4], "cpu", [-1, 0, 1])
-
-
-@pytest.fixture
-def cpu_varlen(monkeypatch):
-    """The packed paths on CPU through the reference kernel (tests/_tiny.py); torch's is CUDA only."""
-    attention.register.cache_clear()
-    for name in ("_VARLEN_ATTN", "_CAUSAL", "_HAS_SCALE"):
-        monkeypatch.setattr(attention, name, getattr(attention, name))  # restored after the test
-    monkeypatch.setattr(attention, "_varlen_fn", lambda: reference_varlen_attn)
-    monkeypatch.setattr(attention, "available", lambda device: True)
-    yield
-    attention.register.cache_clear()
 
 
 def test_a_packed_teacher_scores_a_shared_prompt_once_as_it_scores_it_per_stream(cpu_varlen):

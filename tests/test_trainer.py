@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist_worker import STEPS, batch, scenario
-from _tiny import VOCAB, make_samples, one_thread, reference_varlen_attn, tiny_model  # noqa: F401  (one_thread: autouse fixture)
+from _tiny import VOCAB, make_samples, one_thread, tiny_model  # noqa: F401  (one_thread: autouse fixture)
 
 from agentopd.batch import TrainSample
 from agentopd.trainer import (
@@ -452,38 +452,29 @@ def test_a_shared_prefix_trains_like_full_rows(kind):
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-def test_a_training_forward_builds_no_kv_cache(monkeypatch, packed):
+def test_a_training_forward_builds_no_kv_cache(monkeypatch, request, packed):
     """A training forward must never build a transformers KV cache: under torch.compile the cache's guards recompile
     the layers and fall back to eager, and every layer's K/V stays alive (0.6B on an H200: 45k tok/s and 46.8 GiB
     with it, 77k and 36 GiB without). `packed` runs the varlen path (one packed row per micro-batch, what GPUs run)
     on CPU through a reference kernel."""
     from transformers.cache_utils import DynamicCache
 
-    from agentopd import attention
-
     built = []
     init = DynamicCache.__init__
     monkeypatch.setattr(DynamicCache, "__init__", lambda self, *a, **k: (built.append(1), init(self, *a, **k))[1])
     extra = {}
     if packed:
-        attention.register.cache_clear()
-        for name in ("_VARLEN_ATTN", "_CAUSAL", "_HAS_SCALE"):
-            monkeypatch.setattr(attention, name, getattr(attention, name))  # restored after the test
-        monkeypatch.setattr(attention, "_varlen_fn", lambda: reference_varlen_attn)
-        monkeypatch.setattr(attention, "available", lambda device: True)
+        request.getfixturevalue("cpu_varlen")
         extra = {"mixed_precision": "bf16"}
-    try:
-        trainer = Trainer(tiny_model(), TrainerConfig(**CFG | {"loss": "forward_kl", "micro_batch_tokens": 200} | extra))
-        assert trainer.varlen == packed
-        head_VH = torch.randn(VOCAB, 16, generator=torch.Generator().manual_seed(3))
-        metrics = trainer.train_step(make_samples(6, seed=2, teacher_hidden=16), teacher_head_VH=head_VH)
-    finally:
-        attention.register.cache_clear()
+    trainer = Trainer(tiny_model(), TrainerConfig(**CFG | {"loss": "forward_kl", "micro_batch_tokens": 200} | extra))
+    assert trainer.varlen == packed
+    head_VH = torch.randn(VOCAB, 16, generator=torch.Generator().manual_seed(3))
+    metrics = trainer.train_step(make_samples(6, seed=2, teacher_hidden=16), teacher_head_VH=head_VH)
     assert math.isfinite(metrics["loss"])
     assert built == [], f"{len(built)} KV cache(s) built by a training step"
 
 
-def test_compiled_layers_compile_once_across_uneven_steps(monkeypatch):
+def test_compiled_layers_compile_once_across_uneven_steps(monkeypatch, cpu_varlen):
     """trainer.compile on the packed path GPUs run: steps of other token counts, sequence counts and longest
     sequences (varlen's cu_seq_lens and max_length) reuse the layers' first graphs. Compiled dynamic from the first
     call; torch's automatic dynamic shapes recompiled once per input that changed (0.6B on an H200: 18.5, 6.2 and
@@ -494,14 +485,7 @@ def test_compiled_layers_compile_once_across_uneven_steps(monkeypatch):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from agentopd import attention
-
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    attention.register.cache_clear()
-    for name in ("_VARLEN_ATTN", "_CAUSAL", "_HAS_SCALE"):
-        monkeypatch.setattr(attention, name, getattr(attention, name))  # restored after the test
-    monkeypatch.setattr(attention, "_varlen_fn", lambda: reference_varlen_attn)
-    monkeypatch.setattr(attention, "available", lambda device: True)
     torch._dynamo.reset()
     counters.clear()
     try:
@@ -515,6 +499,5 @@ def test_compiled_layers_compile_once_across_uneven_steps(monkeypatch):
             assert math.isfinite(trainer.train_step(samples, teacher_head_VH=head_VH)["loss"])
             graphs.append(counters["stats"]["unique_graphs"])
     finally:
-        attention.register.cache_clear()
         torch._dynamo.reset()
     assert graphs[0] > 0 and graphs == [graphs[0]] * 3, f"graphs compiled after each step: {graphs}"
