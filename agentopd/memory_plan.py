@@ -123,11 +123,11 @@ class MemoryPlan:
     items: list[Item]
     kv_cache_gib: float
     engine_sleep: bool
+    # the trainer's settings it planned with: the configured ones, or checkpointing and a smaller micro-batch where those did not fit
+    micro_batch_tokens: int
+    activation_checkpointing: bool
     teacher_offload: bool = True
     teacher_eval_kv_gib: float | None = None  # the teacher's eval engine's pool where smaller than kv_cache_gib
-    # the trainer's settings it planned with: the configured ones, or checkpointing and a smaller micro-batch where those did not fit
-    micro_batch_tokens: int | None = None
-    activation_checkpointing: bool | None = None
     notes: list[str] = field(default_factory=list)
     changes: tuple[str, ...] = ()  # the keys a refusal offers: MemoryPlanError.KEYS less what the run already has
 

@@ -115,10 +115,10 @@ def fit_gpu(plan: MemoryPlan | None, trainer_cfg: TrainerConfig) -> tuple[Traine
     so; else the settings as given and None."""
     import dataclasses
 
-    if plan is None or plan.micro_batch_tokens is None:
+    if plan is None:
         return trainer_cfg, None
     fitted = dataclasses.replace(trainer_cfg, micro_batch_tokens=plan.micro_batch_tokens,
-                                 activation_checkpointing=trainer_cfg.activation_checkpointing or bool(plan.activation_checkpointing))  # fmt: skip
+                                 activation_checkpointing=trainer_cfg.activation_checkpointing or plan.activation_checkpointing)  # fmt: skip
     if fitted == trainer_cfg:
         return trainer_cfg, None
     lines = [n for n in plan.notes if n.startswith(("trainer.activation_checkpointing", "trainer.micro_batch_tokens"))]
