@@ -4,7 +4,7 @@
     check_pairs(cfg, models, cross=False)                       # the cheap parts of `agentopd check-pair`
     scorer = cross_scorer(cfg, models, tokenizer, loss)         # a cross-tokenizer loss: scoring through the alignment
     view = privileged_view(cfg, mixture, tokenizer)             # teacher.privileged: checked on every source
-    trainer_cfg, line = fit_gpu(memory_plan, trainer_cfg)      # on CUDA: the trainer settings the memory plan fitted
+    trainer_cfg, line, host_plan = fit_memory(cfg, models, device, memory_plan, trainer_cfg)  # what the plans fitted
     ctx = run_context(cfg, mixture, models, trainer_cfg, rollout_cfg, device, dtype, tokenizer, memory_plan)
 
 Each refuses a run it cannot serve with a ValueError, before any model loads.
@@ -107,6 +107,16 @@ def run_context(cfg: Config, mixture: Mixture, models: RunModels, trainer_cfg: T
         ctx.engine_sleep = cfg.engine.sleep is True and sleeps
         ctx.teacher_offload = cfg.teacher.offload is not False
     return ctx
+
+
+def fit_memory(cfg: Config, models: RunModels, device: torch.device, plan: MemoryPlan | None,
+               trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str | None, HostPlan | None]:
+    """The trainer settings the run's memory plan fitted, the line saying so (None: nothing to say) and, on a CPU, the
+    host plan: fit_host there (which refuses a run that cannot fit), fit_gpu elsewhere (`plan`: the GPU plan, None
+    off CUDA)."""
+    if device.type == "cpu":
+        return fit_host(cfg, models, trainer_cfg)
+    return *fit_gpu(plan, trainer_cfg), None
 
 
 def fit_gpu(plan: MemoryPlan | None, trainer_cfg: TrainerConfig) -> tuple[TrainerConfig, str | None]:

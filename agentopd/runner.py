@@ -56,7 +56,7 @@ from agentopd.progress import RunProgress
 from agentopd.recipes.schedule import SftWarmStart
 from agentopd.routing import Router
 from agentopd.run_models import resolve_models
-from agentopd.run_parts import check_pairs, cross_scorer, fit_gpu, fit_host, own_tokenizer_teachers, privileged_view, run_context
+from agentopd.run_parts import check_pairs, cross_scorer, fit_memory, own_tokenizer_teachers, privileged_view, run_context
 from agentopd.rundir import DONE, CheckpointError, RunDir
 from agentopd.shape import ModelShape
 from agentopd.step.evals import Evals
@@ -143,12 +143,9 @@ class Runner:
         scorer = cross_scorer(cfg, models, self.tokenizer, self.trainer_cfg.loss)  # a recipe's refusal: before any model too
         view = privileged_view(cfg, mixture, self.tokenizer)
         self.memory_plan = run_plan(cfg, device, models.student, models.teachers)  # a run that cannot fit stops here
-        self.trainer_cfg, line = fit_gpu(self.memory_plan, self.trainer_cfg)  # the trainer settings it fitted
+        # the trainer settings it fitted; on a CPU the same against this machine's memory (agentopd.memory_host)
+        self.trainer_cfg, line, host_plan = fit_memory(cfg, models, device, self.memory_plan, self.trainer_cfg)
         if line:
-            self.progress.note(line)
-        host_plan = None
-        if device.type == "cpu":  # the same, against this machine's memory (agentopd.memory_host)
-            self.trainer_cfg, line, host_plan = fit_host(cfg, models, self.trainer_cfg)
             self.progress.note(line)
         shapes = {STUDENT: ModelShape.from_ref(models.student)} | {
             name: None if is_server(ref) else ModelShape.from_ref(ref) for name, ref in models.teachers.items()}
