@@ -79,6 +79,13 @@ def checkpoint_counts(writes: int, keep: int, existing: int = 0) -> tuple[int, i
     return peak - existing, on_disk - existing
 
 
+def need_gib(writes: int, keep: int, existing: int, checkpoint_gib: float, export_gib: float) -> float:
+    """GiB a run adds to its disk at the peak: the checkpoints beside the kept ones, or the kept ones and final/ after
+    the last (checkpoint_counts)."""
+    peak, after = checkpoint_counts(writes, keep, existing)
+    return max(peak * checkpoint_gib, after * checkpoint_gib + export_gib, 0.0)
+
+
 @dataclass
 class DiskPlan:
     """What the run writes at its peak against the space it may fill (the module docstring)."""
@@ -92,11 +99,28 @@ class DiskPlan:
     writes: int  # checkpoints the run writes
     keep: int
     export_gib: float  # 0 when final/ is already there (a resumed run that finished before)
+    existing: int  # a resumed run's finished checkpoints, already in the used space
 
     @property
     def need_gib(self) -> float:
-        with_final = self.after * self.checkpoint_gib + self.export_gib  # the export comes after the last checkpoint
-        return max(self.checkpoints * self.checkpoint_gib, with_final, 0.0)
+        return need_gib(self.writes, self.keep, self.existing, self.checkpoint_gib, self.export_gib)
+
+    def remedies(self) -> str:
+        """What to change, in words: the keys that lower this plan's peak (none where one checkpoint and final/ are
+        all it writes, as at a resumed run's last step), then another disk (a resume reads its run directory: that
+        moves whole, or its disk gets room)."""
+        keys = []
+        if self.keep != 1 and need_gib(self.writes, 1, self.existing, self.checkpoint_gib, self.export_gib) < self.need_gib:
+            keys.append("run.keep_checkpoints=1 (the newest kept; a new one is complete before the old one goes)")
+        if self.writes > 1 and need_gib(1, self.keep, self.existing, self.checkpoint_gib, self.export_gib) < self.need_gib:
+            keys.append("run.checkpoint_every (fewer checkpoints)")
+        if self.budget:
+            keys.append("run.disk_gib (the space the run may fill)")
+        if not self.existing:
+            return "change " + ", ".join([*keys, "--run-dir on a larger disk"])
+        elsewhere = (f"make room under {self.folder} (the run's older checkpoints can go) or move the run directory "
+                     "whole to a larger disk and --resume it there")  # fmt: skip
+        return f"change {', '.join(keys)}, or {elsewhere}" if keys else elsewhere
 
     @property
     def room_gib(self) -> float:
@@ -127,15 +151,12 @@ class DiskPlanError(ValueError):
 
     def __init__(self, plan: DiskPlan) -> None:
         self.plan = plan
-        keys = ["run.checkpoint_every (fewer checkpoints)", "--run-dir on a larger disk"]
-        if plan.keep != 1:
-            keys.insert(0, "run.keep_checkpoints=1 (the newest kept; a new one is complete before the old one goes)")
         where = (f"run.disk_gib allows {size(plan.free_gib)}" if plan.budget else
                  f"{size(plan.free_gib)} are free under {plan.folder} ({SLACK_GIB:g} GiB of it left to the store and logs)")  # fmt: skip
         super().__init__(
             f"this run's checkpoints do not fit its disk: it writes {size(plan.need_gib)} at its peak ({plan.checkpoints} "
             f"checkpoint(s) of {size(plan.checkpoint_gib)} and final/ {size(plan.export_gib)}), {where}: short by "
-            f"{size(plan.need_gib - plan.room_gib)}; change {', '.join(keys)}"
+            f"{size(plan.need_gib - plan.room_gib)}; {plan.remedies()}"
         )
 
 
@@ -157,7 +178,7 @@ def plan_disk(cfg: Config, student: ModelShape, rd: RunDir, start: int = 0) -> D
     peak, after = checkpoint_counts(writes, r.keep_checkpoints, existing)
     return DiskPlan(
         folder=folder, free_gib=r.disk_gib if r.disk_gib is not None else free, budget=r.disk_gib is not None,
-        checkpoint_gib=checkpoint_bytes(student) / GIB, checkpoints=peak, after=after, writes=writes, keep=r.keep_checkpoints, export_gib=0.0 if rd.final.is_dir() else export_bytes(student) / GIB,
+        checkpoint_gib=checkpoint_bytes(student) / GIB, checkpoints=peak, after=after, writes=writes, keep=r.keep_checkpoints, export_gib=0.0 if rd.final.is_dir() else export_bytes(student) / GIB, existing=existing,
     )  # fmt: skip
 
 

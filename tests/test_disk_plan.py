@@ -75,6 +75,45 @@ def test_run_whose_checkpoints_do_not_fit_its_disk_is_refused_before_any_model_l
     assert result.exit_code == 0 and "(2 of 4 checkpoint(s) of" in result.output and ": fits" in result.output, result.output
 
 
+def _plan(writes: int, keep: int, existing: int = 0, budget: bool = False):
+    from agentopd.disk_plan import DiskPlan
+
+    peak, after = checkpoint_counts(writes, keep, existing)
+    return DiskPlan(folder=Path("/ckpt"), free_gib=18.5, budget=budget, checkpoint_gib=20.4, checkpoints=peak, after=after,
+                    writes=writes, keep=keep, export_gib=0.0, existing=existing)  # fmt: skip
+
+
+def test_a_refusal_offers_only_what_lowers_the_peak():
+    """A 1.7B resume on an H200's 64 GiB disk (2026-12-01) was refused as it should be, one checkpoint of 20.4 GiB
+    against 18.5 free, and told to set run.keep_checkpoints=1, which writes that same checkpoint: a refusal names the
+    keys that lower its peak, and for a resume (which reads its run directory) room on that disk or the directory moved."""
+    resume = _plan(writes=1, keep=2, existing=1)
+    assert resume.remedies() == ("make room under /ckpt (the run's older checkpoints can go) or move the run directory "
+                                 "whole to a larger disk and --resume it there")  # fmt: skip
+    many = _plan(writes=10, keep=0).remedies()  # all kept: either key lowers the peak
+    assert many.startswith("change run.keep_checkpoints=1") and "run.checkpoint_every" in many
+    assert many.endswith("--run-dir on a larger disk")
+    kept_two = _plan(writes=10, keep=2).remedies()
+    assert "run.keep_checkpoints=1" in kept_two and "run.checkpoint_every" in kept_two
+    assert _plan(writes=10, keep=1).remedies() == "change run.checkpoint_every (fewer checkpoints), --run-dir on a larger disk"
+    assert _plan(writes=1, keep=2).remedies() == "change --run-dir on a larger disk"
+    budgeted = _plan(writes=3, keep=2, budget=True).remedies()
+    assert budgeted.startswith("change run.keep_checkpoints=1") and "run.disk_gib (the space the run may fill), --run-dir" in budgeted
+    resumed = _plan(writes=3, keep=2, existing=2, budget=True).remedies()  # the kept two there: one more at the peak either way
+    assert resumed.startswith("change run.disk_gib (the space the run may fill), or make room under /ckpt")
+
+
+def test_a_resume_whose_checkpoint_cannot_fit_is_refused_before_its_models_load(cli, tmp_path):
+    run = tmp_path / "run"
+    assert cli("run", "--env", "sql_db", "--run-dir", run, *SHORT, "steps=1").exit_code == 0
+    result = cli("run", "--env", "sql_db", "--run-dir", run, "--resume", "run.steps=2", "run.disk_gib=0.0001")
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert "this run's checkpoints do not fit its disk" in line and "(1 checkpoint(s) of" in line, result.output
+    assert "run.keep_checkpoints" not in line and "or move the run directory whole to a larger disk and --resume it there" in line
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]  # refused: nothing lost
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
 def test_a_checkpoint_the_disk_refuses_is_one_line_and_the_last_good_one_resumes(cli, tmp_path, monkeypatch):
     """Step 4's checkpoint meets a full disk (its DCP data file links to /dev/full: every write to it fails with the
