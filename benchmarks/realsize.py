@@ -7,6 +7,7 @@
     python benchmarks/realsize.py --tiny --out DIR                      # the same path at toy sizes (CPU smoke test)
     python benchmarks/realsize.py ... trainer.micro_batch_tokens=16384  # extra key=value overrides go to the run
     python benchmarks/realsize.py ... --steps 4 --overlap-steps 1,3 teacher.overlap=true   # overlap on and off, one run
+    python benchmarks/realsize.py ... --steps 3 --against /tmp/old --against-commit 6638dcd   # before and after, one call
 
 configs/examples/qwen3-gpu.yaml as written (64 tasks x 8 episodes, up to 8 turns, 1,024 new tokens a turn, 32k-token
 micro-batches, compiled trainer, reverse KL with the teacher's hidden states) with random-weight Qwen3-1.7B / 8B shapes
@@ -20,6 +21,14 @@ last step's figures, `realsize/*`, what gpu_check.py's realsize part gates), DIR
 `--profile`: the last step's rollout, teacher and train phases each under torch.profiler (CPU and CUDA activities):
 per phase the top kernels by CUDA time (DIR/profile_<phase>.txt) and a Chrome trace (DIR/trace_<phase>.json.gz with
 --traces). The profiler slows the phases it watches: their seconds are not the unprofiled ones.
+
+`--against TREE`: the before of a change in the same call. TREE (another commit's checkout) runs the example as TREE
+writes it (its own configs/examples/qwen3-gpu.yaml) with the same models and steps, by its own `agentopd run` in a
+process of its own, with `--against-keys` (default the reduction above; a tree older than a key refuses it by name:
+teacher.selftest came 2026-11-29) and none of this run's extra overrides: beside this run on the second visible GPU where
+there are two or more (two runs of the real size and their model builds do not fit one 600-s call one after the other),
+else after it. DIR/realsize.md then holds its steps too and each phase's mean over the steps after the first, this run
+against it; DIR/against.json its figures, DIR/against_metrics.jsonl and DIR/against.log its run.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ import argparse
 import contextlib
 import gzip
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -132,21 +143,89 @@ def time_checkpoints(seconds: list[float]) -> None:
     LocalBackend.save_checkpoint = timed
 
 
-def pick_run_dir(cfg, student) -> Path:
+def pick_run_dir(cfg, student, name: str = "realsize_run", taken: dict[int, float] | None = None) -> Path:
     """The run directory: under --work, or where that disk cannot hold the run's checkpoint and final/ beside the models
     (a 64 GiB GPU machine: the 1.7B checkpoint is ~20 GiB, the models ~20 GB), /dev/shm when it can (agentopd.disk_plan
-    judges both; the run refuses if neither fits)."""
+    judges both; the run refuses if neither fits). `taken`: GiB another run beside this one will write, by file system
+    (st_dev), added to what the chosen one's file system is promised."""
     from agentopd.disk_plan import plan_disk
     from agentopd.rundir import RunDir
 
-    places = [memory_gpu.WORK / "realsize_run", Path("/dev/shm/realsize_run")]
+    taken = {} if taken is None else taken
+    places = [memory_gpu.WORK / name, Path("/dev/shm") / name]
     for place in places:
         shutil.rmtree(place, ignore_errors=True)  # an earlier run's: its space is free again
         plan = plan_disk(cfg, student, RunDir(place))
-        print(f"run directory {place}? {plan.line()}", flush=True)
-        if plan.fits:
+        device = os.stat(plan.folder).st_dev
+        promised = taken.get(device, 0.0)
+        print(f"run directory {place}? {plan.line()}" + (f"; {promised:.1f} GiB of it promised to the run beside" if promised else ""),
+              flush=True)  # fmt: skip
+        if plan.need_gib + promised <= plan.room_gib:
+            taken[device] = promised + plan.need_gib
             return place
     return places[0]
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (else nvidia-smi's indices; none without it)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    except OSError:
+        return []
+    return [str(i) for i, line in enumerate(x for x in listed.splitlines() if x.startswith("GPU "))]
+
+
+def start_against(args, keys: list[str], run_dir: Path, gpu: str | None) -> subprocess.Popen:
+    """TREE's own `agentopd run` of its example with `keys`, in a process of its own (on `gpu` where given); its output
+    to DIR/against.log."""
+    tree = args.against.resolve()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+    if args.against_commit:
+        env["AGENTOPD_COMMIT"] = args.against_commit
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--config", str(tree / CONFIG.relative_to(ROOT)),
+           "--run-dir", str(run_dir), *keys]  # fmt: skip
+    log = (args.out / "against.log").open("w")
+    log.write(f"$ {' '.join(cmd)}  (in {tree}{f', GPU {gpu}' if gpu is not None else ''})\n")
+    log.flush()
+    print(f"against: {tree}'s agentopd run{f' on GPU {gpu}' if gpu is not None else ''}, its log {args.out / 'against.log'}", flush=True)
+    return subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def step_figures(r: dict) -> dict[str, float]:
+    """realsize/<name> of one step's metrics, and its step_s (the four phases' seconds)."""
+    figures = {f"realsize/{name}": r[key] for name, key in FIGURES.items() if key in r}
+    figures["realsize/step_s"] = sum(r.get(FIGURES[k], 0.0) for k in ("rollout_s", "teacher_s", "train_s", "weight_sync_s"))
+    return figures
+
+
+def step_table(steps: list[dict]) -> list[str]:
+    lines = ["| step | rollout s | teacher s | train s | sync s | step s | rollout tok/s | teacher tok/s | train tok/s | MFU | episodes | turns |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in steps:
+        lines.append(f"| {r['step']} | {r['perf/rollout_s']:.1f} | {r.get('perf/teacher_s', 0):.1f} | {r['perf/train_step_s']:.1f} | "
+                     f"{r.get('perf/weight_sync_s', 0):.2f} | {step_figures(r)['realsize/step_s']:.1f} | "
+                     f"{r.get('perf/rollout_tokens_per_s', 0):,.0f} | {r.get('perf/teacher_tokens_per_s', 0):,.0f} | "
+                     f"{r.get('perf/train_tokens_per_s', 0):,.0f} | {r.get('perf/mfu', float('nan')):.1%} | "
+                     f"{r.get('episodes', float('nan')):.0f} | {r.get('num_turns/mean', float('nan')):.2f} |")  # fmt: skip
+    return lines
+
+
+def compared(after: list[dict], before: list[dict], label: str) -> list[str]:
+    """Each phase's mean over the steps after the first (the first compiles; all of them where there is one), this run
+    against the other tree's, as a ratio: below 1 is faster."""
+    def mean(steps: list[dict], name: str) -> float:
+        measured = steps[1:] or steps
+        return sum(step_figures(r).get(name, float("nan")) for r in measured) / len(measured)
+
+    lines = [f"| phase | {label} s | this run s | this / {label} |", "|---|---|---|---|"]
+    for name in ("rollout_s", "teacher_s", "train_s", "weight_sync_s", "step_s"):
+        a, b = mean(after, f"realsize/{name}"), mean(before, f"realsize/{name}")
+        lines.append(f"| {name[:-2]} | {b:.2f} | {a:.2f} | {a / b if b else float('nan'):.2f} |")
+    return lines
 
 
 def main() -> None:
@@ -164,12 +243,22 @@ def main() -> None:
                     "beside the rollout; the others score after it: on and off measured in one run")
     ap.add_argument("--keep-run", action="store_true", help="keep the run directory (removed at the end: at the real "
                     "size its checkpoint and final/ are ~24 GiB of a 64 GiB GPU machine's disk; --resume needs it kept)")
+    ap.add_argument("--against", type=Path, help="another commit's tree: its example run beside this one (the docstring)")
+    ap.add_argument("--against-commit", default="", help="what --against's tree is, for the report")
+    ap.add_argument("--against-keys", default=" ".join(REDUCED), help="--against's run keys beside the models and steps "
+                    "(space-separated key=value; default this run's reduction, which an older tree may refuse)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides of the run")
     args = ap.parse_args()
     memory_gpu.WORK = args.work.resolve()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir, s_shape, t_shape = memory_gpu.pair_of(args)
+    if args.against and not (args.against / CONFIG.relative_to(ROOT)).exists():
+        sys.exit(f"--against {args.against}: no {CONFIG.relative_to(ROOT)} there (a checkout of this repository?)")
+    gpus = visible_gpus()
+    beside = args.against is not None and len(gpus) >= 2
+    if beside:  # this run on the first GPU (set before torch starts CUDA here), the other tree's on the second
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
     t = time.perf_counter()
     models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
     built = time.perf_counter() - t
@@ -182,7 +271,15 @@ def main() -> None:
     keys = [f"student={models['student']}", f"teacher={models['teacher']}", f"run.steps={args.steps}", *REDUCED,
             *(TINY if args.tiny else []), *args.overrides]  # fmt: skip
     cfg = load_config("sql_db", config_file=CONFIG, overrides=keys)
-    run_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]))
+    taken: dict[int, float] = {}
+    against = None
+    if args.against:  # its run directory judged with this run's plan (the same student, steps and checkpoints)
+        against_keys = [f"student={models['student']}", f"teacher={models['teacher']}", f"run.steps={args.steps}",
+                        *args.against_keys.split(), *(TINY if args.tiny else [])]  # fmt: skip
+        against_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]), "against_run", taken)
+        if beside:
+            against = start_against(args, against_keys, against_dir, gpus[1])
+    run_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]), taken=taken)
     if args.overlap_steps:
         if not cfg.teacher.overlap:
             sys.exit("--overlap-steps needs teacher.overlap=true")
@@ -192,14 +289,18 @@ def main() -> None:
     saves: list[float] = []
     time_checkpoints(saves)
     t = time.perf_counter()
-    summary = Runner(cfg, run_dir).run()
+    try:
+        summary = Runner(cfg, run_dir).run()
+    except BaseException:
+        if against is not None:
+            against.kill()
+        raise
     wall = time.perf_counter() - t
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     (args.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     steps = [r for r in records if "perf/train_step_s" in r]
     last = steps[-1]
-    figures = {f"realsize/{name}": last[key] for name, key in FIGURES.items() if key in last}
-    figures["realsize/step_s"] = sum(last[FIGURES[k]] for k in ("rollout_s", "teacher_s", "train_s", "weight_sync_s"))
+    figures = step_figures(last)
     ckpt = run_dir / "checkpoints" / f"step_{args.steps:06d}"
     written = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
     planned = checkpoint_bytes(ModelShape.from_ref(models["student"]))
@@ -209,14 +310,7 @@ def main() -> None:
     lines = [f"# realsize: {s_shape} student, {t_shape} teacher, tokenizer {tok_dir.name}; run directory {run_dir}",
              f"commit {commit_measured()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; models ready in {built:.0f} s, "
              f"the run {wall:.0f} s ({len(steps)} steps{', interrupted' if summary.interrupted else ''})",
-             f"`{' '.join(keys)}` on {CONFIG.relative_to(ROOT)}\n",
-             "| step | rollout s | teacher s | train s | sync s | rollout tok/s | teacher tok/s | train tok/s | MFU | episodes | turns |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in steps:
-        lines.append(f"| {r['step']} | {r['perf/rollout_s']:.1f} | {r.get('perf/teacher_s', 0):.1f} | {r['perf/train_step_s']:.1f} | "
-                     f"{r.get('perf/weight_sync_s', 0):.2f} | {r.get('perf/rollout_tokens_per_s', 0):,.0f} | "
-                     f"{r.get('perf/teacher_tokens_per_s', 0):,.0f} | {r.get('perf/train_tokens_per_s', 0):,.0f} | "
-                     f"{r.get('perf/mfu', float('nan')):.1%} | {r.get('episodes', float('nan')):.0f} | {r.get('num_turns/mean', float('nan')):.2f} |")  # fmt: skip
+             f"`{' '.join(keys)}` on {CONFIG.relative_to(ROOT)}\n", *step_table(steps)]  # fmt: skip
     for r in steps:  # the rollout's decode batch, and with teacher.overlap what the teacher scored beside it
         lines.append(f"\nstep {r['step']}: {r.get('rollout/engine_rows_per_decode', float('nan')):.1f} rows a decode step"
                      + (f", {r['rollout/engine_shared_prompt_share']:.0%} of them reading a shared prompt once a tile"
@@ -231,10 +325,52 @@ def main() -> None:
     lines.append(f"\ncheckpoint of step {args.steps}: {written / 2**30:.2f} GiB written in "
                  f"{saves[-1] if saves else float('nan'):.1f} s; the disk plan's figure {planned / 2**30:.2f} GiB "
                  f"({written / planned:.3f} of it)")  # fmt: skip
+    against_ok = True
+    if args.against:  # this run's part first: a call that ends while the other tree still runs keeps it
+        (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
+        section, against_ok = against_section(args, against, against_keys, against_dir, steps, gpus[1] if beside else None)
+        lines += section
     (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     if not args.keep_run:  # ~24 GiB of checkpoint and final/ at the real size: the next part of a check needs the disk
         shutil.rmtree(run_dir, ignore_errors=True)
+        if args.against:
+            shutil.rmtree(against_dir, ignore_errors=True)
+    if not against_ok:
+        sys.exit(1)  # the report says why; a before that did not run is no comparison
+
+
+def against_section(args, against: subprocess.Popen | None, keys: list[str], run_dir: Path, steps: list[dict],
+                    gpu: str | None) -> tuple[list[str], bool]:
+    """The other tree's run (started beside this one, or now, after it), its steps, and this run against it; whether
+    it ran."""
+    label = args.against_commit or "against"
+    for stale in ("against.json", "against_metrics.jsonl"):  # an earlier call's, in the same DIR
+        (args.out / stale).unlink(missing_ok=True)
+    t = time.perf_counter()
+    if against is None:  # one GPU: what this process's allocator still caches goes back first
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        against = start_against(args, keys, run_dir, None)
+    code = against.wait()
+    where = f"beside this run, on GPU {gpu}" if gpu is not None else "after this run"
+    head = [f"\n## against {label} ({args.against.resolve()}, {where}): its own example with `{' '.join(keys)}`"]
+    metrics = run_dir / "metrics.jsonl"
+    before = [r for r in map(json.loads, metrics.read_text().splitlines()) if "perf/train_step_s" in r] if metrics.exists() else []
+    if code != 0 or not before:
+        tail = (args.out / "against.log").read_text().strip().splitlines()[-3:]
+        return [*head, f"\nits run failed (exit {code}, {len(before)} steps): " + " / ".join(tail)], False
+    shutil.copy(metrics, args.out / "against_metrics.jsonl")
+    (args.out / "against.json").write_text(json.dumps(step_figures(before[-1]), indent=1))
+    waited = f"; waited {time.perf_counter() - t:.0f} s for it after this run" if gpu is not None else ""
+    return [*head + [f"exit 0{waited}\n"], *step_table(before), "",
+            f"Each phase's mean over the steps after the first (the first compiles), this run against {label}:\n",
+            *compared(steps, before, label)], True
 
 
 def _card_peak() -> float | None:

@@ -3,6 +3,7 @@ as the README's GPU example writes it, its last step's figures, the checkpoint a
 profiler's per-phase tables of that step; gpu_check's realsize rows gate the phase seconds, not the checkpoint's."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,41 @@ def test_realsize_at_toy_sizes_reports_the_last_steps_phases_and_profiles_them(t
     for phase in ("rollout", "teacher", "train"):
         assert (out / f"profile_{phase}.txt").read_text().startswith(f"{phase} phase of step 2:")
     assert not (tmp_path / "work" / "realsize_run").exists()  # its checkpoint and final/ removed (--keep-run keeps them)
+
+
+@pytest.mark.slow
+def test_realsize_against_another_tree_runs_its_example_and_compares_each_phase(tmp_path):
+    """--against: the other tree's own `agentopd run` of its example (here this tree, labelled apart; on a CPU after
+    this run, on a second GPU beside it: two named here, where the toy runs use the CPU, so the two processes run side
+    by side as on a GPU machine), its steps and each phase's mean against this run's; a tree that refuses a key makes
+    the report say so and the script exit 1."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    cmd = [sys.executable, "benchmarks/realsize.py", "--tiny", "--steps", "2", "--out", str(out), "--work", str(work),
+           "--against", str(ROOT), "--against-commit", "before"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES="0,1"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = (out / "realsize.md").read_text()
+    assert f"## against before ({ROOT}, beside this run, on GPU 1)" in report and "teacher.selftest=false" in report, report
+    section = report.split("## against before", 1)[1]
+    assert "| 2 |" in section and "| phase | before s | this run s | this / before |" in section, report
+    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ") and " | " in line][-5:] == [
+        "| rollout", "| teacher", "| train", "| weight_sync", "| step"], report
+    assert json.loads((out / "against.json").read_text())["realsize/step_s"] > 0
+    assert (out / "against_metrics.jsonl").exists() and not (work / "against_run").exists()
+    refused = subprocess.run([*cmd[:-2], "--against-commit", "old", "--against-keys", "teacher.no_such_key=1"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))  # fmt: skip
+    assert refused.returncode == 1 and "its run failed (exit 2, 0 steps)" in refused.stdout, refused.stdout[-2000:]
+    assert "unknown key teacher.no_such_key" in refused.stdout and "## against old" in refused.stdout
+    assert f"({ROOT}, after this run)" in refused.stdout  # no GPU named: after this run
+
+
+def test_visible_gpus_are_what_cuda_visible_devices_names(monkeypatch):
+    import realsize
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert realsize.visible_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert realsize.visible_gpus() == []
 
 
 def test_realsize_figures_are_gated_but_the_checkpoints_seconds_are_the_hosts_disk():
