@@ -55,9 +55,12 @@ def test_realsize_against_another_tree_runs_its_example_and_compares_each_phase(
     assert (out / "against_metrics.jsonl").exists() and not (work / "against_run").exists()
     refused = subprocess.run([*cmd[:-2], "--against-commit", "old", "--against-keys", "teacher.no_such_key=1"], cwd=ROOT,
                              capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))  # fmt: skip
-    assert refused.returncode == 1 and "its run failed (exit 2, 0 steps)" in refused.stdout, refused.stdout[-2000:]
+    assert refused.returncode == 1 and "its run: exit 2, 0 steps logged: " in refused.stdout, refused.stdout[-2000:]
     assert "unknown key teacher.no_such_key" in refused.stdout and "## against old" in refused.stdout
     assert f"({ROOT}, after this run)" in refused.stdout  # no GPU named: after this run
+    stopped = subprocess.run([*cmd, "--against-timeout", "1"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))  # its imports alone take longer
+    assert stopped.returncode == 1 and "its run: stopped at --against-timeout 1 s, 0 steps logged" in stopped.stdout
 
 
 def test_visible_gpus_are_what_cuda_visible_devices_names(monkeypatch):
