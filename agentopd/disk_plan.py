@@ -94,12 +94,15 @@ class DiskPlan:
     free_gib: float  # free there at start, or run.disk_gib
     budget: bool  # free_gib is run.disk_gib, not the file system's figure
     checkpoint_gib: float
-    checkpoints: int  # added at the peak
-    after: int  # added once the last one is written (final/ comes then)
     writes: int  # checkpoints the run writes
     keep: int
     export_gib: float  # 0 when final/ is already there (a resumed run that finished before)
     existing: int  # a resumed run's finished checkpoints, already in the used space
+
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoints added at the peak."""
+        return checkpoint_counts(self.writes, self.keep, self.existing)[0]
 
     @property
     def need_gib(self) -> float:
@@ -175,10 +178,9 @@ def plan_disk(cfg: Config, student: ModelShape, rd: RunDir, start: int = 0) -> D
     writes = len(checkpoint_steps(r.steps, r.checkpoint_every, start))
     existing = len(rd.finished_checkpoints()) if start else 0
     folder, free = free_gib(rd.root)
-    peak, after = checkpoint_counts(writes, r.keep_checkpoints, existing)
     return DiskPlan(
         folder=folder, free_gib=r.disk_gib if r.disk_gib is not None else free, budget=r.disk_gib is not None,
-        checkpoint_gib=checkpoint_bytes(student) / GIB, checkpoints=peak, after=after, writes=writes, keep=r.keep_checkpoints, export_gib=0.0 if rd.final.is_dir() else export_bytes(student) / GIB, existing=existing,
+        checkpoint_gib=checkpoint_bytes(student) / GIB, writes=writes, keep=r.keep_checkpoints, export_gib=0.0 if rd.final.is_dir() else export_bytes(student) / GIB, existing=existing,
     )  # fmt: skip
 
 

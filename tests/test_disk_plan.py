@@ -78,9 +78,8 @@ def test_run_whose_checkpoints_do_not_fit_its_disk_is_refused_before_any_model_l
 def _plan(writes: int, keep: int, existing: int = 0, budget: bool = False):
     from agentopd.disk_plan import DiskPlan
 
-    peak, after = checkpoint_counts(writes, keep, existing)
-    return DiskPlan(folder=Path("/ckpt"), free_gib=18.5, budget=budget, checkpoint_gib=20.4, checkpoints=peak, after=after,
-                    writes=writes, keep=keep, export_gib=0.0, existing=existing)  # fmt: skip
+    return DiskPlan(folder=Path("/ckpt"), free_gib=18.5, budget=budget, checkpoint_gib=20.4, writes=writes, keep=keep,
+                    export_gib=0.0, existing=existing)
 
 
 def test_a_refusal_offers_only_what_lowers_the_peak():
