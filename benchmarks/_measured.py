@@ -18,3 +18,9 @@ def commit_measured() -> str:
     except OSError:  # no git on the machine
         return "unknown (set AGENTOPD_COMMIT)"
     return done.stdout.strip() if done.returncode == 0 else "unknown (set AGENTOPD_COMMIT)"
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """This process's environment with `tree` first on PYTHONPATH: a child process of it imports that checkout's
+    agentopd (an --against run of another commit)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))

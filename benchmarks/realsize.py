@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory_gpu  # noqa: E402  (the model builder and its cache)
-from _measured import commit_measured  # noqa: E402
+from _measured import commit_measured, tree_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "examples" / "qwen3-gpu.yaml"
@@ -181,7 +181,7 @@ def start_against(args, keys: list[str], run_dir: Path, gpu: str | None) -> subp
     """TREE's own `agentopd run` of its example with `keys`, in a process of its own (on `gpu` where given); its output
     to DIR/against.log."""
     tree = args.against.resolve()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+    env = tree_env(tree)
     if args.against_commit:
         env["AGENTOPD_COMMIT"] = args.against_commit
     if gpu is not None:

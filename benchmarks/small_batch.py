@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory_gpu  # noqa: E402  (the model builder and its cache)
-from _measured import commit_measured  # noqa: E402
+from _measured import commit_measured, tree_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = ["rollout.tasks_per_step=64", "rollout.n=1", "rollout.max_new_tokens=128", "trainer.loss=reverse_kl",
@@ -68,7 +67,7 @@ def run_arm(name: str, tree: Path, keys: list[str], args: argparse.Namespace, pr
     run_dir = args.work / f"run_{name}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--run-arm", str(run_dir), "--out", str(args.out),
            "--steps", str(args.steps), *(["--profile"] if profile else []), *keys]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+    env = tree_env(tree)
     t = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
     (args.out / f"{name}.log").write_text(done.stdout + done.stderr)
