@@ -27,7 +27,7 @@ writes it (its own configs/examples/qwen3-gpu.yaml) with the same models and ste
 process of its own, with `--against-keys` (default the reduction above; a tree older than a key refuses it by name:
 teacher.selftest came 2026-11-29) and none of this run's extra overrides: beside this run on the second visible GPU where
 there are two or more (two runs of the real size and their model builds do not fit one 600-s call one after the other),
-else after it; `--against-timeout S` stops it S seconds after its start (its steps logged by then are compared). DIR/realsize.md then holds its steps too and each phase's mean over the steps after the first, this run
+each run on half of the host's cores (sharing them all slowed this tree's teacher and train phases ~20%), else after it; `--against-timeout S` stops it S seconds after its start (its steps logged by then are compared). DIR/realsize.md then holds its steps too and each phase's mean over the steps after the first, this run
 against it; DIR/against.json its figures, DIR/against_metrics.jsonl and DIR/against.log its run.
 """
 
@@ -177,24 +177,58 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(x for x in listed.splitlines() if x.startswith("GPU "))]
 
 
-def start_against(args, keys: list[str], run_dir: Path, gpu: str | None) -> subprocess.Popen:
-    """TREE's own `agentopd run` of its example with `keys`, in a process of its own (on `gpu` where given); its output
-    to DIR/against.log."""
+def split_cores() -> tuple[list[int], list[int]]:
+    """This process's CPUs in two halves, for two runs side by side: each run's CPU work (its engine's loop, the
+    teacher's hidden states copied out, torch's intra-op threads) on cores of its own. On an H200 host of two GPUs and
+    32 cores the two runs sharing every core ran this tree's teacher and train phases ~20% slower than on a host of its
+    own (2026-12-01: 16.6-17.3 and 17.2-17.6 s against 13.2-13.9 and 15.8-16.2), the rollout not; each half is what a
+    host of one GPU gives (16 cores)."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    return cores[:half], cores[half:] or cores[:half]
+
+
+def own_cores(cores: list[int]) -> None:
+    """This process and torch's threads on `cores` alone (before a model is built: its threads start on them)."""
+    import torch
+
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
+
+
+def start_against(args, keys: list[str], run_dir: Path, gpu: str | None, cores: list[int] | None = None) -> subprocess.Popen:
+    """TREE's own `agentopd run` of its example with `keys`, in a process of its own (on `gpu` and `cores` where given);
+    its output to DIR/against.log."""
     tree = args.against.resolve()
     env = tree_env(tree)
     if args.against_commit:
         env["AGENTOPD_COMMIT"] = args.against_commit
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+    if cores is not None:  # torch sizes its thread pool by OMP_NUM_THREADS where set
+        env["OMP_NUM_THREADS"] = str(len(cores))
     cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--config", str(tree / CONFIG.relative_to(ROOT)),
            "--run-dir", str(run_dir), *keys]  # fmt: skip
     log = (args.out / "against.log").open("w")
-    log.write(f"$ {' '.join(cmd)}  (in {tree}{f', GPU {gpu}' if gpu is not None else ''})\n")
+    where = (f", GPU {gpu}" if gpu is not None else "") + (f", cores {cpu_list(cores)}" if cores is not None else "")
+    log.write(f"$ {' '.join(cmd)}  (in {tree}{where})\n")
     log.flush()
-    print(f"against: {tree}'s agentopd run{f' on GPU {gpu}' if gpu is not None else ''}, its log {args.out / 'against.log'}", flush=True)
-    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+    print(f"against: {tree}'s agentopd run{where}, its log {args.out / 'against.log'}", flush=True)
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))  # fmt: skip
     proc.started = time.perf_counter()  # type: ignore[attr-defined]  (--against-timeout counts from here)
     return proc
+
+
+def cpu_list(cores: list[int]) -> str:
+    """`cores` as ranges: 0-15 (or 0-3,8-11)."""
+    spans: list[list[int]] = []
+    for c in sorted(cores):
+        if spans and c == spans[-1][1] + 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def step_figures(r: dict) -> dict[str, float]:
@@ -261,8 +295,12 @@ def main() -> None:
         sys.exit(f"--against {args.against}: no {CONFIG.relative_to(ROOT)} there (a checkout of this repository?)")
     gpus = visible_gpus()
     beside = args.against is not None and len(gpus) >= 2
-    if beside:  # this run on the first GPU (set before torch starts CUDA here), the other tree's on the second
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
+    mine = theirs = None
+    if beside:  # this run on the first GPU (set before torch starts CUDA here), the other tree's on the second; each
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]  # on half of the host's cores
+        mine, theirs = split_cores()
+        own_cores(mine)
+        print(f"this run on GPU {gpus[0]}, cores {cpu_list(mine)}", flush=True)
     t = time.perf_counter()
     models = memory_gpu.build_pair(s_shape, t_shape, tok_dir, args.out)
     built = time.perf_counter() - t
@@ -282,7 +320,7 @@ def main() -> None:
                         *args.against_keys.split(), *(TINY if args.tiny else [])]  # fmt: skip
         against_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]), "against_run", taken)
         if beside:
-            against = start_against(args, against_keys, against_dir, gpus[1])
+            against = start_against(args, against_keys, against_dir, gpus[1], theirs)
     run_dir = pick_run_dir(cfg, ModelShape.from_ref(models["student"]), taken=taken)
     if args.overlap_steps:
         if not cfg.teacher.overlap:
@@ -332,7 +370,8 @@ def main() -> None:
     against_ok = True
     if args.against:  # this run's part first: a call that ends while the other tree still runs keeps it
         (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
-        section, against_ok = against_section(args, against, against_keys, against_dir, steps, gpus[1] if beside else None)
+        section, against_ok = against_section(args, against, against_keys, against_dir, steps, gpus[1] if beside else None,
+                                              theirs)  # fmt: skip
         lines += section
     (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
@@ -345,7 +384,7 @@ def main() -> None:
 
 
 def against_section(args, against: subprocess.Popen | None, keys: list[str], run_dir: Path, steps: list[dict],
-                    gpu: str | None) -> tuple[list[str], bool]:
+                    gpu: str | None, cores: list[int] | None = None) -> tuple[list[str], bool]:
     """The other tree's run (started beside this one, or now, after it), its steps, and this run against it; whether
     it ran."""
     label = args.against_commit or "against"
@@ -368,7 +407,7 @@ def against_section(args, against: subprocess.Popen | None, keys: list[str], run
         against.kill()
         against.wait()
         code = f"stopped at --against-timeout {args.against_timeout:g} s"
-    where = f"beside this run, on GPU {gpu}" if gpu is not None else "after this run"
+    where = f"beside this run, on GPU {gpu}" + (f", cores {cpu_list(cores)}" if cores else "") if gpu is not None else "after this run"
     head = [f"\n## against {label} ({args.against.resolve()}, {where}): its own example with `{' '.join(keys)}`"]
     metrics = run_dir / "metrics.jsonl"
     before = [r for r in map(json.loads, metrics.read_text().splitlines()) if "perf/train_step_s" in r] if metrics.exists() else []

@@ -46,7 +46,10 @@ def test_realsize_against_another_tree_runs_its_example_and_compares_each_phase(
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES="0,1"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = (out / "realsize.md").read_text()
-    assert f"## against before ({ROOT}, beside this run, on GPU 1)" in report and "teacher.selftest=false" in report, report
+    halves = sorted(os.sched_getaffinity(0))
+    theirs = halves[len(halves) // 2:] if len(halves) > 1 else halves  # each run on half of the cores
+    assert f"## against before ({ROOT}, beside this run, on GPU 1, cores {theirs[0]}" in report, report
+    assert "teacher.selftest=false" in report and f"this run on GPU 0, cores {halves[0]}" in done.stdout, report
     section = report.split("## against before", 1)[1]
     assert "| 2 |" in section and "| phase | before s | this run s | this / before |" in section, report
     assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ") and " | " in line][-5:] == [
