@@ -210,13 +210,14 @@ def start_against(args, keys: list[str], run_dir: Path, gpu: str | None, cores: 
     cmd = [sys.executable, "-m", "agentopd.cli", "run", "--env", "sql_db", "--config", str(tree / CONFIG.relative_to(ROOT)),
            "--run-dir", str(run_dir), *keys]  # fmt: skip
     log = (args.out / "against.log").open("w")
-    where = (f", GPU {gpu}" if gpu is not None else "") + (f", cores {cpu_list(cores)}" if cores is not None else "")
-    log.write(f"$ {' '.join(cmd)}  (in {tree}{where})\n")
+    where = ", ".join([*([f"on GPU {gpu}"] if gpu is not None else []), *([f"cores {cpu_list(cores)}"] if cores is not None else [])])
+    log.write(f"$ {' '.join(cmd)}  (in {tree}{', ' + where if where else ''})\n")
     log.flush()
-    print(f"against: {tree}'s agentopd run{where}, its log {args.out / 'against.log'}", flush=True)
+    print(f"against: {tree}'s agentopd run{' ' + where if where else ''}, its log {args.out / 'against.log'}", flush=True)
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
                             preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))  # fmt: skip
     proc.started = time.perf_counter()  # type: ignore[attr-defined]  (--against-timeout counts from here)
+    proc.where = where  # type: ignore[attr-defined]  (the report's words for where it ran)
     return proc
 
 
@@ -295,7 +296,7 @@ def main() -> None:
         sys.exit(f"--against {args.against}: no {CONFIG.relative_to(ROOT)} there (a checkout of this repository?)")
     gpus = visible_gpus()
     beside = args.against is not None and len(gpus) >= 2
-    mine = theirs = None
+    theirs = None
     if beside:  # this run on the first GPU (set before torch starts CUDA here), the other tree's on the second; each
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]  # on half of the host's cores
         mine, theirs = split_cores()
@@ -370,8 +371,7 @@ def main() -> None:
     against_ok = True
     if args.against:  # this run's part first: a call that ends while the other tree still runs keeps it
         (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
-        section, against_ok = against_section(args, against, against_keys, against_dir, steps, gpus[1] if beside else None,
-                                              theirs)  # fmt: skip
+        section, against_ok = against_section(args, against, against_keys, against_dir, steps)
         lines += section
     (args.out / "realsize.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
@@ -383,14 +383,14 @@ def main() -> None:
         sys.exit(1)  # the report says why; a before that did not run is no comparison
 
 
-def against_section(args, against: subprocess.Popen | None, keys: list[str], run_dir: Path, steps: list[dict],
-                    gpu: str | None, cores: list[int] | None = None) -> tuple[list[str], bool]:
-    """The other tree's run (started beside this one, or now, after it), its steps, and this run against it; whether
-    it ran."""
+def against_section(args, against: subprocess.Popen | None, keys: list[str], run_dir: Path,
+                    steps: list[dict]) -> tuple[list[str], bool]:
+    """The other tree's run (`against`: started beside this one; None: started now, after it), its steps, and this run
+    against it; whether it ran."""
     label = args.against_commit or "against"
     for stale in ("against.json", "against_metrics.jsonl"):  # an earlier call's, in the same DIR
         (args.out / stale).unlink(missing_ok=True)
-    t = time.perf_counter()
+    t, beside = time.perf_counter(), against is not None
     if against is None:  # one GPU: what this process's allocator still caches goes back first
         import gc
 
@@ -407,7 +407,7 @@ def against_section(args, against: subprocess.Popen | None, keys: list[str], run
         against.kill()
         against.wait()
         code = f"stopped at --against-timeout {args.against_timeout:g} s"
-    where = f"beside this run, on GPU {gpu}" + (f", cores {cpu_list(cores)}" if cores else "") if gpu is not None else "after this run"
+    where = f"beside this run, {against.where}" if beside else "after this run"
     head = [f"\n## against {label} ({args.against.resolve()}, {where}): its own example with `{' '.join(keys)}`"]
     metrics = run_dir / "metrics.jsonl"
     before = [r for r in map(json.loads, metrics.read_text().splitlines()) if "perf/train_step_s" in r] if metrics.exists() else []
@@ -418,7 +418,7 @@ def against_section(args, against: subprocess.Popen | None, keys: list[str], run
             return head, False
     shutil.copy(metrics, args.out / "against_metrics.jsonl")
     (args.out / "against.json").write_text(json.dumps(step_figures(before[-1]), indent=1))
-    waited = f"; waited {time.perf_counter() - t:.0f} s for it after this run" if gpu is not None else ""
+    waited = f"; waited {time.perf_counter() - t:.0f} s for it after this run" if beside else ""
     return [*head + [f"{code}{waited}\n"], *step_table(before), "",
             f"Each phase's mean over the steps after the first (the first compiles), this run against {label}:\n",
             *compared(steps, before, label)], True
